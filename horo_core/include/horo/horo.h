@@ -1,0 +1,191 @@
+/*
+ * horo.h: the one public C surface of the Horo core.
+ *
+ * The region between the cdef markers is plain C that cffi's ffi.cdef() parses directly, so every
+ * constant below reaches Python without being copied by hand. Rules for that region: no
+ * preprocessor directives, explicit enum values that are only ever appended, and every function
+ * returns horo_status_t with outputs through pointers. The message of the last failure on the
+ * calling thread is available from horo_last_error().
+ *
+ * Lifecycle of a rank:
+ *   horo_runtime_create()        opens the listening endpoint (TCP) or joins a loopback hub
+ *   horo_runtime_address()       the "host:port" to publish through the rendezvous
+ *   horo_runtime_connect()       connects to every peer and starts the background thread
+ *   horo_enqueue() ... horo_wait() / horo_poll() ... horo_handle_result() ... horo_release()
+ *   horo_runtime_shutdown()      fails outstanding handles, stops the thread, closes connections
+ *   horo_runtime_destroy()
+ */
+#ifndef HORO_HORO_H_
+#define HORO_HORO_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* cdef begin */
+
+typedef int32_t horo_status_t;
+
+enum horo_status_code {
+  HORO_OK = 0,
+  HORO_ERR_INVALID_ARGUMENT = 1, /* bad argument on this rank, detected before negotiation */
+  HORO_ERR_NOT_INITIALIZED = 2,
+  HORO_ERR_MISMATCH = 3,         /* ranks disagreed: shape, dtype, op, root, scale factors, splits */
+  HORO_ERR_SHUT_DOWN = 4,        /* the runtime was shut down (explicitly, by a stall, or a failure) */
+  HORO_ERR_PEER_LOST = 5,        /* a peer process died or its connection broke */
+  HORO_ERR_TIMEOUT = 6,
+  HORO_ERR_INTERNAL = 7,
+  HORO_ERR_IN_PROGRESS = 8,      /* horo_wait with a timeout that expired */
+  HORO_ERR_DUPLICATE_NAME = 9,   /* a tensor of that name is already in flight */
+  HORO_ERR_AUTH = 10,            /* a connection failed the shared-secret challenge */
+  HORO_ERR_UNSUPPORTED = 11
+};
+
+enum horo_dtype {
+  HORO_UINT8 = 0,
+  HORO_INT8 = 1,
+  HORO_INT16 = 2,
+  HORO_INT32 = 3,
+  HORO_INT64 = 4,
+  HORO_FLOAT16 = 5,
+  HORO_BFLOAT16 = 6,
+  HORO_FLOAT32 = 7,
+  HORO_FLOAT64 = 8,
+  HORO_BOOL = 9
+};
+
+/* Values match Horovod's ReduceOp so that integer constants keep their meaning. */
+enum horo_reduce_op {
+  HORO_OP_AVERAGE = 0,
+  HORO_OP_SUM = 1,
+  HORO_OP_ADASUM = 2,
+  HORO_OP_MIN = 3,
+  HORO_OP_MAX = 4,
+  HORO_OP_PRODUCT = 5
+};
+
+enum horo_op_type {
+  HORO_ALLREDUCE = 0,
+  HORO_ALLGATHER = 1,
+  HORO_BROADCAST = 2,
+  HORO_ALLTOALL = 3,
+  HORO_REDUCESCATTER = 4,
+  HORO_BARRIER = 5,
+  HORO_JOIN = 6
+};
+
+enum horo_limits {
+  HORO_MAX_DIMS = 16,
+  HORO_GLOBAL_PROCESS_SET = 0
+};
+
+typedef int64_t horo_handle_t;
+typedef struct horo_runtime horo_runtime_t;
+typedef struct horo_loopback_hub horo_loopback_hub_t;
+
+typedef struct horo_init_options {
+  int32_t rank;
+  int32_t size;
+  int32_t local_rank;
+  int32_t local_size;
+  int32_t cross_rank;
+  int32_t cross_size;
+  const char* bind_host;          /* TCP: interface address to listen on, e.g. "127.0.0.1" */
+  const uint8_t* secret;          /* per-job key for the HMAC challenge on every connection */
+  size_t secret_len;
+  horo_loopback_hub_t* loopback;  /* non-NULL: ranks are threads of this process (tests) */
+} horo_init_options_t;
+
+/* One tensor of an enqueue call. output may be NULL for allgather, alltoall and reducescatter:
+ * the core then allocates the result, read back with horo_handle_result(). */
+typedef struct horo_tensor {
+  const char* name;
+  const void* input;
+  void* output;
+  int32_t dtype;
+  int32_t ndim;
+  const int64_t* shape;
+} horo_tensor_t;
+
+/* Options of one enqueue call; horo_op_options_init() fills the defaults. */
+typedef struct horo_op_options {
+  int32_t process_set_id;   /* default HORO_GLOBAL_PROCESS_SET */
+  int32_t reduce_op;        /* default HORO_OP_SUM */
+  double prescale_factor;   /* default 1.0 */
+  double postscale_factor;  /* default 1.0 */
+  int32_t root_rank;        /* broadcast: global rank of the root; default 0 */
+  const int64_t* splits;    /* alltoall: rows sent to each member of the set, in set order */
+  int32_t num_splits;       /* 0: equal splits */
+} horo_op_options_t;
+
+/* What a finished handle produced, for outputs the core allocated. */
+typedef struct horo_result {
+  const void* data;         /* valid until horo_release(); NULL if the caller gave the output */
+  int64_t nbytes;
+  int32_t ndim;
+  int64_t shape[16];
+  const int64_t* received_splits; /* alltoall: rows received from each member */
+  int32_t num_received_splits;
+  int32_t join_last_rank;   /* join: the last rank to join; -1 otherwise */
+} horo_result_t;
+
+/* One setting of the configuration table. */
+typedef struct horo_setting {
+  const char* name;          /* without prefix: HORO_<name> and HOROVOD_<name> are read */
+  const char* type;          /* "int", "float", "bool", "string", "bytes" */
+  const char* default_value;
+  const char* value;         /* effective value as text */
+  const char* doc;
+} horo_setting_t;
+
+const char* horo_last_error(void);
+const char* horo_version(void);
+const char* horo_cpu_features(void);
+const char* horo_status_name(horo_status_t code);
+
+horo_status_t horo_setting_count(int32_t* count);
+horo_status_t horo_setting_get(int32_t index, horo_setting_t* out);
+
+horo_status_t horo_loopback_hub_create(int32_t size, horo_loopback_hub_t** out);
+horo_status_t horo_loopback_hub_destroy(horo_loopback_hub_t* hub);
+
+horo_status_t horo_runtime_create(const horo_init_options_t* options, horo_runtime_t** out);
+horo_status_t horo_runtime_address(horo_runtime_t* rt, char* buffer, size_t buffer_len);
+horo_status_t horo_runtime_connect(horo_runtime_t* rt, const char* const* addresses, int32_t count);
+horo_status_t horo_runtime_shutdown(horo_runtime_t* rt);
+horo_status_t horo_runtime_destroy(horo_runtime_t* rt);
+
+horo_status_t horo_runtime_rank(horo_runtime_t* rt, int32_t* rank);
+horo_status_t horo_runtime_size(horo_runtime_t* rt, int32_t* size);
+
+/* Process sets. Adding and removing are collective over all ranks of the global set. */
+horo_status_t horo_process_set_add(horo_runtime_t* rt, const int32_t* ranks, int32_t count, int32_t* id);
+horo_status_t horo_process_set_remove(horo_runtime_t* rt, int32_t id);
+horo_status_t horo_process_set_rank(horo_runtime_t* rt, int32_t id, int32_t* rank);
+horo_status_t horo_process_set_size(horo_runtime_t* rt, int32_t id, int32_t* size);
+horo_status_t horo_process_set_ranks(horo_runtime_t* rt, int32_t id, int32_t* ranks, int32_t capacity, int32_t* count);
+
+void horo_op_options_init(horo_op_options_t* options);
+
+/* Enqueue count tensors of one operation. With count > 1 they form a group that is negotiated and
+ * fused atomically. handles must hold count entries. */
+horo_status_t horo_enqueue(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t* tensors, int32_t count,
+                           const horo_op_options_t* options, horo_handle_t* handles);
+
+horo_status_t horo_poll(horo_runtime_t* rt, horo_handle_t handle, int32_t* done);
+/* Blocks (without spinning) until the handle completes or timeout_seconds pass (< 0: no limit).
+ * Returns the operation's status; its message is in horo_last_error(). */
+horo_status_t horo_wait(horo_runtime_t* rt, horo_handle_t handle, double timeout_seconds);
+horo_status_t horo_handle_result(horo_runtime_t* rt, horo_handle_t handle, horo_result_t* out);
+horo_status_t horo_release(horo_runtime_t* rt, horo_handle_t handle);
+
+/* cdef end */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* HORO_HORO_H_ */

@@ -1,0 +1,146 @@
+#include "common/config.h"
+
+#include <cstdlib>
+#include <functional>
+#include <sstream>
+
+namespace horo {
+namespace {
+
+enum class Kind { kInt, kFloat, kBool, kString };
+
+struct Setting {
+  const char* name;
+  Kind kind;
+  const char* doc;
+  // Reads the text into the config, returns false if it does not parse.
+  std::function<bool(const std::string&, Config*)> parse;
+  // Prints the current value.
+  std::function<std::string(const Config&)> print;
+};
+
+bool ParseInt(const std::string& text, int64_t* out) {
+  char* end = nullptr;
+  long long v = std::strtoll(text.c_str(), &end, 10);
+  if (end == text.c_str() || *end != '\0') return false;
+  *out = v;
+  return true;
+}
+
+bool ParseFloat(const std::string& text, double* out) {
+  char* end = nullptr;
+  double v = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || *end != '\0') return false;
+  *out = v;
+  return true;
+}
+
+bool ParseBool(const std::string& text, bool* out) {
+  std::string t;
+  for (char c : text) t += static_cast<char>(c >= 'A' && c <= 'Z' ? c + 32 : c);
+  if (t == "1" || t == "true" || t == "yes" || t == "on") {
+    *out = true;
+    return true;
+  }
+  if (t == "0" || t == "false" || t == "no" || t == "off" || t.empty()) {
+    *out = false;
+    return true;
+  }
+  return false;
+}
+
+std::string FormatDouble(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+#define HORO_INT_SETTING(NAME, FIELD, DOC)                                                      \
+  Setting{NAME, Kind::kInt, DOC,                                                                \
+          [](const std::string& t, Config* c) { return ParseInt(t, &c->FIELD); },               \
+          [](const Config& c) { return std::to_string(c.FIELD); }}
+#define HORO_FLOAT_SETTING(NAME, FIELD, DOC)                                                    \
+  Setting{NAME, Kind::kFloat, DOC,                                                              \
+          [](const std::string& t, Config* c) { return ParseFloat(t, &c->FIELD); },             \
+          [](const Config& c) { return FormatDouble(c.FIELD); }}
+#define HORO_BOOL_SETTING(NAME, FIELD, DOC)                                                     \
+  Setting{NAME, Kind::kBool, DOC,                                                               \
+          [](const std::string& t, Config* c) { return ParseBool(t, &c->FIELD); },              \
+          [](const Config& c) { return std::string(c.FIELD ? "1" : "0"); }}
+
+const std::vector<Setting>& Table() {
+  static const std::vector<Setting> table = {
+      HORO_INT_SETTING("FUSION_THRESHOLD", fusion_threshold_bytes,
+                       "Fusion buffer size in bytes; tensors negotiated together are packed up to this size. 0 disables fusion."),
+      HORO_FLOAT_SETTING("CYCLE_TIME", cycle_time_ms,
+                         "Batching delay in milliseconds: how long the background thread waits for more tensors before a negotiation round. 0 negotiates as soon as a tensor is enqueued."),
+      HORO_INT_SETTING("CACHE_CAPACITY", cache_capacity,
+                       "Entries of the response cache that shortens negotiation of repeated tensors. 0 disables the cache."),
+      HORO_BOOL_SETTING("STALL_CHECK_DISABLE", stall_check_disable, "Disable the stall warning."),
+      HORO_FLOAT_SETTING("STALL_CHECK_TIME_SECONDS", stall_check_time_seconds,
+                         "Seconds a tensor may wait for other ranks before a warning names the missing ranks."),
+      HORO_FLOAT_SETTING("STALL_SHUTDOWN_TIME_SECONDS", stall_shutdown_time_seconds,
+                         "Seconds after which a stalled tensor shuts the job down with an error on every rank. 0: never."),
+      HORO_FLOAT_SETTING("PEER_TIMEOUT_SECONDS", peer_timeout_seconds,
+                         "A collective in which a peer makes no progress for this long fails on every rank."),
+      HORO_FLOAT_SETTING("START_TIMEOUT", start_timeout_seconds,
+                         "Seconds within which every rank must have connected at init."),
+      HORO_INT_SETTING("SMALL_MESSAGE_BYTES", small_message_bytes,
+                       "Allreduces of at most this many bytes use the latency-optimal algorithm, larger ones the ring."),
+      HORO_INT_SETTING("CHUNK_BYTES", chunk_bytes, "Pipeline chunk of the ring algorithms, in bytes."),
+      HORO_BOOL_SETTING("DYNAMIC_PROCESS_SETS", dynamic_process_sets,
+                        "Allow add_process_set/remove_process_set after init."),
+      Setting{"LOG_LEVEL", Kind::kString, "TRACE, DEBUG, INFO, WARNING, ERROR or FATAL.",
+              [](const std::string& t, Config* c) { return ParseLogLevel(t, &c->log_level); },
+              [](const Config& c) {
+                static const char* kNames[] = {"TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL"};
+                return std::string(kNames[static_cast<int>(c.log_level)]);
+              }},
+      HORO_BOOL_SETTING("LOG_HIDE_TIME", log_hide_time, "Omit timestamps from log lines."),
+  };
+  return table;
+}
+
+const char* KindName(Kind kind) {
+  switch (kind) {
+    case Kind::kInt: return "int";
+    case Kind::kFloat: return "float";
+    case Kind::kBool: return "bool";
+    case Kind::kString: return "string";
+  }
+  return "?";
+}
+
+}  // namespace
+
+Status LoadConfigFromEnv(Config* config) {
+  Config parsed;
+  for (const Setting& s : Table()) {
+    for (const char* prefix : {"HORO_", "HOROVOD_"}) {
+      std::string var = std::string(prefix) + s.name;
+      const char* text = std::getenv(var.c_str());
+      if (text == nullptr) continue;
+      if (!s.parse(text, &parsed)) {
+        return Status::InvalidArgument("environment variable " + var + "='" + text + "' is not a valid " +
+                                       KindName(s.kind));
+      }
+      break;  // HORO_ wins over HOROVOD_
+    }
+  }
+  if (parsed.fusion_threshold_bytes < 0) return Status::InvalidArgument("HORO_FUSION_THRESHOLD must be >= 0");
+  if (parsed.chunk_bytes <= 0) return Status::InvalidArgument("HORO_CHUNK_BYTES must be > 0");
+  if (parsed.peer_timeout_seconds <= 0) return Status::InvalidArgument("HORO_PEER_TIMEOUT_SECONDS must be > 0");
+  *config = parsed;
+  return Status::OK();
+}
+
+std::vector<SettingInfo> DescribeConfig(const Config& config) {
+  static const Config defaults;
+  std::vector<SettingInfo> out;
+  for (const Setting& s : Table()) {
+    out.push_back(SettingInfo{s.name, KindName(s.kind), s.print(defaults), s.print(config), s.doc});
+  }
+  return out;
+}
+
+}  // namespace horo

@@ -1,0 +1,46 @@
+// Config: the one table of settings (name, type, default, doc), parsed once from the environment
+// into an immutable value owned by the Runtime. HORO_<NAME> is read first, then Horovod's
+// HOROVOD_<NAME>, so existing job scripts keep working. Nothing else in the core calls getenv.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/logging.h"
+#include "common/status.h"
+
+namespace horo {
+
+struct Config {
+  int64_t fusion_threshold_bytes = 64LL << 20;
+  double cycle_time_ms = 0.0;           // batching delay before a negotiation round; 0 = event-driven
+  int64_t cache_capacity = 1024;
+  bool stall_check_disable = false;
+  double stall_check_time_seconds = 60.0;
+  double stall_shutdown_time_seconds = 0.0;  // 0 = never shut down on a stall
+  double peer_timeout_seconds = 30.0;   // a collective whose peer makes no progress this long fails
+  double start_timeout_seconds = 30.0;  // the whole mesh must connect within this
+  int64_t small_message_bytes = 64 * 1024;  // allreduce: latency-optimal algorithm up to this size
+  int64_t chunk_bytes = 1 << 20;        // ring pipeline chunk
+  bool dynamic_process_sets = false;
+  LogLevel log_level = LogLevel::kWarning;
+  bool log_hide_time = false;
+};
+
+struct SettingInfo {
+  std::string name;
+  std::string type;
+  std::string default_value;
+  std::string value;
+  std::string doc;
+};
+
+// Reads every setting from the environment. A value that does not parse is an error naming the
+// variable and the text.
+Status LoadConfigFromEnv(Config* config);
+
+// The table with the effective values of *config, in declaration order.
+std::vector<SettingInfo> DescribeConfig(const Config& config);
+
+}  // namespace horo

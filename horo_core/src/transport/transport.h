@@ -1,0 +1,57 @@
+// Transport: moves bytes between two ranks, nothing else.
+//
+// Two planes share one Transport:
+//  * the data plane carries raw bytes of collectives. Only the background thread uses it, always in
+//    the globally agreed order of responses, and both sides know every size in advance, so there is
+//    no framing. A peer that closes its connection yields HORO_ERR_PEER_LOST at once; a peer that
+//    makes no progress for data_timeout_seconds yields HORO_ERR_TIMEOUT.
+//  * the control plane carries framed negotiation messages between rank 0 (the coordinator) and
+//    every other rank, in both directions. Rank 0 may send to anyone; other ranks send to 0 only.
+//
+// Every implementation lives in its own folder with the same file names (loopback/, tcp/, later
+// shm/), so that a reader who knows one knows them all.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace horo {
+
+struct ControlMessage {
+  int peer = -1;        // the rank that sent it
+  std::string payload;  // one complete framed message, frame header removed
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // Data plane. peer != rank().
+  virtual Status Send(int peer, const void* data, size_t len) = 0;
+  virtual Status Recv(int peer, void* data, size_t len) = 0;
+  // Sends send_len bytes to send_peer while receiving recv_len bytes from recv_peer, progressing
+  // both at once so that a ring step never deadlocks on full socket buffers. Either peer may be -1
+  // to skip that direction; send_peer may equal recv_peer.
+  virtual Status SendRecv(int send_peer, const void* send_data, size_t send_len, int recv_peer,
+                          void* recv_data, size_t recv_len) = 0;
+
+  // Control plane. Sends one message (framing is the transport's business).
+  virtual Status SendControl(int peer, const std::string& payload) = 0;
+  // Waits until at least one control message is available, Wake() is called, or timeout_ms passes
+  // (timeout_ms < 0: no limit). Appends every complete message received to *messages and the rank
+  // of every peer whose control connection closed (once per peer) to *lost_peers.
+  virtual Status PollControl(int timeout_ms, std::vector<ControlMessage>* messages,
+                             std::vector<int>* lost_peers) = 0;
+  // Thread-safe: makes a PollControl in progress (or the next one) return promptly.
+  virtual void Wake() = 0;
+  // Thread-safe: closes every connection; blocked calls return an error. Idempotent.
+  virtual void Close() = 0;
+};
+
+}  // namespace horo

@@ -1,0 +1,176 @@
+#include "transport/tcp/connection.h"
+
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <utility>
+
+namespace horo {
+namespace tcp {
+namespace {
+
+// One send()/recv() moves at most this much: Linux caps a call near 2 GiB anyway, and this keeps
+// every length well inside ssize_t.
+constexpr size_t kMaxChunk = size_t{1} << 30;
+constexpr size_t kControlReadChunk = 64 << 10;
+constexpr int kMaxReadsPerCall = 64;
+
+bool WouldBlock(int err) { return err == EAGAIN || err == EWOULDBLOCK; }
+
+uint64_t LoadLittleEndian64(const char* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
+  return v;
+}
+
+}  // namespace
+
+const char* ChannelName(ChannelKind kind) {
+  return kind == ChannelKind::kControl ? "control" : "data";
+}
+
+Connection::Connection(int fd, int peer, ChannelKind kind, std::string peer_address)
+    : fd_(fd), peer_(peer), kind_(kind), peer_address_(std::move(peer_address)) {}
+
+Connection::~Connection() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void Connection::TuneEstablished(int fd) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  // Detect a vanished host (no FIN, no RST) on an idle connection within about two minutes.
+  int idle_seconds = 60, interval_seconds = 10, probes = 6;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_seconds, sizeof(idle_seconds));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_seconds, sizeof(interval_seconds));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof(probes));
+}
+
+void Connection::Shutdown() {
+  if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
+}
+
+Connection::Io Connection::SendSome(const char* data, size_t len, size_t* moved, int* error) {
+  size_t done = 0;
+  while (done < len) {
+    size_t chunk = len - done < kMaxChunk ? len - done : kMaxChunk;
+    ssize_t n = ::send(fd_, data + done, chunk, MSG_NOSIGNAL);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    *moved = done;
+    if (n < 0 && WouldBlock(errno)) return Io::kOk;
+    *error = n < 0 ? errno : 0;
+    return (n < 0 && errno != EPIPE) ? Io::kError : Io::kClosed;
+  }
+  *moved = done;
+  return Io::kOk;
+}
+
+Connection::Io Connection::RecvSome(char* data, size_t len, size_t* moved, int* error) {
+  size_t done = 0;
+  while (done < len) {
+    size_t chunk = len - done < kMaxChunk ? len - done : kMaxChunk;
+    ssize_t n = ::recv(fd_, data + done, chunk, 0);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    *moved = done;
+    if (n < 0 && WouldBlock(errno)) return Io::kOk;
+    *error = n < 0 ? errno : 0;
+    return n == 0 ? Io::kClosed : Io::kError;
+  }
+  *moved = done;
+  return Io::kOk;
+}
+
+Connection::Io Connection::SendFrameSome(const uint8_t* header, const std::string& payload,
+                                         size_t* offset, int* error) {
+  const size_t total = kControlHeaderSize + payload.size();
+  while (*offset < total) {
+    iovec iov[2];
+    int count = 0;
+    if (*offset < kControlHeaderSize) {
+      iov[count].iov_base = const_cast<uint8_t*>(header + *offset);
+      iov[count].iov_len = kControlHeaderSize - *offset;
+      ++count;
+    }
+    size_t payload_offset = *offset < kControlHeaderSize ? 0 : *offset - kControlHeaderSize;
+    if (payload_offset < payload.size()) {
+      size_t chunk = payload.size() - payload_offset;
+      iov[count].iov_base = const_cast<char*>(payload.data() + payload_offset);
+      iov[count].iov_len = chunk < kMaxChunk ? chunk : kMaxChunk;
+      ++count;
+    }
+    msghdr message{};
+    message.msg_iov = iov;
+    message.msg_iovlen = count;
+    ssize_t n = ::sendmsg(fd_, &message, MSG_NOSIGNAL);
+    if (n > 0) {
+      *offset += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && WouldBlock(errno)) return Io::kOk;
+    *error = n < 0 ? errno : 0;
+    return (n < 0 && errno != EPIPE) ? Io::kError : Io::kClosed;
+  }
+  return Io::kOk;
+}
+
+bool Connection::ExtractFrames(std::vector<ControlMessage>* messages) {
+  while (rx_end_ - rx_begin_ >= kControlHeaderSize) {
+    uint64_t length = LoadLittleEndian64(rx_.data() + rx_begin_);
+    if (length > kMaxControlFrame) return false;
+    if (rx_end_ - rx_begin_ - kControlHeaderSize < length) break;  // incomplete: keep for later
+    ControlMessage message;
+    message.peer = peer_;
+    message.payload.assign(rx_.data() + rx_begin_ + kControlHeaderSize, static_cast<size_t>(length));
+    messages->push_back(std::move(message));
+    rx_begin_ += kControlHeaderSize + static_cast<size_t>(length);
+  }
+  if (rx_begin_ == rx_end_) rx_begin_ = rx_end_ = 0;
+  return true;
+}
+
+Connection::Io Connection::ReadFrames(std::vector<ControlMessage>* messages, int* error) {
+  // A bounded number of reads per call keeps PollControl responsive to a peer that never stops
+  // sending; poll() reports the rest at once.
+  for (int reads = 0; reads < kMaxReadsPerCall; ++reads) {
+    if (rx_.size() - rx_end_ < kControlReadChunk) {
+      if (rx_begin_ > 0) {
+        std::memmove(rx_.data(), rx_.data() + rx_begin_, rx_end_ - rx_begin_);
+        rx_end_ -= rx_begin_;
+        rx_begin_ = 0;
+      }
+      if (rx_.size() - rx_end_ < kControlReadChunk) rx_.resize(rx_end_ + kControlReadChunk);
+    }
+    ssize_t n = ::recv(fd_, rx_.data() + rx_end_, rx_.size() - rx_end_, 0);
+    if (n > 0) {
+      rx_end_ += static_cast<size_t>(n);
+      if (!ExtractFrames(messages)) {
+        *error = 0;
+        return Io::kError;
+      }
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && WouldBlock(errno)) return Io::kOk;
+    *error = n < 0 ? errno : 0;
+    return n == 0 ? Io::kClosed : Io::kError;
+  }
+  return Io::kOk;
+}
+
+}  // namespace tcp
+}  // namespace horo

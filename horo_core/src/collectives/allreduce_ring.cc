@@ -1,0 +1,44 @@
+// Ring allreduce (Patarasuk & Yuan; popularised for deep learning by Baidu).
+//
+// The count elements are cut into N blocks, one per member, as evenly as possible: the first
+// count % N blocks get one element more than the rest, and blocks may be empty when count < N. The
+// algorithm then runs two phases of N-1 steps each around the ring (member i sends to i+1 and
+// receives from i-1, see ring_phases.h):
+//  1. scatter-reduce: after N-1 steps member i holds block (i+1) fully reduced over all members;
+//  2. allgather: the reduced blocks travel once around the ring, so every member ends with all N.
+// Each member sends and receives 2 (N-1)/N of the buffer in total, which is optimal in bandwidth,
+// at the price of 2 (N-1) latencies; small messages therefore use AllreduceSmall instead. Reduced
+// blocks are computed once and then copied, so the result is bitwise identical on every member.
+// The scatter-reduce receives through one scratch buffer of at most options.chunk_bytes.
+#include <string>
+#include <vector>
+
+#include "collectives/collectives.h"
+#include "collectives/group_io.h"
+#include "collectives/ring_phases.h"
+
+namespace horo {
+
+Status AllreduceRing(const CommGroup& group, void* buffer, int64_t count, DataType dtype, ReduceOp op,
+                     const AllreduceOptions& options) {
+  HORO_RETURN_IF_ERROR(CheckGroup(group, "allreduce ring"));
+  HORO_RETURN_IF_ERROR(CheckReduceOp(op, "allreduce ring"));
+  if (count < 0) return Status::InvalidArgument("allreduce ring: negative count " + std::to_string(count));
+  if (options.chunk_bytes <= 0) {
+    return Status::InvalidArgument("allreduce ring: chunk_bytes must be positive, got " +
+                                   std::to_string(options.chunk_bytes));
+  }
+  const int members = group.size();
+  if (members == 1 || count == 0) return Status::OK();
+
+  std::vector<int64_t> block_counts(members, count / members);
+  for (int64_t b = 0; b < count % members; ++b) ++block_counts[b];
+  const RingBlocks blocks = RingBlocksFromCounts(block_counts, static_cast<int64_t>(DataTypeSize(dtype)));
+
+  uint8_t* bytes = static_cast<uint8_t*>(buffer);
+  HORO_RETURN_IF_ERROR(RingScatterReduce(group, bytes, blocks, dtype, op, options.chunk_bytes, /*final_shift=*/1,
+                                         "allreduce ring scatter-reduce"));
+  return RingAllgather(group, bytes, blocks, /*start_shift=*/1, "allreduce ring allgather");
+}
+
+}  // namespace horo

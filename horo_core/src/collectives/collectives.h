@@ -1,0 +1,63 @@
+// Collective algorithms over a Transport, for the members of one process set.
+//
+// Every function is called by every member of the group, in the same order, from the background
+// thread; sizes are known on every member beforehand (negotiation told them). Results must be
+// bitwise identical on all members (reductions happen in a member-independent order, or are
+// computed once and then copied), so that replicas of a model never drift apart.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "common/dtype.h"
+#include "common/status.h"
+#include "transport/transport.h"
+
+namespace horo {
+
+// The members of a process set as the collectives see them.
+struct CommGroup {
+  Transport* transport = nullptr;
+  std::vector<int> ranks;  // global ranks of the members, in set order
+  int index = 0;           // this rank's position in ranks
+  int size() const { return static_cast<int>(ranks.size()); }
+  int peer(int member_index) const { return ranks[member_index]; }
+};
+
+struct AllreduceOptions {
+  // Messages of at most this many bytes use the latency-optimal algorithm, larger ones the ring.
+  int64_t small_message_bytes = 64 * 1024;
+  // Ring steps are pipelined in chunks of at most this many bytes.
+  int64_t chunk_bytes = 1 << 20;
+};
+
+// In-place allreduce of count elements. op is Sum, Min, Max or Product (Average is a Sum plus a
+// postscale applied by the caller). Bool: Sum/Max = logical or, Min/Product = logical and.
+Status Allreduce(const CommGroup& group, void* buffer, int64_t count, DataType dtype, ReduceOp op,
+                 const AllreduceOptions& options);
+// The two algorithms Allreduce chooses from, exposed for tests and benchmarks.
+Status AllreduceRing(const CommGroup& group, void* buffer, int64_t count, DataType dtype, ReduceOp op,
+                     const AllreduceOptions& options);
+Status AllreduceSmall(const CommGroup& group, void* buffer, int64_t count, DataType dtype, ReduceOp op);
+
+// Gathers each member's bytes into output, concatenated in set order. bytes_per_member[i] is the
+// number of bytes member i contributes (may be 0). input may alias output + offset of this member.
+Status Allgather(const CommGroup& group, const void* input, void* output,
+                 const std::vector<int64_t>& bytes_per_member);
+
+// Copies bytes from the member at root_index to every member.
+Status Broadcast(const CommGroup& group, void* buffer, int64_t bytes, int root_index);
+
+// Member i sends send_bytes[j] bytes (at the running offset of input) to member j and receives
+// recv_bytes[j] bytes from member j into output (at the running offset), in set order.
+Status Alltoall(const CommGroup& group, const void* input, const std::vector<int64_t>& send_bytes,
+                void* output, const std::vector<int64_t>& recv_bytes);
+
+// Reduces the full input buffer (sum of counts_per_member elements) element-wise across members
+// and leaves member i's block (counts_per_member[i] elements, in order) in output. input is used as
+// scratch and may be overwritten.
+Status Reducescatter(const CommGroup& group, void* input, void* output,
+                     const std::vector<int64_t>& counts_per_member, DataType dtype, ReduceOp op,
+                     const AllreduceOptions& options);
+
+}  // namespace horo

@@ -1,0 +1,30 @@
+// Helpers shared by the collective algorithms: checking a CommGroup and exchanging bytes with
+// members addressed by their index in the group rather than by global rank.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "collectives/collectives.h"
+
+namespace horo {
+
+// InvalidArgument unless the group has a transport, at least one member and a valid own index,
+// and its size agrees with what the transport can reach.
+Status CheckGroup(const CommGroup& group, const char* collective);
+
+// InvalidArgument unless sizes has one non-negative entry per member. what names the entries in
+// messages, e.g. "send size".
+Status CheckMemberSizes(const std::vector<int64_t>& sizes, int members, const char* collective, const char* what);
+
+// InvalidArgument unless op is Sum, Min, Max or Product.
+Status CheckReduceOp(ReduceOp op, const char* collective);
+
+// One step of an algorithm: sends send_bytes to member send_index while receiving recv_bytes from
+// member recv_index. An index of -1 or a length of 0 skips that direction (both sides of a step
+// always agree on the lengths, so they skip together). A failure keeps its code and gains the
+// prefix "<phase> step <step>: ".
+Status ExchangeWithMembers(const CommGroup& group, int send_index, const void* send_data, int64_t send_bytes,
+                           int recv_index, void* recv_data, int64_t recv_bytes, const char* phase, int step);
+
+}  // namespace horo

@@ -1,0 +1,318 @@
+// The extern "C" surface declared in horo/horo.h. Every body runs inside HORO_API_BEGIN/END so that
+// no C++ exception crosses the boundary; failures set the calling thread's last error.
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collectives/reduce_kernels.h"
+#include "common/config.h"
+#include "horo/horo.h"
+#include "runtime/runtime.h"
+#include "transport/loopback/transport.h"
+
+struct horo_runtime {
+  std::unique_ptr<horo::Runtime> impl;
+};
+
+struct horo_loopback_hub {
+  std::shared_ptr<horo::LoopbackHub> impl;
+};
+
+namespace {
+
+thread_local std::string t_last_error;
+thread_local std::vector<horo::SettingInfo> t_settings;
+
+horo_status_t SetError(const horo::Status& status) {
+  t_last_error = status.message();
+  return status.code();
+}
+
+horo_status_t Fail(horo_status_t code, const std::string& message) {
+  t_last_error = message;
+  return code;
+}
+
+}  // namespace
+
+#define HORO_API_BEGIN() try {
+#define HORO_API_END()                                                           \
+  }                                                                              \
+  catch (const std::exception& e) {                                              \
+    return Fail(HORO_ERR_INTERNAL, std::string("internal error: ") + e.what());  \
+  }                                                                              \
+  catch (...) {                                                                  \
+    return Fail(HORO_ERR_INTERNAL, "internal error: unknown exception");         \
+  }
+
+#define HORO_REQUIRE_RUNTIME(rt) \
+  if ((rt) == nullptr || !(rt)->impl) return Fail(HORO_ERR_NOT_INITIALIZED, "Horo runtime is not initialized")
+
+extern "C" {
+
+const char* horo_last_error(void) { return t_last_error.c_str(); }
+
+const char* horo_version(void) { return "0.1.0"; }
+
+const char* horo_cpu_features(void) { return horo::KernelCpuFeatures(); }
+
+const char* horo_status_name(horo_status_t code) {
+  switch (code) {
+    case HORO_OK: return "OK";
+    case HORO_ERR_INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+    case HORO_ERR_NOT_INITIALIZED: return "NOT_INITIALIZED";
+    case HORO_ERR_MISMATCH: return "MISMATCH";
+    case HORO_ERR_SHUT_DOWN: return "SHUT_DOWN";
+    case HORO_ERR_PEER_LOST: return "PEER_LOST";
+    case HORO_ERR_TIMEOUT: return "TIMEOUT";
+    case HORO_ERR_INTERNAL: return "INTERNAL";
+    case HORO_ERR_IN_PROGRESS: return "IN_PROGRESS";
+    case HORO_ERR_DUPLICATE_NAME: return "DUPLICATE_NAME";
+    case HORO_ERR_AUTH: return "AUTH";
+    case HORO_ERR_UNSUPPORTED: return "UNSUPPORTED";
+    default: return "UNKNOWN";
+  }
+}
+
+horo_status_t horo_setting_count(int32_t* count) {
+  HORO_API_BEGIN();
+  horo::Config config;
+  horo::Status st = horo::LoadConfigFromEnv(&config);
+  if (!st.ok()) return SetError(st);
+  t_settings = horo::DescribeConfig(config);
+  *count = static_cast<int32_t>(t_settings.size());
+  return HORO_OK;
+  HORO_API_END();
+}
+
+horo_status_t horo_setting_get(int32_t index, horo_setting_t* out) {
+  HORO_API_BEGIN();
+  if (t_settings.empty()) {
+    int32_t count = 0;
+    horo_status_t rc = horo_setting_count(&count);
+    if (rc != HORO_OK) return rc;
+  }
+  if (index < 0 || index >= static_cast<int32_t>(t_settings.size())) {
+    return Fail(HORO_ERR_INVALID_ARGUMENT, "setting index out of range");
+  }
+  const horo::SettingInfo& s = t_settings[index];
+  out->name = s.name.c_str();
+  out->type = s.type.c_str();
+  out->default_value = s.default_value.c_str();
+  out->value = s.value.c_str();
+  out->doc = s.doc.c_str();
+  return HORO_OK;
+  HORO_API_END();
+}
+
+horo_status_t horo_loopback_hub_create(int32_t size, horo_loopback_hub_t** out) {
+  HORO_API_BEGIN();
+  if (size < 1) return Fail(HORO_ERR_INVALID_ARGUMENT, "loopback hub size must be >= 1");
+  auto* hub = new horo_loopback_hub;
+  hub->impl = std::make_shared<horo::LoopbackHub>(size);
+  *out = hub;
+  return HORO_OK;
+  HORO_API_END();
+}
+
+horo_status_t horo_loopback_hub_destroy(horo_loopback_hub_t* hub) {
+  HORO_API_BEGIN();
+  delete hub;
+  return HORO_OK;
+  HORO_API_END();
+}
+
+horo_status_t horo_runtime_create(const horo_init_options_t* options, horo_runtime_t** out) {
+  HORO_API_BEGIN();
+  if (options == nullptr || out == nullptr) return Fail(HORO_ERR_INVALID_ARGUMENT, "null argument");
+  std::shared_ptr<horo::LoopbackHub> hub = options->loopback ? options->loopback->impl : nullptr;
+  std::unique_ptr<horo::Runtime> impl;
+  horo::Status st = horo::Runtime::Create(*options, hub, &impl);
+  if (!st.ok()) return SetError(st);
+  auto* rt = new horo_runtime;
+  rt->impl = std::move(impl);
+  *out = rt;
+  return HORO_OK;
+  HORO_API_END();
+}
+
+horo_status_t horo_runtime_address(horo_runtime_t* rt, char* buffer, size_t buffer_len) {
+  HORO_API_BEGIN();
+  HORO_REQUIRE_RUNTIME(rt);
+  const std::string& a = rt->impl->address();
+  if (buffer_len < a.size() + 1) return Fail(HORO_ERR_INVALID_ARGUMENT, "address buffer too small");
+  std::memcpy(buffer, a.c_str(), a.size() + 1);
+  return HORO_OK;
+  HORO_API_END();
+}
+
+horo_status_t horo_runtime_connect(horo_runtime_t* rt, const char* const* addresses, int32_t count) {
+  HORO_API_BEGIN();
+  HORO_REQUIRE_RUNTIME(rt);
+  std::vector<std::string> list;
+  for (int32_t i = 0; i < count; ++i) list.emplace_back(addresses[i] ? addresses[i] : "");
+  return SetError(rt->impl->Connect(list));
+  HORO_API_END();
+}
+
+horo_status_t horo_runtime_shutdown(horo_runtime_t* rt) {
+  HORO_API_BEGIN();
+  HORO_REQUIRE_RUNTIME(rt);
+  return SetError(rt->impl->Shutdown());
+  HORO_API_END();
+}
+
+horo_status_t horo_runtime_destroy(horo_runtime_t* rt) {
+  HORO_API_BEGIN();
+  delete rt;
+  return HORO_OK;
+  HORO_API_END();
+}
+
+horo_status_t horo_runtime_rank(horo_runtime_t* rt, int32_t* rank) {
+  HORO_API_BEGIN();
+  HORO_REQUIRE_RUNTIME(rt);
+  *rank = rt->impl->rank();
+  return HORO_OK;
+  HORO_API_END();
+}
+
+horo_status_t horo_runtime_size(horo_runtime_t* rt, int32_t* size) {
+  HORO_API_BEGIN();
+  HORO_REQUIRE_RUNTIME(rt);
+  *size = rt->impl->size();
+  return HORO_OK;
+  HORO_API_END();
+}
+
+horo_status_t horo_process_set_add(horo_runtime_t* rt, const int32_t* ranks, int32_t count, int32_t* id) {
+  HORO_API_BEGIN();
+  HORO_REQUIRE_RUNTIME(rt);
+  std::vector<int32_t> list(ranks, ranks + count);
+  horo_handle_t handle = 0;
+  horo::Status st = rt->impl->ChangeProcessSet(true, list, 0, &handle);
+  if (!st.ok()) return SetError(st);
+  st = rt->impl->handles().Wait(handle, -1);
+  if (st.ok()) *id = rt->impl->handles().Result(handle)->value;
+  rt->impl->handles().Release(handle);
+  return SetError(st);
+  HORO_API_END();
+}
+
+horo_status_t horo_process_set_remove(horo_runtime_t* rt, int32_t id) {
+  HORO_API_BEGIN();
+  HORO_REQUIRE_RUNTIME(rt);
+  horo_handle_t handle = 0;
+  horo::Status st = rt->impl->ChangeProcessSet(false, {}, id, &handle);
+  if (!st.ok()) return SetError(st);
+  st = rt->impl->handles().Wait(handle, -1);
+  rt->impl->handles().Release(handle);
+  return SetError(st);
+  HORO_API_END();
+}
+
+horo_status_t horo_process_set_rank(horo_runtime_t* rt, int32_t id, int32_t* rank) {
+  HORO_API_BEGIN();
+  HORO_REQUIRE_RUNTIME(rt);
+  std::vector<int32_t> members;
+  if (!rt->impl->process_sets().Members(id, &members)) {
+    return Fail(HORO_ERR_INVALID_ARGUMENT, "process set " + std::to_string(id) + " does not exist");
+  }
+  *rank = -1;
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (members[i] == rt->impl->rank()) *rank = static_cast<int32_t>(i);
+  }
+  return HORO_OK;
+  HORO_API_END();
+}
+
+horo_status_t horo_process_set_size(horo_runtime_t* rt, int32_t id, int32_t* size) {
+  HORO_API_BEGIN();
+  HORO_REQUIRE_RUNTIME(rt);
+  std::vector<int32_t> members;
+  if (!rt->impl->process_sets().Members(id, &members)) {
+    return Fail(HORO_ERR_INVALID_ARGUMENT, "process set " + std::to_string(id) + " does not exist");
+  }
+  *size = static_cast<int32_t>(members.size());
+  return HORO_OK;
+  HORO_API_END();
+}
+
+horo_status_t horo_process_set_ranks(horo_runtime_t* rt, int32_t id, int32_t* ranks, int32_t capacity, int32_t* count) {
+  HORO_API_BEGIN();
+  HORO_REQUIRE_RUNTIME(rt);
+  std::vector<int32_t> members;
+  if (!rt->impl->process_sets().Members(id, &members)) {
+    return Fail(HORO_ERR_INVALID_ARGUMENT, "process set " + std::to_string(id) + " does not exist");
+  }
+  *count = static_cast<int32_t>(members.size());
+  for (int32_t i = 0; i < *count && i < capacity; ++i) ranks[i] = members[i];
+  return HORO_OK;
+  HORO_API_END();
+}
+
+void horo_op_options_init(horo_op_options_t* options) {
+  options->process_set_id = HORO_GLOBAL_PROCESS_SET;
+  options->reduce_op = HORO_OP_SUM;
+  options->prescale_factor = 1.0;
+  options->postscale_factor = 1.0;
+  options->root_rank = 0;
+  options->splits = nullptr;
+  options->num_splits = 0;
+}
+
+horo_status_t horo_enqueue(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t* tensors, int32_t count,
+                           const horo_op_options_t* options, horo_handle_t* handles) {
+  HORO_API_BEGIN();
+  HORO_REQUIRE_RUNTIME(rt);
+  if (!horo::IsValidOpType(op_type)) return Fail(HORO_ERR_INVALID_ARGUMENT, "unknown operation " + std::to_string(op_type));
+  horo_op_options_t defaults;
+  horo_op_options_init(&defaults);
+  return SetError(rt->impl->Enqueue(static_cast<horo::OpType>(op_type), tensors, count,
+                                    options ? *options : defaults, handles));
+  HORO_API_END();
+}
+
+horo_status_t horo_poll(horo_runtime_t* rt, horo_handle_t handle, int32_t* done) {
+  HORO_API_BEGIN();
+  HORO_REQUIRE_RUNTIME(rt);
+  bool d = false;
+  horo::Status st = rt->impl->handles().Poll(handle, &d);
+  *done = d ? 1 : 0;
+  return SetError(st);
+  HORO_API_END();
+}
+
+horo_status_t horo_wait(horo_runtime_t* rt, horo_handle_t handle, double timeout_seconds) {
+  HORO_API_BEGIN();
+  HORO_REQUIRE_RUNTIME(rt);
+  return SetError(rt->impl->handles().Wait(handle, timeout_seconds));
+  HORO_API_END();
+}
+
+horo_status_t horo_handle_result(horo_runtime_t* rt, horo_handle_t handle, horo_result_t* out) {
+  HORO_API_BEGIN();
+  HORO_REQUIRE_RUNTIME(rt);
+  const horo::HandleResult* r = rt->impl->handles().Result(handle);
+  if (r == nullptr) return Fail(HORO_ERR_INVALID_ARGUMENT, "handle is unknown or not complete");
+  out->data = r->allocated ? r->data.data() : nullptr;
+  out->nbytes = static_cast<int64_t>(r->data.size());
+  out->ndim = static_cast<int32_t>(r->shape.size());
+  for (size_t i = 0; i < r->shape.size() && i < HORO_MAX_DIMS; ++i) out->shape[i] = r->shape[i];
+  out->received_splits = r->received_splits.empty() ? nullptr : r->received_splits.data();
+  out->num_received_splits = static_cast<int32_t>(r->received_splits.size());
+  out->join_last_rank = r->value;
+  return HORO_OK;
+  HORO_API_END();
+}
+
+horo_status_t horo_release(horo_runtime_t* rt, horo_handle_t handle) {
+  HORO_API_BEGIN();
+  HORO_REQUIRE_RUNTIME(rt);
+  return SetError(rt->impl->handles().Release(handle));
+  HORO_API_END();
+}
+
+}  // extern "C"

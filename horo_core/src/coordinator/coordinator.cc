@@ -1,0 +1,414 @@
+#include "coordinator/coordinator.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "common/logging.h"
+#include "coordinator/wire.h"
+
+namespace horo {
+namespace {
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
+  os << "]";
+  return os.str();
+}
+
+std::string Quote(const std::string& name) { return "'" + name + "'"; }
+
+bool IsCacheable(OpType op) {
+  return op == OpType::kAllreduce || op == OpType::kAllgather || op == OpType::kBroadcast ||
+         op == OpType::kAlltoall || op == OpType::kReducescatter;
+}
+
+Response ErrorResponse(int32_t set_id, const std::string& name, horo_status_t code, const std::string& message) {
+  Response r;
+  r.kind = ResponseKind::kError;
+  r.process_set_id = set_id;
+  r.name = name;
+  r.error_code = code;
+  r.error_message = message;
+  return r;
+}
+
+// Compares one field of every request with the first (lowest rank) and describes the first
+// difference: "<what> for <op> tensor 'x': rank 0 has A, rank 2 has B".
+template <typename Get>
+bool FindMismatch(const std::map<int32_t, Request>& by_rank, const char* what, Get get, std::string* message) {
+  const auto& first = *by_rank.begin();
+  for (const auto& kv : by_rank) {
+    if (get(kv.second) != get(first.second)) {
+      std::ostringstream os;
+      os << "Mismatched " << what << " for " << OpTypeName(first.second.op_type) << " tensor "
+         << Quote(first.second.name) << ": rank " << first.first << " has " << get(first.second) << ", rank "
+         << kv.first << " has " << get(kv.second);
+      *message = os.str();
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+Coordinator::Coordinator(const Config& config, int world_size, ProcessSetTable* sets, ResponseCache* cache)
+    : config_(config),
+      world_size_(world_size),
+      sets_(sets),
+      cache_(cache),
+      stall_inspector_(config.stall_check_time_seconds, config.stall_shutdown_time_seconds,
+                       config.stall_check_disable) {}
+
+void Coordinator::AddRequests(int rank, const RequestList& list) {
+  if (list.shutdown) shutdown_requested_.insert(rank);
+  for (const Request& r : list.requests) {
+    if (r.kind == RequestKind::kTensor) {
+      AddTensorRequest(r);
+    } else {
+      AddSetChange(r);
+    }
+  }
+}
+
+void Coordinator::PeerLost(int rank) { lost_.push_back(rank); }
+
+void Coordinator::AddTensorRequest(const Request& request) {
+  SetState& state = states_[request.process_set_id];
+  if (request.op_type == OpType::kJoin) {
+    if (std::find(state.joined.begin(), state.joined.end(), request.rank) == state.joined.end()) {
+      state.joined.push_back(request.rank);
+    }
+    std::vector<std::string> names;
+    for (const auto& kv : state.pending) names.push_back(kv.first);
+    for (const std::string& name : names) MarkReadyIfComplete(request.process_set_id, name);
+    return;
+  }
+  Pending& pending = state.pending[request.name];
+  if (pending.by_rank.empty()) pending.first_seen = std::chrono::steady_clock::now();
+  pending.by_rank[request.rank] = request;
+  MarkReadyIfComplete(request.process_set_id, request.name);
+}
+
+void Coordinator::AddSetChange(const Request& request) {
+  Pending& pending = states_[0].pending[request.name];
+  if (pending.by_rank.empty()) pending.first_seen = std::chrono::steady_clock::now();
+  pending.by_rank[request.rank] = request;
+  if (static_cast<int>(pending.by_rank.size()) == world_size_ && !pending.queued_ready) {
+    pending.queued_ready = true;
+    ready_.emplace_back(0, request.name);
+  }
+}
+
+void Coordinator::MarkReadyIfComplete(int32_t set_id, const std::string& name) {
+  SetState& state = states_[set_id];
+  Pending& pending = state.pending[name];
+  if (pending.queued_ready || pending.by_rank.empty()) return;
+  if (pending.by_rank.begin()->second.kind != RequestKind::kTensor) return;
+  std::vector<int32_t> members;
+  if (sets_->Members(set_id, &members)) {
+    for (int32_t m : members) {
+      bool joined = std::find(state.joined.begin(), state.joined.end(), m) != state.joined.end();
+      if (!joined && !pending.by_rank.count(m)) return;
+    }
+  }
+  // An unknown set is "ready" at once so that Construct reports it.
+  pending.queued_ready = true;
+  ready_.emplace_back(set_id, name);
+}
+
+std::string Coordinator::Signature(const Pending& pending, const std::vector<int32_t>& joined) const {
+  WireWriter w;
+  w.I32Vec(joined);
+  for (const auto& kv : pending.by_rank) {
+    const Request& r = kv.second;
+    w.I32(kv.first);
+    w.I32(static_cast<int32_t>(r.op_type));
+    w.I32(static_cast<int32_t>(r.dtype));
+    w.I64Vec(r.shape);
+    w.I32(static_cast<int32_t>(r.reduce_op));
+    w.F64(r.prescale_factor);
+    w.F64(r.postscale_factor);
+    w.I32(r.root_rank);
+    w.I64Vec(r.splits);
+  }
+  return w.Take();
+}
+
+Response Coordinator::Construct(int32_t set_id, const std::string& name, const Pending& pending,
+                                const std::vector<int32_t>& members, const std::vector<int32_t>& joined) {
+  const Request& first = pending.by_rank.begin()->second;
+  std::string message;
+  if (members.empty()) {
+    return ErrorResponse(set_id, name, HORO_ERR_INVALID_ARGUMENT,
+                         "process set " + std::to_string(set_id) + " does not exist (removed while tensor " +
+                             Quote(name) + " was in flight)");
+  }
+  if (FindMismatch(pending.by_rank, "operations", [](const Request& r) { return std::string(OpTypeName(r.op_type)); },
+                   &message) ||
+      FindMismatch(pending.by_rank, "data types", [](const Request& r) { return std::string(DataTypeName(r.dtype)); },
+                   &message)) {
+    return ErrorResponse(set_id, name, HORO_ERR_MISMATCH, message);
+  }
+  const OpType op = first.op_type;
+  if (!joined.empty() && op != OpType::kAllreduce && op != OpType::kBarrier) {
+    std::ostringstream os;
+    os << OpTypeName(op) << " of tensor " << Quote(name) << " is not supported while ranks have joined (rank";
+    for (int32_t r : joined) os << " " << r;
+    os << " joined process set " << set_id << "); only allreduce works with join";
+    return ErrorResponse(set_id, name, HORO_ERR_MISMATCH, os.str());
+  }
+  bool mismatch = false;
+  auto shape_of = [](const Request& r) { return ShapeText(r.shape); };
+  auto trailing_shape_of = [](const Request& r) {
+    std::vector<int64_t> rest(r.shape.begin() + (r.shape.empty() ? 0 : 1), r.shape.end());
+    return "rank " + std::to_string(r.shape.size()) + " tensor with trailing dimensions " + ShapeText(rest);
+  };
+  auto reduce_op_of = [](const Request& r) { return std::string(ReduceOpName(r.reduce_op)); };
+  auto scales_of = [](const Request& r) {
+    std::ostringstream os;
+    os << "prescale " << r.prescale_factor << " / postscale " << r.postscale_factor;
+    return os.str();
+  };
+  switch (op) {
+    case OpType::kAllreduce:
+    case OpType::kReducescatter:
+      mismatch = FindMismatch(pending.by_rank, "reduction operations", reduce_op_of, &message) ||
+                 FindMismatch(pending.by_rank, "scale factors", scales_of, &message) ||
+                 FindMismatch(pending.by_rank, "shapes", shape_of, &message);
+      break;
+    case OpType::kBroadcast:
+      mismatch = FindMismatch(pending.by_rank, "root ranks", [](const Request& r) { return r.root_rank; }, &message) ||
+                 FindMismatch(pending.by_rank, "shapes", shape_of, &message);
+      break;
+    case OpType::kAllgather:
+    case OpType::kAlltoall:
+      mismatch = FindMismatch(pending.by_rank, "shapes", trailing_shape_of, &message);
+      if (!mismatch && op == OpType::kAlltoall) {
+        mismatch = FindMismatch(pending.by_rank, "number of splits",
+                                [](const Request& r) { return r.splits.size(); }, &message);
+      }
+      break;
+    default:
+      break;
+  }
+  if (mismatch) return ErrorResponse(set_id, name, HORO_ERR_MISMATCH, message);
+
+  Response r;
+  r.kind = ResponseKind::kOp;
+  r.op_type = op;
+  r.process_set_id = set_id;
+  r.name = name;
+  r.dtype = first.dtype;
+  r.reduce_op = first.reduce_op;
+  r.prescale_factor = first.prescale_factor;
+  r.postscale_factor = first.postscale_factor;
+  r.root_rank = first.root_rank;
+  r.shape = first.shape;
+  r.joined_ranks = joined;
+  if (op == OpType::kAllgather) {
+    for (int32_t m : members) r.member_dims.push_back(pending.by_rank.at(m).shape[0]);
+  } else if (op == OpType::kAlltoall) {
+    const int64_t n = static_cast<int64_t>(members.size());
+    for (int32_t m : members) {
+      const Request& req = pending.by_rank.at(m);
+      for (int64_t j = 0; j < n; ++j) {
+        r.member_dims.push_back(req.splits.empty() ? req.shape[0] / n : req.splits[j]);
+      }
+    }
+  }
+  return r;
+}
+
+Response Coordinator::ConstructSetChange(const std::string& name, const Pending& pending) {
+  const Request& first = pending.by_rank.begin()->second;
+  std::string message;
+  if (FindMismatch(pending.by_rank, "process set change",
+                   [](const Request& r) { return r.kind == RequestKind::kProcessSetAdd ? "add" : "remove"; },
+                   &message) ||
+      FindMismatch(pending.by_rank, "process set ranks",
+                   [](const Request& r) {
+                     std::vector<int64_t> v(r.ranks.begin(), r.ranks.end());
+                     return ShapeText(v);
+                   },
+                   &message)) {
+    return ErrorResponse(0, name, HORO_ERR_MISMATCH, message);
+  }
+  Response r;
+  r.name = name;
+  if (first.kind == RequestKind::kProcessSetAdd) {
+    int32_t existing = 0;
+    if (sets_->Find(first.ranks, &existing)) {
+      std::vector<int64_t> v(first.ranks.begin(), first.ranks.end());
+      return ErrorResponse(0, name, HORO_ERR_INVALID_ARGUMENT,
+                           "a process set with ranks " + ShapeText(v) + " already exists (id " +
+                               std::to_string(existing) + ")");
+    }
+    r.kind = ResponseKind::kProcessSetAdd;
+    r.ranks = first.ranks;
+  } else {
+    const int32_t id = first.ranks.empty() ? -1 : first.ranks[0];
+    std::vector<int32_t> members;
+    if (id == 0 || !sets_->Members(id, &members)) {
+      return ErrorResponse(0, name, HORO_ERR_INVALID_ARGUMENT,
+                           "cannot remove process set " + std::to_string(id) + ": it does not exist or is the global set");
+    }
+    r.kind = ResponseKind::kProcessSetRemove;
+    r.process_set_id = id;
+  }
+  return r;
+}
+
+bool Coordinator::BuildResponses(ResponseList* out) {
+  if (shut_down_) return false;
+  *out = ResponseList();
+  // Groups are emitted only once every member is ready.
+  std::map<std::pair<int32_t, std::string>, int> ready_in_group;
+  for (const auto& key : ready_) {
+    const Request& first = states_[key.first].pending[key.second].by_rank.begin()->second;
+    if (first.group_size > 1) ready_in_group[{key.first, first.group_leader}]++;
+  }
+  std::vector<ResponsePart> parts;
+  std::vector<Response> resolved;
+  std::vector<std::pair<int32_t, std::string>> deferred;
+  for (const auto& key : ready_) {
+    SetState& state = states_[key.first];
+    auto pending_it = state.pending.find(key.second);
+    Pending& pending = pending_it->second;
+    const Request& first = pending.by_rank.begin()->second;
+    if (first.group_size > 1 && ready_in_group[{key.first, first.group_leader}] < first.group_size) {
+      deferred.push_back(key);
+      continue;
+    }
+    ResponsePart part;
+    if (first.kind != RequestKind::kTensor) {
+      part.response = ConstructSetChange(key.second, pending);
+      if (part.response.kind == ResponseKind::kProcessSetRemove) {
+        cache_->EraseProcessSet(part.response.process_set_id, &out->evicted_ids);
+      }
+    } else {
+      std::vector<int32_t> members;
+      sets_->Members(key.first, &members);
+      const bool cacheable = cache_->enabled() && IsCacheable(first.op_type) && state.joined.empty();
+      std::string signature = cacheable ? Signature(pending, state.joined) : std::string();
+      int64_t id = cacheable ? cache_->Lookup(key.first, key.second, signature) : -1;
+      if (id >= 0) {
+        part.cache_id = id;
+        part.response = *cache_->Get(id);
+      } else {
+        part.response = Construct(key.first, key.second, pending, members, state.joined);
+        if (cacheable && part.response.kind == ResponseKind::kOp) {
+          part.assign_id = cache_->Put(part.response, signature, &out->evicted_ids);
+        }
+      }
+    }
+    resolved.push_back(part.response);
+    parts.push_back(std::move(part));
+    state.pending.erase(pending_it);
+  }
+  ready_ = std::move(deferred);
+
+  // Joins complete once every member of the set has joined.
+  for (auto& kv : states_) {
+    std::vector<int32_t> members;
+    if (kv.second.joined.empty() || !sets_->Members(kv.first, &members)) continue;
+    if (kv.second.joined.size() < members.size()) continue;
+    ResponsePart part;
+    part.response.kind = ResponseKind::kOp;
+    part.response.op_type = OpType::kJoin;
+    part.response.process_set_id = kv.first;
+    part.response.name = "join";
+    part.response.last_joined_rank = kv.second.joined.back();
+    kv.second.joined.clear();
+    resolved.push_back(part.response);
+    parts.push_back(std::move(part));
+  }
+  Fuse(std::move(parts), resolved, out);
+
+  std::vector<int32_t> unexpected_losses;
+  for (int32_t r : lost_) {
+    if (!shutdown_requested_.count(r)) unexpected_losses.push_back(r);
+  }
+  if (!unexpected_losses.empty()) {
+    std::ostringstream os;
+    os << "rank";
+    for (int32_t r : unexpected_losses) os << " " << r;
+    os << " exited or lost its connection without calling shutdown(); the job cannot continue";
+    EmitShutdown(HORO_ERR_PEER_LOST, os.str(), out);
+  } else if (stall_shutdown_) {
+    EmitShutdown(HORO_ERR_SHUT_DOWN, stall_message_, out);
+  } else if (!shutdown_requested_.empty()) {
+    std::ostringstream os;
+    os << "Horo has been shut down: rank " << *shutdown_requested_.begin()
+       << " called shutdown() or finished. Collectives submitted after one of the ranks finished cannot complete";
+    EmitShutdown(HORO_ERR_SHUT_DOWN, os.str(), out);
+  }
+  return !out->fused.empty() || !out->evicted_ids.empty();
+}
+
+void Coordinator::Fuse(std::vector<ResponsePart> parts, const std::vector<Response>& resolved, ResponseList* out) {
+  int64_t group_bytes = 0;
+  const Response* group_head = nullptr;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const Response& r = resolved[i];
+    const int64_t bytes = r.NumElements() * static_cast<int64_t>(DataTypeSize(r.dtype));
+    const bool fusable = r.kind == ResponseKind::kOp && r.op_type == OpType::kAllreduce;
+    const bool joins_group = fusable && group_head != nullptr && r.process_set_id == group_head->process_set_id &&
+                             r.dtype == group_head->dtype && r.reduce_op == group_head->reduce_op &&
+                             r.prescale_factor == group_head->prescale_factor &&
+                             r.postscale_factor == group_head->postscale_factor &&
+                             r.joined_ranks == group_head->joined_ranks &&
+                             group_bytes + bytes <= config_.fusion_threshold_bytes;
+    if (joins_group) {
+      out->fused.back().push_back(std::move(parts[i]));
+      group_bytes += bytes;
+      continue;
+    }
+    out->fused.push_back({std::move(parts[i])});
+    group_head = fusable ? &r : nullptr;
+    group_bytes = bytes;
+  }
+}
+
+void Coordinator::EmitShutdown(horo_status_t code, const std::string& message, ResponseList* out) {
+  ResponsePart part;
+  part.response.kind = ResponseKind::kShutdown;
+  part.response.error_code = code;
+  part.response.error_message = message;
+  out->fused.push_back({std::move(part)});
+  shut_down_ = true;
+}
+
+int Coordinator::CheckStalls() {
+  if (!stall_inspector_.enabled() || shut_down_) return 1000;
+  auto now = std::chrono::steady_clock::now();
+  std::vector<StalledTensor> waiting;
+  for (const auto& kv : states_) {
+    std::vector<int32_t> members;
+    if (!sets_->Members(kv.first, &members)) continue;
+    for (const auto& p : kv.second.pending) {
+      if (p.second.queued_ready) continue;
+      StalledTensor t;
+      t.process_set_id = kv.first;
+      t.name = p.first;
+      t.waited_seconds = std::chrono::duration<double>(now - p.second.first_seen).count();
+      for (int32_t m : members) {
+        bool joined = std::find(kv.second.joined.begin(), kv.second.joined.end(), m) != kv.second.joined.end();
+        if (!joined && !p.second.by_rank.count(m)) t.missing_ranks.push_back(m);
+      }
+      waiting.push_back(std::move(t));
+    }
+  }
+  std::string message;
+  if (stall_inspector_.Inspect(waiting, &message)) {
+    stall_shutdown_ = true;
+    stall_message_ = message;
+    HORO_LOG(kError, 0) << message;
+  }
+  double period_ms = stall_inspector_.warning_seconds() * 250.0;
+  return static_cast<int>(std::max(10.0, std::min(1000.0, period_ms)));
+}
+
+}  // namespace horo

@@ -1,0 +1,82 @@
+// Coordinator: runs on global rank 0 and decides, for every process set, which named tensors are
+// ready on all of the set's members, checks that the members agree (op, dtype, shape, reduce op,
+// scale factors, root, splits), and emits one globally ordered list of responses that every rank
+// executes in the same order. One sequence for all process sets is what keeps ranks that belong
+// to overlapping sets from waiting on each other in different orders; each set still has its own
+// table of pending tensors, joined ranks and stall tracking.
+//
+// Repeated tensors are answered from the response cache; consecutive compatible allreduces are
+// fused up to the fusion threshold.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "coordinator/process_set_table.h"
+#include "coordinator/request.h"
+#include "coordinator/response.h"
+#include "coordinator/response_cache.h"
+#include "coordinator/stall_inspector.h"
+
+namespace horo {
+
+class Coordinator {
+ public:
+  Coordinator(const Config& config, int world_size, ProcessSetTable* sets, ResponseCache* cache);
+
+  // Records the requests of one rank (rank 0's own included).
+  void AddRequests(int rank, const RequestList& list);
+  // A rank whose control connection closed.
+  void PeerLost(int rank);
+
+  // Builds the responses of everything that became ready. Returns false if there is nothing to
+  // send. A shutdown (requested, peer lost, or stall) is emitted as a kShutdown response and is
+  // the last response ever built.
+  bool BuildResponses(ResponseList* out);
+  // Checks for stalled tensors: logs a warning past the stall time, and arranges a shutdown past
+  // the shutdown time. Returns the milliseconds until the next check is due.
+  int CheckStalls();
+
+  bool shut_down() const { return shut_down_; }
+
+ private:
+  struct Pending {
+    std::map<int32_t, Request> by_rank;
+    std::chrono::steady_clock::time_point first_seen;
+    bool queued_ready = false;
+  };
+  struct SetState {
+    std::map<std::string, Pending> pending;
+    std::vector<int32_t> joined;  // in join order
+  };
+
+  void AddTensorRequest(const Request& request);
+  void AddSetChange(const Request& request);
+  void MarkReadyIfComplete(int32_t set_id, const std::string& name);
+  Response Construct(int32_t set_id, const std::string& name, const Pending& pending,
+                     const std::vector<int32_t>& members, const std::vector<int32_t>& joined);
+  Response ConstructSetChange(const std::string& name, const Pending& pending);
+  std::string Signature(const Pending& pending, const std::vector<int32_t>& joined) const;
+  void Fuse(std::vector<ResponsePart> parts, const std::vector<Response>& resolved, ResponseList* out);
+  void EmitShutdown(horo_status_t code, const std::string& message, ResponseList* out);
+
+  Config config_;
+  int world_size_;
+  ProcessSetTable* sets_;
+  ResponseCache* cache_;
+  StallInspector stall_inspector_;
+  std::map<int32_t, SetState> states_;
+  std::vector<std::pair<int32_t, std::string>> ready_;  // readiness order
+  std::set<int32_t> shutdown_requested_;
+  std::vector<int32_t> lost_;
+  bool stall_shutdown_ = false;
+  std::string stall_message_;
+  bool shut_down_ = false;
+};
+
+}  // namespace horo

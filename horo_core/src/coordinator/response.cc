@@ -1,0 +1,107 @@
+#include "coordinator/response.h"
+
+#include "coordinator/wire.h"
+
+namespace horo {
+
+int64_t Response::NumElements() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+namespace {
+
+void WriteResponse(WireWriter& w, const Response& r) {
+  w.I32(static_cast<int32_t>(r.kind));
+  w.I32(static_cast<int32_t>(r.op_type));
+  w.I32(r.process_set_id);
+  w.Str(r.name);
+  w.I32(static_cast<int32_t>(r.dtype));
+  w.I32(static_cast<int32_t>(r.reduce_op));
+  w.F64(r.prescale_factor);
+  w.F64(r.postscale_factor);
+  w.I32(r.root_rank);
+  w.I64Vec(r.shape);
+  w.I64Vec(r.member_dims);
+  w.I32(r.error_code);
+  w.Str(r.error_message);
+  w.I32(r.last_joined_rank);
+  w.I32Vec(r.ranks);
+  w.I32Vec(r.joined_ranks);
+}
+
+bool ReadResponse(WireReader& rd, Response* r) {
+  int32_t kind = rd.I32();
+  int32_t op = rd.I32();
+  r->process_set_id = rd.I32();
+  r->name = rd.Str();
+  int32_t dtype = rd.I32();
+  int32_t reduce_op = rd.I32();
+  r->prescale_factor = rd.F64();
+  r->postscale_factor = rd.F64();
+  r->root_rank = rd.I32();
+  r->shape = rd.I64Vec();
+  r->member_dims = rd.I64Vec();
+  r->error_code = rd.I32();
+  r->error_message = rd.Str();
+  r->last_joined_rank = rd.I32();
+  r->ranks = rd.I32Vec();
+  r->joined_ranks = rd.I32Vec();
+  if (!rd.ok() || kind < 0 || kind > static_cast<int32_t>(ResponseKind::kShutdown) || !IsValidOpType(op) ||
+      !IsValidDataType(dtype) || !IsValidReduceOp(reduce_op)) {
+    return false;
+  }
+  r->kind = static_cast<ResponseKind>(kind);
+  r->op_type = static_cast<OpType>(op);
+  r->dtype = static_cast<DataType>(dtype);
+  r->reduce_op = static_cast<ReduceOp>(reduce_op);
+  return true;
+}
+
+}  // namespace
+
+std::string SerializeResponseList(const ResponseList& list) {
+  WireWriter w;
+  w.I64Vec(list.evicted_ids);
+  w.I64(static_cast<int64_t>(list.fused.size()));
+  for (const auto& parts : list.fused) {
+    w.I64(static_cast<int64_t>(parts.size()));
+    for (const ResponsePart& p : parts) {
+      w.I64(p.cache_id);
+      if (p.cache_id >= 0) continue;
+      w.I64(p.assign_id);
+      WriteResponse(w, p.response);
+    }
+  }
+  return w.Take();
+}
+
+Status ParseResponseList(const std::string& bytes, ResponseList* out) {
+  WireReader rd(bytes);
+  ResponseList list;
+  list.evicted_ids = rd.I64Vec();
+  int64_t groups = rd.I64();
+  if (!rd.ok() || groups < 0 || groups > static_cast<int64_t>(bytes.size())) {
+    return Status::Internal("malformed response list header");
+  }
+  list.fused.resize(groups);
+  for (auto& parts : list.fused) {
+    int64_t n = rd.I64();
+    if (!rd.ok() || n < 0 || n > static_cast<int64_t>(bytes.size())) {
+      return Status::Internal("malformed fused response");
+    }
+    parts.resize(n);
+    for (ResponsePart& p : parts) {
+      p.cache_id = rd.I64();
+      if (p.cache_id >= 0) continue;
+      p.assign_id = rd.I64();
+      if (!ReadResponse(rd, &p.response)) return Status::Internal("malformed response");
+    }
+  }
+  if (!rd.ok() || !rd.AtEnd()) return Status::Internal("malformed response list");
+  *out = std::move(list);
+  return Status::OK();
+}
+
+}  // namespace horo

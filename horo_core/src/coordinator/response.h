@@ -1,0 +1,67 @@
+// Response: the coordinator's decision about one tensor (or a barrier, join, error, process-set
+// change, shutdown). FusedResponse: consecutive compatible responses executed as one collective.
+// ResponseList: what the coordinator sends to every rank per round, in the one global order that
+// every rank executes. Responses the ranks have seen before travel as response-cache ids.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "common/status.h"
+
+namespace horo {
+
+enum class ResponseKind : int32_t {
+  kOp = 0,
+  kError = 1,
+  kProcessSetAdd = 2,
+  kProcessSetRemove = 3,
+  kShutdown = 4,
+};
+
+struct Response {
+  ResponseKind kind = ResponseKind::kOp;
+  OpType op_type = OpType::kAllreduce;
+  int32_t process_set_id = 0;
+  std::string name;
+  DataType dtype = DataType::kFloat32;
+  ReduceOp reduce_op = ReduceOp::kSum;
+  double prescale_factor = 1.0;
+  double postscale_factor = 1.0;
+  int32_t root_rank = 0;
+  std::vector<int64_t> shape;  // the agreed shape (allgather/alltoall: of the first member)
+  // allgather: first dimension of every member; alltoall: the splits of every member, flattened
+  // row-major (member m sends member_dims[m * n + j] rows to member j).
+  std::vector<int64_t> member_dims;
+  horo_status_t error_code = 0;
+  std::string error_message;
+  int32_t last_joined_rank = -1;
+  std::vector<int32_t> ranks;  // process set add: the members
+  std::vector<int32_t> joined_ranks;  // global ranks that had joined when this response was made
+
+  int64_t NumElements() const;
+};
+
+using FusedResponse = std::vector<Response>;
+
+// One part of a fused response on the wire: either a cache id or a whole response, which the
+// receiver stores under assign_id when that is >= 0.
+struct ResponsePart {
+  int64_t cache_id = -1;
+  int64_t assign_id = -1;
+  Response response;
+};
+
+struct ResponseList {
+  // Cache ids to drop once every part is read (ids are never reused, so a part may still name an
+  // entry that this same list evicts).
+  std::vector<int64_t> evicted_ids;
+  std::vector<std::vector<ResponsePart>> fused;
+};
+
+std::string SerializeResponseList(const ResponseList& list);
+Status ParseResponseList(const std::string& bytes, ResponseList* out);
+
+}  // namespace horo

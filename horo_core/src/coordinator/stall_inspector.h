@@ -1,0 +1,41 @@
+// StallInspector: notices tensors that some ranks submitted and others did not, for longer than
+// the stall time, and names the missing ranks and tensors, so that a hang is never silent.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace horo {
+
+struct StalledTensor {
+  int32_t process_set_id = 0;
+  std::string name;
+  std::vector<int32_t> missing_ranks;
+  double waited_seconds = 0;
+};
+
+class StallInspector {
+ public:
+  StallInspector(double warning_seconds, double shutdown_seconds, bool disabled)
+      : warning_seconds_(warning_seconds), shutdown_seconds_(shutdown_seconds), disabled_(disabled) {}
+
+  // Logs a warning for the stalled tensors not yet reported (at most once per tensor) and
+  // returns true with *message set when the shutdown time has passed for any of them.
+  bool Inspect(const std::vector<StalledTensor>& waiting, std::string* message);
+  double warning_seconds() const { return warning_seconds_; }
+  bool enabled() const { return !disabled_ && warning_seconds_ > 0; }
+
+ private:
+  double warning_seconds_;
+  double shutdown_seconds_;
+  bool disabled_;
+  std::map<std::pair<int32_t, std::string>, bool> warned_;
+};
+
+// "1: [grad.w, grad.b]; 3: [grad.w]" — at most a few names per rank.
+std::string DescribeMissing(const std::vector<StalledTensor>& stalled);
+
+}  // namespace horo

@@ -1,0 +1,61 @@
+#include "coordinator/tensor_queue.h"
+
+#include <set>
+
+namespace horo {
+
+Status TensorQueue::Add(std::vector<TensorEntry> entries) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::set<std::string> seen;
+  for (const TensorEntry& e : entries) {
+    const Request& r = e.request;
+    if (table_.count({r.process_set_id, r.name}) || !seen.insert(r.name).second) {
+      return Status(HORO_ERR_DUPLICATE_NAME,
+                    "a " + std::string(OpTypeName(r.op_type)) + " of a tensor named '" + r.name +
+                        "' is already in flight; names of concurrent operations must be unique");
+    }
+  }
+  for (TensorEntry& e : entries) {
+    unsent_.push_back(e.request);
+    auto key = std::make_pair(e.request.process_set_id, e.request.name);
+    table_.emplace(std::move(key), std::move(e));
+  }
+  return Status::OK();
+}
+
+void TensorQueue::AddControlRequest(const Request& request) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  unsent_.push_back(request);
+}
+
+std::vector<Request> TensorQueue::TakeRequests() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<Request> out;
+  out.swap(unsent_);
+  return out;
+}
+
+bool TensorQueue::HasRequests() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return !unsent_.empty();
+}
+
+bool TensorQueue::Take(int32_t process_set_id, const std::string& name, TensorEntry* out) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = table_.find({process_set_id, name});
+  if (it == table_.end()) return false;
+  *out = std::move(it->second);
+  table_.erase(it);
+  return true;
+}
+
+std::vector<int64_t> TensorQueue::TakeAllHandles() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<int64_t> handles;
+  for (auto& kv : table_) handles.push_back(kv.second.handle);
+  table_.clear();
+  unsent_.clear();
+  return handles;
+}
+
+}  // namespace horo

@@ -1,0 +1,46 @@
+// TensorQueue: tensors enqueued by user threads and not yet completed, keyed by (process set,
+// name), plus the requests not yet sent to the coordinator. User threads add; the background
+// thread takes requests and, when a response arrives, removes the entries it executes.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+#include "coordinator/request.h"
+
+namespace horo {
+
+struct TensorEntry {
+  Request request;
+  const void* input = nullptr;
+  void* output = nullptr;
+  int64_t handle = 0;
+};
+
+class TensorQueue {
+ public:
+  // Adds every entry or none: a name already in flight in the same process set (or twice in
+  // entries) is HORO_ERR_DUPLICATE_NAME.
+  Status Add(std::vector<TensorEntry> entries);
+  // Adds a request that has no tensor entry (process set add/remove).
+  void AddControlRequest(const Request& request);
+  // Moves out the requests not yet sent.
+  std::vector<Request> TakeRequests();
+  bool HasRequests();
+  // Removes and returns the entry, false if absent.
+  bool Take(int32_t process_set_id, const std::string& name, TensorEntry* out);
+  // Removes every entry (failure/shutdown); returns their handles.
+  std::vector<int64_t> TakeAllHandles();
+
+ private:
+  std::mutex mutex_;
+  std::map<std::pair<int32_t, std::string>, TensorEntry> table_;
+  std::vector<Request> unsent_;
+};
+
+}  // namespace horo

@@ -1,0 +1,262 @@
+#include "runtime/executor.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "collectives/reduce_kernels.h"
+#include "common/logging.h"
+
+namespace horo {
+namespace {
+
+int64_t RowElements(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
+  return n;
+}
+
+// Average is a sum followed by a division by the number of members, folded into the postscale.
+ReduceOp CollectiveOp(ReduceOp op) { return op == ReduceOp::kAverage ? ReduceOp::kSum : op; }
+
+void Scale(void* buffer, int64_t count, DataType dtype, double factor) {
+  if (factor != 1.0) ScaleBuffer(buffer, count, dtype, factor);
+}
+
+// Applies the postscale factor, and for Average the division by the number of members (exact,
+// truncating division for integer types).
+void Postscale(void* buffer, int64_t count, const Response& r, int members) {
+  if (r.reduce_op != ReduceOp::kAverage) {
+    Scale(buffer, count, r.dtype, r.postscale_factor);
+  } else if (IsFloatingPoint(r.dtype)) {
+    Scale(buffer, count, r.dtype, r.postscale_factor / members);
+  } else {
+    Scale(buffer, count, r.dtype, r.postscale_factor);
+    DivideBuffer(buffer, count, r.dtype, members);
+  }
+}
+
+}  // namespace
+
+Executor::Executor(const Config& config, int rank, Transport* transport, ProcessSetTable* sets, TensorQueue* queue,
+                   HandleManager* handles)
+    : config_(config), rank_(rank), transport_(transport), sets_(sets), queue_(queue), handles_(handles) {
+  allreduce_options_.small_message_bytes = config.small_message_bytes;
+  allreduce_options_.chunk_bytes = config.chunk_bytes;
+}
+
+bool Executor::GroupOf(int32_t set_id, CommGroup* group) {
+  std::vector<int32_t> members;
+  if (!sets_->Members(set_id, &members)) return false;
+  auto it = std::find(members.begin(), members.end(), rank_);
+  if (it == members.end()) return false;
+  group->transport = transport_;
+  group->ranks.assign(members.begin(), members.end());
+  group->index = static_cast<int>(it - members.begin());
+  return true;
+}
+
+Status Executor::TakeSlot(const Response& response, Slot* slot) {
+  slot->response = &response;
+  if (queue_->Take(response.process_set_id, response.name, &slot->entry)) {
+    slot->present = true;
+    return Status::OK();
+  }
+  if (std::find(response.joined_ranks.begin(), response.joined_ranks.end(), rank_) == response.joined_ranks.end()) {
+    return Status::Internal("response for tensor '" + response.name + "' in process set " +
+                            std::to_string(response.process_set_id) + " has no local entry on rank " +
+                            std::to_string(rank_));
+  }
+  const int64_t count = response.NumElements();
+  slot->stand_in.resize(count * DataTypeSize(response.dtype));
+  FillNeutral(slot->stand_in.data(), count, response.dtype, CollectiveOp(response.reduce_op));
+  slot->entry.input = slot->stand_in.data();
+  slot->entry.output = slot->stand_in.data();
+  return Status::OK();
+}
+
+void Executor::Finish(Slot& slot, const Status& status, HandleResult* result) {
+  if (slot.present) handles_->Complete(slot.entry.handle, status, result);
+}
+
+uint8_t* Executor::FusionBuffer(int64_t bytes) {
+  if (static_cast<int64_t>(fusion_buffer_.size()) < bytes) fusion_buffer_.resize(bytes);
+  return fusion_buffer_.data();
+}
+
+Status Executor::Execute(const FusedResponse& fused) {
+  const Response& head = fused.front();
+  if (head.kind == ResponseKind::kError) {
+    for (const Response& r : fused) {
+      TensorEntry entry;
+      if (queue_->Take(r.process_set_id, r.name, &entry)) {
+        handles_->Complete(entry.handle, Status(r.error_code, r.error_message));
+      }
+    }
+    return Status::OK();
+  }
+  if (head.kind == ResponseKind::kProcessSetAdd || head.kind == ResponseKind::kProcessSetRemove) {
+    HandleResult result;
+    if (head.kind == ResponseKind::kProcessSetAdd) {
+      result.value = sets_->Add(head.ranks);
+    } else {
+      sets_->Remove(head.process_set_id);
+      result.value = head.process_set_id;
+    }
+    TensorEntry entry;
+    if (queue_->Take(0, head.name, &entry)) handles_->Complete(entry.handle, Status::OK(), &result);
+    return Status::OK();
+  }
+
+  CommGroup group;
+  if (!GroupOf(head.process_set_id, &group)) return Status::OK();  // not a member of this set
+
+  if (head.op_type == OpType::kBarrier || head.op_type == OpType::kJoin) {
+    TensorEntry entry;
+    if (queue_->Take(head.process_set_id, head.name, &entry)) {
+      HandleResult result;
+      result.value = head.last_joined_rank;
+      handles_->Complete(entry.handle, Status::OK(), &result);
+    }
+    return Status::OK();
+  }
+
+  std::vector<Slot> slots(fused.size());
+  for (size_t i = 0; i < fused.size(); ++i) HORO_RETURN_IF_ERROR(TakeSlot(fused[i], &slots[i]));
+
+  Status status;
+  switch (head.op_type) {
+    case OpType::kAllreduce: status = RunAllreduce(group, slots); break;
+    case OpType::kAllgather: status = RunAllgather(group, slots[0]); break;
+    case OpType::kBroadcast: status = RunBroadcast(group, slots[0]); break;
+    case OpType::kAlltoall: status = RunAlltoall(group, slots[0]); break;
+    case OpType::kReducescatter: status = RunReducescatter(group, slots[0]); break;
+    default: status = Status::Internal("unexpected operation in response"); break;
+  }
+  if (!status.ok()) {
+    for (Slot& s : slots) Finish(s, status);
+  }
+  return status;
+}
+
+Status Executor::RunAllreduce(const CommGroup& group, std::vector<Slot>& slots) {
+  const Response& head = *slots.front().response;
+  const DataType dtype = head.dtype;
+  const size_t esize = DataTypeSize(dtype);
+  const ReduceOp op = CollectiveOp(head.reduce_op);
+
+  if (slots.size() == 1) {
+    // One tensor: reduce in the output buffer itself, no fusion copy.
+    Slot& s = slots.front();
+    const int64_t count = head.NumElements();
+    if (s.entry.output != s.entry.input) std::memcpy(s.entry.output, s.entry.input, count * esize);
+    Scale(s.entry.output, count, dtype, head.prescale_factor);
+    HORO_RETURN_IF_ERROR(Allreduce(group, s.entry.output, count, dtype, op, allreduce_options_));
+    Postscale(s.entry.output, count, head, group.size());
+    Finish(s, Status::OK());
+    return Status::OK();
+  }
+
+  int64_t total = 0;
+  for (const Slot& s : slots) total += s.response->NumElements();
+  uint8_t* buffer = FusionBuffer(total * esize);
+  int64_t offset = 0;
+  for (const Slot& s : slots) {
+    const int64_t bytes = s.response->NumElements() * esize;
+    std::memcpy(buffer + offset, s.entry.input, bytes);
+    offset += bytes;
+  }
+  Scale(buffer, total, dtype, head.prescale_factor);
+  HORO_RETURN_IF_ERROR(Allreduce(group, buffer, total, dtype, op, allreduce_options_));
+  Postscale(buffer, total, head, group.size());
+  offset = 0;
+  for (Slot& s : slots) {
+    const int64_t bytes = s.response->NumElements() * esize;
+    std::memcpy(s.entry.output, buffer + offset, bytes);
+    offset += bytes;
+    Finish(s, Status::OK());
+  }
+  return Status::OK();
+}
+
+Status Executor::RunAllgather(const CommGroup& group, Slot& slot) {
+  const Response& r = *slot.response;
+  const int64_t row_bytes = RowElements(r.shape) * static_cast<int64_t>(DataTypeSize(r.dtype));
+  std::vector<int64_t> bytes_per_member;
+  int64_t rows = 0;
+  for (int64_t d : r.member_dims) {
+    bytes_per_member.push_back(d * row_bytes);
+    rows += d;
+  }
+  HandleResult result;
+  result.allocated = true;
+  result.data.resize(rows * row_bytes);
+  result.shape = r.shape;
+  result.shape[0] = rows;
+  HORO_RETURN_IF_ERROR(Allgather(group, slot.entry.input, result.data.data(), bytes_per_member));
+  Finish(slot, Status::OK(), &result);
+  return Status::OK();
+}
+
+Status Executor::RunBroadcast(const CommGroup& group, Slot& slot) {
+  const Response& r = *slot.response;
+  const int64_t bytes = r.NumElements() * static_cast<int64_t>(DataTypeSize(r.dtype));
+  auto root = std::find(group.ranks.begin(), group.ranks.end(), r.root_rank);
+  const int root_index = static_cast<int>(root - group.ranks.begin());
+  if (group.index == root_index && slot.entry.output != slot.entry.input) {
+    std::memcpy(slot.entry.output, slot.entry.input, bytes);
+  }
+  HORO_RETURN_IF_ERROR(Broadcast(group, slot.entry.output, bytes, root_index));
+  Finish(slot, Status::OK());
+  return Status::OK();
+}
+
+Status Executor::RunAlltoall(const CommGroup& group, Slot& slot) {
+  const Response& r = *slot.response;
+  const int n = group.size();
+  const int64_t row_bytes = RowElements(r.shape) * static_cast<int64_t>(DataTypeSize(r.dtype));
+  std::vector<int64_t> send_bytes(n), recv_bytes(n);
+  HandleResult result;
+  result.allocated = true;
+  int64_t rows = 0;
+  for (int j = 0; j < n; ++j) {
+    send_bytes[j] = r.member_dims[static_cast<size_t>(group.index) * n + j] * row_bytes;
+    const int64_t received = r.member_dims[static_cast<size_t>(j) * n + group.index];
+    recv_bytes[j] = received * row_bytes;
+    result.received_splits.push_back(received);
+    rows += received;
+  }
+  result.data.resize(rows * row_bytes);
+  result.shape = slot.entry.request.shape;
+  result.shape[0] = rows;
+  HORO_RETURN_IF_ERROR(Alltoall(group, slot.entry.input, send_bytes, result.data.data(), recv_bytes));
+  Finish(slot, Status::OK(), &result);
+  return Status::OK();
+}
+
+Status Executor::RunReducescatter(const CommGroup& group, Slot& slot) {
+  const Response& r = *slot.response;
+  const int n = group.size();
+  const DataType dtype = r.dtype;
+  const size_t esize = DataTypeSize(dtype);
+  const int64_t row_elems = RowElements(r.shape);
+  const int64_t dim0 = r.shape[0];
+  std::vector<int64_t> counts(n);
+  for (int i = 0; i < n; ++i) counts[i] = (dim0 / n + (i < dim0 % n ? 1 : 0)) * row_elems;
+  const int64_t total = r.NumElements();
+  uint8_t* scratch = FusionBuffer(total * esize);
+  std::memcpy(scratch, slot.entry.input, total * esize);
+  Scale(scratch, total, dtype, r.prescale_factor);
+  HandleResult result;
+  result.allocated = true;
+  result.data.resize(counts[group.index] * esize);
+  result.shape = r.shape;
+  result.shape[0] = counts[group.index] / (row_elems ? row_elems : 1);
+  if (row_elems == 0) result.shape[0] = dim0 / n + (group.index < dim0 % n ? 1 : 0);
+  HORO_RETURN_IF_ERROR(Reducescatter(group, scratch, result.data.data(), counts, dtype, CollectiveOp(r.reduce_op),
+                                     allreduce_options_));
+  Postscale(result.data.data(), counts[group.index], r, n);
+  Finish(slot, Status::OK(), &result);
+  return Status::OK();
+}
+
+}  // namespace horo

@@ -1,0 +1,75 @@
+#include "runtime/handle_manager.h"
+
+#include <chrono>
+#include <string>
+
+namespace horo {
+
+int64_t HandleManager::Allocate() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  int64_t h = next_handle_++;
+  states_[h] = std::make_unique<State>();
+  return h;
+}
+
+void HandleManager::Complete(int64_t handle, const Status& status, HandleResult* result) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = states_.find(handle);
+    if (it == states_.end() || it->second->done) return;
+    it->second->done = true;
+    it->second->status = status;
+    if (result != nullptr) it->second->result = std::move(*result);
+  }
+  done_cv_.notify_all();
+}
+
+void HandleManager::FailAll(const Status& status) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& kv : states_) {
+      if (!kv.second->done) {
+        kv.second->done = true;
+        kv.second->status = status;
+      }
+    }
+  }
+  done_cv_.notify_all();
+}
+
+Status HandleManager::Poll(int64_t handle, bool* done) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = states_.find(handle);
+  if (it == states_.end()) return Status::InvalidArgument("unknown handle " + std::to_string(handle));
+  *done = it->second->done;
+  return Status::OK();
+}
+
+Status HandleManager::Wait(int64_t handle, double timeout_seconds) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  auto it = states_.find(handle);
+  if (it == states_.end()) return Status::InvalidArgument("unknown handle " + std::to_string(handle));
+  State* state = it->second.get();
+  if (timeout_seconds < 0) {
+    done_cv_.wait(lock, [state] { return state->done; });
+  } else if (!done_cv_.wait_for(lock, std::chrono::duration<double>(timeout_seconds),
+                                [state] { return state->done; })) {
+    return Status(HORO_ERR_IN_PROGRESS, "operation still in progress");
+  }
+  return state->status;
+}
+
+const HandleResult* HandleManager::Result(int64_t handle) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = states_.find(handle);
+  if (it == states_.end() || !it->second->done) return nullptr;
+  return &it->second->result;
+}
+
+Status HandleManager::Release(int64_t handle) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (states_.erase(handle) == 0) return Status::InvalidArgument("unknown handle " + std::to_string(handle));
+  return Status::OK();
+}
+
+}  // namespace horo

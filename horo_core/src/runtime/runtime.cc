@@ -1,0 +1,420 @@
+#include "runtime/runtime.h"
+
+#include <algorithm>
+#include <chrono>
+#include <sstream>
+
+#include "common/logging.h"
+#include "transport/loopback/transport.h"
+#include "transport/tcp/transport.h"
+
+namespace horo {
+namespace {
+
+std::string TensorLabel(OpType op, const char* name) {
+  return std::string(OpTypeName(op)) + " tensor '" + (name ? name : "") + "'";
+}
+
+}  // namespace
+
+Runtime::Runtime(const Config& config, int rank, int size)
+    : config_(config), rank_(rank), size_(size), sets_(size), cache_(config.cache_capacity) {}
+
+Status Runtime::Create(const horo_init_options_t& options, std::shared_ptr<LoopbackHub> hub,
+                       std::unique_ptr<Runtime>* out) {
+  if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {
+    return Status::InvalidArgument("invalid rank " + std::to_string(options.rank) + " for size " +
+                                   std::to_string(options.size));
+  }
+  Config config;
+  HORO_RETURN_IF_ERROR(LoadConfigFromEnv(&config));
+  SetLogLevel(config.log_level);
+  SetLogHideTime(config.log_hide_time);
+  std::unique_ptr<Runtime> rt(new Runtime(config, options.rank, options.size));
+  if (hub) {
+    if (hub->size() != options.size) {
+      return Status::InvalidArgument("loopback hub has " + std::to_string(hub->size()) + " ranks, options say " +
+                                     std::to_string(options.size));
+    }
+    rt->transport_ = std::make_unique<LoopbackTransport>(hub, options.rank, config.peer_timeout_seconds);
+    rt->address_ = "loopback:" + std::to_string(options.rank);
+  } else {
+    if (options.secret == nullptr || options.secret_len == 0) {
+      return Status::InvalidArgument("a job secret is required for TCP connections between ranks");
+    }
+    TcpOptions tcp;
+    tcp.rank = options.rank;
+    tcp.size = options.size;
+    tcp.bind_host = options.bind_host ? options.bind_host : "127.0.0.1";
+    tcp.secret.assign(reinterpret_cast<const char*>(options.secret), options.secret_len);
+    tcp.connect_timeout_seconds = config.start_timeout_seconds;
+    tcp.data_timeout_seconds = config.peer_timeout_seconds;
+    std::unique_ptr<TcpTransport> transport;
+    HORO_RETURN_IF_ERROR(TcpTransport::Listen(tcp, &transport));
+    rt->address_ = transport->address();
+    rt->tcp_ = transport.get();
+    rt->transport_ = std::move(transport);
+  }
+  rt->executor_ = std::make_unique<Executor>(config, options.rank, rt->transport_.get(), &rt->sets_, &rt->queue_,
+                                             &rt->handles_);
+  if (options.rank == 0) {
+    rt->coordinator_ = std::make_unique<Coordinator>(config, options.size, &rt->sets_, &rt->cache_);
+  }
+  *out = std::move(rt);
+  return Status::OK();
+}
+
+Runtime::~Runtime() { Shutdown(); }
+
+Status Runtime::Connect(const std::vector<std::string>& addresses) {
+  if (started_) return Status::InvalidArgument("runtime is already connected");
+  if (tcp_ != nullptr) {
+    if (static_cast<int>(addresses.size()) != size_) {
+      return Status::InvalidArgument("connect needs one address per rank: expected " + std::to_string(size_) +
+                                     ", got " + std::to_string(addresses.size()));
+    }
+    HORO_RETURN_IF_ERROR(tcp_->Connect(addresses));
+  }
+  started_ = true;
+  thread_ = std::thread([this] { Loop(); });
+  return Status::OK();
+}
+
+Status Runtime::StoppedStatus() {
+  std::lock_guard<std::mutex> lock(stop_mutex_);
+  return Status(stop_reason_.code() == HORO_ERR_SHUT_DOWN ? HORO_ERR_SHUT_DOWN : stop_reason_.code(),
+                "Horo has been shut down: " + stop_reason_.message());
+}
+
+Status Runtime::ValidateTensor(OpType op, const horo_tensor_t& t, const horo_op_options_t& options,
+                               const std::vector<int32_t>& members) const {
+  const std::string label = TensorLabel(op, t.name);
+  if (t.name == nullptr || t.name[0] == '\0') return Status::InvalidArgument(OpTypeName(op) + std::string(": tensor name is empty"));
+  if (!IsValidDataType(t.dtype)) return Status::InvalidArgument(label + ": unknown dtype " + std::to_string(t.dtype));
+  if (t.ndim < 0 || t.ndim > HORO_MAX_DIMS) {
+    return Status::InvalidArgument(label + ": rank must be between 0 and 16, got " + std::to_string(t.ndim));
+  }
+  int64_t count = 1;
+  for (int i = 0; i < t.ndim; ++i) {
+    if (t.shape[i] < 0) return Status::InvalidArgument(label + ": negative dimension " + std::to_string(t.shape[i]));
+    count *= t.shape[i];
+  }
+  const DataType dtype = static_cast<DataType>(t.dtype);
+  if (count > 0 && t.input == nullptr) return Status::InvalidArgument(label + ": input pointer is null");
+  switch (op) {
+    case OpType::kAllreduce:
+    case OpType::kReducescatter: {
+      if (!IsValidReduceOp(options.reduce_op)) {
+        return Status::InvalidArgument(label + ": unknown reduce op " + std::to_string(options.reduce_op));
+      }
+      const ReduceOp rop = static_cast<ReduceOp>(options.reduce_op);
+      if (rop == ReduceOp::kAdasum) return Status::Unsupported(label + ": Adasum is not supported by Horo");
+      if (dtype == DataType::kBool && rop == ReduceOp::kAverage) {
+        return Status::InvalidArgument(label + ": Average is not defined for bool tensors; use Sum, Min or Max");
+      }
+      if (dtype == DataType::kBool && (options.prescale_factor != 1.0 || options.postscale_factor != 1.0)) {
+        return Status::InvalidArgument(label + ": scale factors are not defined for bool tensors");
+      }
+      if (op == OpType::kAllreduce && count > 0 && t.output == nullptr) {
+        return Status::InvalidArgument(label + ": output pointer is null");
+      }
+      if (op == OpType::kReducescatter && t.ndim < 1) {
+        return Status::InvalidArgument(label + ": reducescatter needs a tensor of rank >= 1, got a scalar");
+      }
+      break;
+    }
+    case OpType::kBroadcast:
+      if (count > 0 && t.output == nullptr) return Status::InvalidArgument(label + ": output pointer is null");
+      if (options.root_rank < 0 || options.root_rank >= size_) {
+        return Status::InvalidArgument(label + ": root rank " + std::to_string(options.root_rank) +
+                                       " is outside the job (size " + std::to_string(size_) + ")");
+      }
+      if (!std::binary_search(members.begin(), members.end(), options.root_rank)) {
+        return Status::InvalidArgument(label + ": root rank " + std::to_string(options.root_rank) +
+                                       " is not a member of process set " + std::to_string(options.process_set_id));
+      }
+      break;
+    case OpType::kAllgather:
+      if (t.ndim < 1) return Status::InvalidArgument(label + ": allgather needs a tensor of rank >= 1, got a scalar");
+      break;
+    case OpType::kAlltoall: {
+      if (t.ndim < 1) return Status::InvalidArgument(label + ": alltoall needs a tensor of rank >= 1, got a scalar");
+      const int64_t n = static_cast<int64_t>(members.size());
+      if (options.num_splits == 0) {
+        if (t.shape[0] % n != 0) {
+          return Status::InvalidArgument(label + ": first dimension " + std::to_string(t.shape[0]) +
+                                         " is not divisible by the " + std::to_string(n) +
+                                         " ranks of the process set; pass splits");
+        }
+        break;
+      }
+      if (options.num_splits != n) {
+        return Status::InvalidArgument(label + ": splits has " + std::to_string(options.num_splits) +
+                                       " entries, expected one per rank of the process set (" + std::to_string(n) + ")");
+      }
+      int64_t sum = 0;
+      for (int i = 0; i < options.num_splits; ++i) {
+        if (options.splits[i] < 0) return Status::InvalidArgument(label + ": splits contain a negative entry");
+        sum += options.splits[i];
+      }
+      if (sum != t.shape[0]) {
+        return Status::InvalidArgument(label + ": splits sum to " + std::to_string(sum) +
+                                       ", expected the first dimension " + std::to_string(t.shape[0]));
+      }
+      break;
+    }
+    default:
+      break;
+  }
+  return Status::OK();
+}
+
+Status Runtime::Enqueue(OpType op, const horo_tensor_t* tensors, int32_t count, const horo_op_options_t& options,
+                        horo_handle_t* handles) {
+  if (!started_) return Status(HORO_ERR_NOT_INITIALIZED, "runtime is not connected");
+  if (stopped_) return StoppedStatus();
+  std::vector<int32_t> members;
+  if (!sets_.Members(options.process_set_id, &members)) {
+    return Status::InvalidArgument("process set " + std::to_string(options.process_set_id) + " does not exist");
+  }
+  if (!std::binary_search(members.begin(), members.end(), rank_)) {
+    return Status::InvalidArgument("rank " + std::to_string(rank_) + " is not a member of process set " +
+                                   std::to_string(options.process_set_id));
+  }
+  std::vector<TensorEntry> entries;
+  if (op == OpType::kBarrier || op == OpType::kJoin) {
+    TensorEntry e;
+    e.request.op_type = op;
+    e.request.rank = rank_;
+    e.request.process_set_id = options.process_set_id;
+    e.request.dtype = DataType::kUInt8;
+    if (op == OpType::kJoin) {
+      e.request.name = "join";
+    } else {
+      std::lock_guard<std::mutex> lock(counter_mutex_);
+      e.request.name = "barrier." + std::to_string(barrier_counts_[options.process_set_id]++);
+    }
+    entries.push_back(std::move(e));
+  } else {
+    if (count < 1 || tensors == nullptr) return Status::InvalidArgument(std::string(OpTypeName(op)) + ": no tensors");
+    for (int32_t i = 0; i < count; ++i) {
+      const horo_tensor_t& t = tensors[i];
+      HORO_RETURN_IF_ERROR(ValidateTensor(op, t, options, members));
+      TensorEntry e;
+      Request& r = e.request;
+      r.rank = rank_;
+      r.process_set_id = options.process_set_id;
+      r.op_type = op;
+      r.name = t.name;
+      r.dtype = static_cast<DataType>(t.dtype);
+      r.shape.assign(t.shape, t.shape + t.ndim);
+      r.reduce_op = static_cast<ReduceOp>(options.reduce_op);
+      r.prescale_factor = options.prescale_factor;
+      r.postscale_factor = options.postscale_factor;
+      r.root_rank = options.root_rank;
+      if (op == OpType::kAlltoall && options.num_splits > 0) {
+        r.splits.assign(options.splits, options.splits + options.num_splits);
+      }
+      if (count > 1) {
+        r.group_leader = tensors[0].name;
+        r.group_size = count;
+      }
+      e.input = t.input;
+      e.output = t.output;
+      entries.push_back(std::move(e));
+    }
+  }
+  for (TensorEntry& e : entries) e.handle = handles_.Allocate();
+  Status st = queue_.Add(entries);
+  if (!st.ok()) {
+    for (TensorEntry& e : entries) handles_.Release(e.handle);
+    return st;
+  }
+  for (size_t i = 0; i < entries.size(); ++i) handles[i] = entries[i].handle;
+  transport_->Wake();
+  return Status::OK();
+}
+
+Status Runtime::ChangeProcessSet(bool add, const std::vector<int32_t>& ranks, int32_t id, horo_handle_t* handle) {
+  if (!started_) return Status(HORO_ERR_NOT_INITIALIZED, "runtime is not connected");
+  if (stopped_) return StoppedStatus();
+  TensorEntry e;
+  Request& r = e.request;
+  r.kind = add ? RequestKind::kProcessSetAdd : RequestKind::kProcessSetRemove;
+  r.rank = rank_;
+  r.process_set_id = 0;
+  if (add) {
+    std::vector<int32_t> sorted = ranks;
+    std::sort(sorted.begin(), sorted.end());
+    if (sorted.empty()) return Status::InvalidArgument("a process set needs at least one rank");
+    if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+      return Status::InvalidArgument("process set ranks contain a duplicate");
+    }
+    if (sorted.front() < 0 || sorted.back() >= size_) {
+      return Status::InvalidArgument("process set ranks must be between 0 and " + std::to_string(size_ - 1));
+    }
+    r.ranks = sorted;
+  } else {
+    if (id == 0) return Status::InvalidArgument("the global process set cannot be removed");
+    r.ranks.push_back(id);  // set changes are routed through set 0; the set to remove travels here
+  }
+  {
+    std::lock_guard<std::mutex> lock(counter_mutex_);
+    r.name = std::string(add ? "process_set_add." : "process_set_remove.") + std::to_string(set_change_count_++);
+  }
+  e.handle = handles_.Allocate();
+  std::vector<TensorEntry> entries;
+  entries.push_back(e);
+  HORO_RETURN_IF_ERROR(queue_.Add(std::move(entries)));
+  *handle = e.handle;
+  transport_->Wake();
+  return Status::OK();
+}
+
+void Runtime::Loop() {
+  const bool is_coordinator = rank_ == 0;
+  int poll_ms = 1000;
+  while (true) {
+    std::vector<ControlMessage> messages;
+    std::vector<int> lost;
+    Status st = transport_->PollControl(poll_ms, &messages, &lost);
+    if (!st.ok()) {
+      Stop(st, true);
+      return;
+    }
+    if (config_.cycle_time_ms > 0 && queue_.HasRequests()) {
+      // Batching delay: let more tensors arrive so that they are negotiated and fused together.
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(config_.cycle_time_ms));
+    }
+    RequestList mine;
+    mine.requests = queue_.TakeRequests();
+    mine.shutdown = shutdown_requested_ && !shutdown_sent_;
+    shutdown_sent_ = shutdown_sent_ || mine.shutdown;
+    const bool have_news = !mine.requests.empty() || mine.shutdown;
+
+    if (is_coordinator) {
+      if (have_news) coordinator_->AddRequests(0, mine);
+      for (const ControlMessage& m : messages) {
+        RequestList list;
+        Status parsed = ParseRequestList(m.payload, &list);
+        if (!parsed.ok()) {
+          Stop(Status::Internal("rank " + std::to_string(m.peer) + " sent a malformed request list"), true);
+          return;
+        }
+        coordinator_->AddRequests(m.peer, list);
+      }
+      for (int r : lost) coordinator_->PeerLost(r);
+      poll_ms = coordinator_->CheckStalls();
+      ResponseList list;
+      if (coordinator_->BuildResponses(&list)) {
+        const std::string bytes = SerializeResponseList(list);
+        for (int peer = 1; peer < size_; ++peer) {
+          Status sent = transport_->SendControl(peer, bytes);
+          if (!sent.ok()) HORO_LOG(kDebug, rank_) << "could not send responses to rank " << peer << ": " << sent.message();
+        }
+        if (!Apply(list, false)) return;
+      }
+    } else {
+      if (have_news) {
+        st = transport_->SendControl(0, SerializeRequestList(mine));
+        if (!st.ok()) {
+          Stop(Status::PeerLost("lost the connection to the coordinator (rank 0): " + st.message()), true);
+          return;
+        }
+      }
+      for (const ControlMessage& m : messages) {
+        ResponseList list;
+        Status parsed = ParseResponseList(m.payload, &list);
+        if (!parsed.ok()) {
+          Stop(Status::Internal("malformed response list from the coordinator: " + parsed.message()), true);
+          return;
+        }
+        if (!Apply(list, true)) return;
+      }
+      if (!lost.empty()) {
+        Stop(Status::PeerLost("lost the connection to the coordinator (rank 0): it exited or crashed"), true);
+        return;
+      }
+    }
+  }
+}
+
+bool Runtime::Apply(ResponseList& list, bool parsed) {
+  for (auto& parts : list.fused) {
+    FusedResponse fused;
+    for (ResponsePart& part : parts) {
+      if (parsed && part.cache_id >= 0) {
+        const Response* cached = cache_.Get(part.cache_id);
+        if (cached == nullptr) {
+          Stop(Status::Internal("response cache out of step: unknown id " + std::to_string(part.cache_id)), true);
+          return false;
+        }
+        part.response = *cached;
+      } else if (parsed && part.assign_id >= 0) {
+        cache_.MirrorPut(part.assign_id, part.response);
+      }
+      fused.push_back(part.response);
+    }
+    const Response& head = fused.front();
+    if (head.kind == ResponseKind::kShutdown) {
+      Stop(Status(head.error_code, head.error_message), head.error_code != HORO_ERR_SHUT_DOWN);
+      return false;
+    }
+    Status st = executor_->Execute(fused);
+    if (!st.ok()) {
+      Stop(st, true);
+      return false;
+    }
+  }
+  if (parsed) {
+    for (int64_t id : list.evicted_ids) cache_.MirrorErase(id);
+  }
+  return true;
+}
+
+void Runtime::Stop(const Status& reason, bool failure) {
+  {
+    std::lock_guard<std::mutex> lock(stop_mutex_);
+    stop_reason_ = reason;
+  }
+  stopped_ = true;
+  if (failure) HORO_LOG(kError, rank_) << reason.message();
+  Status handle_status(reason.code(), reason.code() == HORO_ERR_SHUT_DOWN ? reason.message()
+                                                                           : "Horo has been shut down: " + reason.message());
+  for (int64_t h : queue_.TakeAllHandles()) handles_.Complete(h, handle_status);
+  handles_.FailAll(handle_status);
+  if (rank_ == 0 && !failure) Linger();
+  // Closing at once makes every peer still waiting on this rank fail fast instead of timing out.
+  transport_->Close();
+}
+
+void Runtime::Linger() {
+  // The coordinator closes last, after every worker has read the final responses and closed its
+  // end; closing first could reset connections that still hold unread responses.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  int open = size_ - 1;
+  while (open > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::vector<ControlMessage> messages;
+    std::vector<int> lost;
+    if (!transport_->PollControl(100, &messages, &lost).ok()) break;
+    open -= static_cast<int>(lost.size());
+  }
+}
+
+Status Runtime::Shutdown() {
+  if (started_ && thread_.joinable()) {
+    shutdown_requested_ = true;
+    transport_->Wake();
+    thread_.join();
+  }
+  if (transport_) transport_->Close();
+  if (!stopped_) {
+    stopped_ = true;
+    std::lock_guard<std::mutex> lock(stop_mutex_);
+    stop_reason_ = Status::ShutDown("shutdown() was called");
+    handles_.FailAll(Status::ShutDown("Horo has been shut down: shutdown() was called"));
+  }
+  return Status::OK();
+}
+
+}  // namespace horo

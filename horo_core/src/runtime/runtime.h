@@ -1,0 +1,93 @@
+// Runtime: one rank's instance of Horo. It owns the configuration, the transport, the tensor
+// queue, the handles, the process sets, the executor and (on rank 0) the coordinator, and runs
+// the background thread that negotiates and executes collectives. There is no process-wide
+// state: several runtimes can live in one process (the loopback tests do exactly that).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/config.h"
+#include "coordinator/coordinator.h"
+#include "coordinator/process_set_table.h"
+#include "coordinator/response_cache.h"
+#include "coordinator/tensor_queue.h"
+#include "horo/horo.h"
+#include "runtime/executor.h"
+#include "runtime/handle_manager.h"
+#include "transport/transport.h"
+
+namespace horo {
+
+class LoopbackHub;
+class TcpTransport;
+
+class Runtime {
+ public:
+  static Status Create(const horo_init_options_t& options, std::shared_ptr<LoopbackHub> hub,
+                       std::unique_ptr<Runtime>* out);
+  ~Runtime();
+
+  const std::string& address() const { return address_; }
+  // Connects to every peer (addresses[r] is rank r's address(); ignored for loopback) and starts
+  // the background thread.
+  Status Connect(const std::vector<std::string>& addresses);
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const Config& config() const { return config_; }
+  ProcessSetTable& process_sets() { return sets_; }
+  HandleManager& handles() { return handles_; }
+
+  Status Enqueue(OpType op, const horo_tensor_t* tensors, int32_t count, const horo_op_options_t& options,
+                 horo_handle_t* handles);
+  // Starts adding (ranks) or removing (id) a process set; the handle's result value is the id.
+  Status ChangeProcessSet(bool add, const std::vector<int32_t>& ranks, int32_t id, horo_handle_t* handle);
+
+  // Asks every rank to shut down, waits for the background thread and closes the transport.
+  Status Shutdown();
+
+ private:
+  Runtime(const Config& config, int rank, int size);
+
+  Status ValidateTensor(OpType op, const horo_tensor_t& t, const horo_op_options_t& options,
+                        const std::vector<int32_t>& members) const;
+  Status StoppedStatus();
+  void Loop();
+  // Executes a response list; returns false when the loop must end.
+  bool Apply(ResponseList& list, bool parsed);
+  void Stop(const Status& reason, bool failure);
+  void Linger();
+
+  Config config_;
+  int rank_;
+  int size_;
+  std::string address_;
+  std::unique_ptr<Transport> transport_;
+  TcpTransport* tcp_ = nullptr;  // transport_ when it is TCP, for Connect
+  ProcessSetTable sets_;
+  ResponseCache cache_;
+  TensorQueue queue_;
+  HandleManager handles_;
+  std::unique_ptr<Executor> executor_;
+  std::unique_ptr<Coordinator> coordinator_;
+
+  std::thread thread_;
+  std::atomic<bool> started_{false};
+  std::atomic<bool> shutdown_requested_{false};
+  bool shutdown_sent_ = false;
+  std::atomic<bool> stopped_{false};
+  std::mutex stop_mutex_;
+  Status stop_reason_;
+  std::mutex counter_mutex_;
+  std::map<int32_t, int64_t> barrier_counts_;
+  int64_t set_change_count_ = 0;
+};
+
+}  // namespace horo

@@ -383,7 +383,7 @@ Status TcpTransport::PollControl(int timeout_ms, std::vector<ControlMessage>* me
       std::string reason = io == tcp::Connection::Io::kClosed ? "peer closed the connection"
                            : error == 0                  ? "it sent a corrupt frame header"
                                                          : std::strerror(error);
-      HORO_LOG(kWarning, options_.rank) << "control connection to rank " << peer << " lost: " << reason;
+      HORO_LOG(kDebug, options_.rank) << "control connection to rank " << peer << " lost: " << reason;
       control_[peer]->Shutdown();
       control_lost_[peer] = true;
       lost_peers->push_back(peer);

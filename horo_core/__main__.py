@@ -1,0 +1,29 @@
+"""``python -m horo_core info``: what is built and the effective settings."""
+import sys
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] != ["info"]:
+        print("usage: python -m horo_core info", file=sys.stderr)
+        return 2
+    import horo_core
+    from horo_core import config
+    from horo_core._binding import ffi, lib
+    print(f"Horo {horo_core.__version__} (core {ffi.string(lib.horo_version()).decode()})")
+    print(f"  reduction kernels: {ffi.string(lib.horo_cpu_features()).decode() or 'baseline'}")
+    print("  transports: tcp, loopback")
+    for name in ("torch", "tensorflow"):
+        try:
+            module = __import__(name)
+            print(f"  {name}: {module.__version__}")
+        except ImportError:
+            print(f"  {name}: not installed")
+    print("Settings (HORO_<NAME>, or HOROVOD_<NAME>):")
+    for s in config.settings():
+        print(f"  {s.name:<28} {s.value:<12} default {s.default:<10} {s.doc}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

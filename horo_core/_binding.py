@@ -1,0 +1,23 @@
+"""Loads the compiled core and offers ``check(rc)``, the single translation point from C status
+codes to Python exceptions."""
+from horo_core.errors import HoroError, error_for
+
+try:
+    from horo_core._horo_cffi import ffi, lib
+except ImportError as exc:  # pragma: no cover - only when the extension was never built
+    raise ImportError(
+        "the Horo core extension (horo_core._horo_cffi) is not built; install the package with "
+        "'pip install -e .' from the repository root") from exc
+
+
+def last_error():
+    return ffi.string(lib.horo_last_error()).decode("utf-8", "replace")
+
+
+def check(rc):
+    """Raises the matching HoroError subclass unless rc is HORO_OK."""
+    if rc != lib.HORO_OK:
+        raise error_for(lib, rc, last_error())
+
+
+__all__ = ["ffi", "lib", "check", "last_error", "HoroError"]

@@ -1,0 +1,47 @@
+"""cffi build script: compiles the C++17 core and its C ABI into ``horo_core._horo_cffi``.
+
+Out-of-line API mode. The declarations cffi sees are the region between the cdef markers of
+``horo_core/include/horo/horo.h``, read here, so no constant is ever copied by hand into Python.
+Nothing is compiled against PyTorch or TensorFlow.
+"""
+import glob
+import os
+import re
+
+from cffi import FFI
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HEADER = os.path.join(ROOT, "horo_core", "include", "horo", "horo.h")
+
+
+def cdef_text():
+    with open(HEADER) as f:
+        text = f.read()
+    match = re.search(r"/\* cdef begin \*/(.*?)/\* cdef end \*/", text, re.S)
+    if match is None:
+        raise RuntimeError(f"{HEADER} has no cdef region")
+    return match.group(1)
+
+
+def core_sources():
+    # Paths relative to the project root, as setuptools wants them.
+    sources = glob.glob(os.path.join("horo_core", "src", "**", "*.cc"), recursive=True, root_dir=ROOT)
+    return sorted(sources)
+
+
+ffibuilder = FFI()
+ffibuilder.cdef(cdef_text())
+ffibuilder.set_source(
+    "horo_core._horo_cffi",
+    '#include "horo/horo.h"',
+    sources=core_sources(),
+    include_dirs=[os.path.join("horo_core", "include"), os.path.join("horo_core", "src")],
+    source_extension=".cpp",
+    language="c++",
+    # Portable optimised build: no -march=native; kernels dispatch to AVX2/AVX-512 at run time.
+    extra_compile_args=["-std=c++17", "-O3", "-g0", "-Wno-unused-parameter"],
+    extra_link_args=["-pthread", "-Wl,--version-script=" + os.path.join("horo_core", "horo.map")],
+)
+
+if __name__ == "__main__":
+    ffibuilder.compile(verbose=True)

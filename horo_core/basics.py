@@ -1,0 +1,304 @@
+"""Process-wide lifecycle of Horo in Python: ``init``, ``shutdown``, topology queries and the
+capability queries, shared by horo_torch and horo_tf.
+
+``init`` works out who this process is (``launch_env.detect``), meets the other ranks through the
+authenticated rendezvous (hororun's, or one that rank 0 hosts under torchrun/Slurm/MPI), lets the
+core connect every pair of ranks, and registers static process sets. A one-rank job needs no
+network at all.
+"""
+import atexit
+import itertools
+import logging
+import os
+import socket
+import threading
+
+from horo_core import config, launch_env
+from horo_core.errors import HoroInvalidArgument, HoroNotInitializedError
+from horo_core.kvstore import KVClient, KVServer
+from horo_core.process_sets import ProcessSet, global_process_set
+from horo_core.runtime import LoopbackHub, Runtime
+
+logger = logging.getLogger("horo")
+
+NOT_INITIALIZED = "Horo has not been initialized; use hvd.init()."
+
+
+class _State:
+    def __init__(self):
+        self.lock = threading.RLock()
+        self.runtime = None
+        self.hub = None
+        self.kv_server = None
+        self.rank = self.size = None
+        self.local_rank = self.local_size = self.cross_rank = self.cross_size = None
+        self.homogeneous = True
+        self.dynamic = False
+        self.process_sets = {}
+        self.names = {}
+        self.generation = itertools.count()
+        self.atexit_registered = False
+
+
+_state = _State()
+
+
+def _rendezvous(info, mpi_comm):
+    """Returns (host, port, secret, server) of the rendezvous this rank uses."""
+    if info.needs_mpi_bootstrap or mpi_comm is not None:
+        try:
+            from mpi4py import MPI
+        except ImportError:
+            raise HoroInvalidArgument(
+                f"launched by {info.family} without a rendezvous address; install mpi4py (pip install "
+                "'horo[mpi]') so that rank 0 can share one, or launch with hororun") from None
+        comm = mpi_comm or MPI.COMM_WORLD
+        server = None
+        payload = None
+        if comm.Get_rank() == 0:
+            secret = info.secret or os.urandom(32)
+            server = KVServer(info.bind_host, 0, secret).start()
+            host, port = server.address
+            payload = (host, port, secret.hex())
+        host, port, secret_hex = comm.bcast(payload, root=0)
+        return host, port, bytes.fromhex(secret_hex), server
+    if info.rendezvous_protocol not in (None, launch_env.HORO_KV):
+        raise HoroInvalidArgument(
+            f"the launcher ({info.family}) offers a {info.rendezvous_protocol} rendezvous, which Horo does not "
+            "speak (it is unauthenticated); launch with hororun, torchrun or mpirun instead")
+    host, port = info.rendezvous
+    server = None
+    if info.hosts_rendezvous:
+        server = KVServer(host, port, info.secret).start()
+    if info.secret_is_weak:
+        logger.warning("horo: no HORO_SECRET set; the job key is derived from the %s job id, which other users "
+                       "of the cluster can read. Export HORO_SECRET=<hex> to every rank for a private key.",
+                       info.family)
+    return host, port, info.secret, server
+
+
+def init(comm=None, process_sets=None):
+    """Initializes Horo on this process; a no-op if already initialized.
+
+    Args:
+        comm: None (every launched process), a list of global ranks that form the job (the others
+            must not call init), or an mpi4py communicator whose members form the job.
+        process_sets: a list of ProcessSet registered on every rank, or "dynamic" to allow
+            add_process_set/remove_process_set later.
+    Raises:
+        ValueError: the launcher environment is inconsistent, or the process set arguments are invalid.
+        HorovodInternalError: the ranks could not connect within the start timeout.
+    """
+    with _state.lock:
+        if _state.runtime is not None:
+            return
+        info = launch_env.detect()
+        rank, size = info.rank, info.size
+        mpi_comm = None
+        key_prefix = ""
+        if isinstance(comm, (list, tuple)):
+            ranks = sorted(int(r) for r in comm)
+            if rank not in ranks:
+                raise HoroInvalidArgument(f"rank {rank} is not in comm={ranks}; only those ranks may call init")
+            key_prefix = "comm" + "-".join(map(str, ranks)) + "/"
+            rank, size = ranks.index(rank), len(ranks)
+        elif comm is not None:
+            mpi_comm = comm
+            rank, size = comm.Get_rank(), comm.Get_size()
+        settings = {s.name: s.value for s in config.settings()}
+        _state.dynamic = process_sets == "dynamic" or config.as_bool(settings["DYNAMIC_PROCESS_SETS"])
+        static_sets = [] if process_sets in (None, "dynamic") else list(process_sets)
+        for ps in static_sets:
+            if not isinstance(ps, ProcessSet):
+                raise HoroInvalidArgument(f"process_sets must hold ProcessSet objects, got {ps!r}")
+        start_timeout = float(settings["START_TIMEOUT"])
+
+        generation = next(_state.generation)
+        hostname = info.hostname or socket.gethostname()
+        if size == 1:
+            _state.hub = LoopbackHub(1)
+            rt = Runtime(0, 1, loopback=_state.hub)
+            rt.connect()
+            hostnames = [hostname]
+            if info.rendezvous is not None and not info.hosts_rendezvous and info.secret:
+                # hororun -np 1 still waits for the rank to register.
+                with KVClient(*info.rendezvous, info.secret, timeout=start_timeout) as kv:
+                    kv.set(f"ready/{info.rank}", b"1")
+        else:
+            host, port, secret, server = _rendezvous(info, mpi_comm)
+            _state.kv_server = server
+            kv = KVClient(host, port, secret, timeout=start_timeout)
+            try:
+                rt = Runtime(rank, size, secret=secret, bind_host=info.bind_host)
+                prefix = f"{key_prefix}init{generation}/"
+                kv.set(f"{prefix}addr/{rank}", rt.address().encode())
+                kv.set(f"{prefix}host/{rank}", hostname.encode())
+                addresses = [kv.get(f"{prefix}addr/{r}", timeout=start_timeout).decode() for r in range(size)]
+                hostnames = [kv.get(f"{prefix}host/{r}", timeout=start_timeout).decode() for r in range(size)]
+                rt.connect(addresses)
+                kv.set(f"ready/{info.rank}", b"1")
+            finally:
+                kv.close()
+        topologies = launch_env.local_topologies(hostnames)
+        mine = topologies[rank]
+        if info.topology_known and comm is None:
+            _state.local_rank, _state.local_size = info.local_rank, info.local_size
+            _state.cross_rank, _state.cross_size = info.cross_rank, info.cross_size
+        else:
+            _state.local_rank, _state.local_size = mine.local_rank, mine.local_size
+            _state.cross_rank, _state.cross_size = mine.cross_rank, mine.cross_size
+        _state.homogeneous = len({t.local_size for t in topologies}) == 1
+        _state.runtime, _state.rank, _state.size = rt, rank, size
+        _state.names = {}
+        _state.process_sets = {0: global_process_set}
+        global_process_set.ranks = list(range(size))
+        for ps in static_sets:
+            register_process_set(ps)
+        if not _state.atexit_registered:
+            atexit.register(shutdown)
+            _state.atexit_registered = True
+
+
+def shutdown():
+    """Shuts Horo down on this process: outstanding operations fail, every rank is told."""
+    with _state.lock:
+        rt, _state.runtime = _state.runtime, None
+        if rt is not None:
+            rt.destroy()
+        for ps in _state.process_sets.values():
+            if ps is not global_process_set:
+                ps.process_set_id = None
+        _state.process_sets = {}
+        if _state.kv_server is not None:
+            _state.kv_server.stop()
+            _state.kv_server = None
+        if _state.hub is not None:
+            _state.hub.close()
+            _state.hub = None
+
+
+def is_initialized():
+    """True between init() and shutdown()."""
+    return _state.runtime is not None
+
+
+def runtime():
+    """The core runtime of this process. Raises ValueError before init()."""
+    rt = _state.runtime
+    if rt is None:
+        raise HoroNotInitializedError(NOT_INITIALIZED)
+    return rt
+
+
+def _topology(value):
+    runtime()
+    return value
+
+
+def size():
+    """Number of ranks in the job."""
+    return _topology(_state.size)
+
+
+def rank():
+    """This process's global rank."""
+    return _topology(_state.rank)
+
+
+def local_size():
+    """Number of ranks on this host."""
+    return _topology(_state.local_size)
+
+
+def local_rank():
+    """This process's rank among the ranks of its host."""
+    return _topology(_state.local_rank)
+
+
+def cross_size():
+    """Number of hosts that have a rank with this process's local rank."""
+    return _topology(_state.cross_size)
+
+
+def cross_rank():
+    """Index of this host among the hosts that have a rank with this process's local rank."""
+    return _topology(_state.cross_rank)
+
+
+def is_homogeneous():
+    """True when every host runs the same number of ranks."""
+    return _topology(_state.homogeneous)
+
+
+def auto_name(kind, process_set_id):
+    """Names an unnamed operation by call order: the n-th unnamed allreduce on a process set is
+    "allreduce.noname.<n>" on every rank, so ranks must issue unnamed operations in the same order."""
+    with _state.lock:
+        key = (kind, process_set_id)
+        n = _state.names.get(key, 0)
+        _state.names[key] = n + 1
+    return f"{kind}.noname.{n}"
+
+
+def require_dynamic_process_sets(what):
+    runtime()
+    if not _state.dynamic:
+        raise HoroInvalidArgument(f"{what} needs dynamic process sets: call hvd.init(process_sets='dynamic') or "
+                                  "set HORO_DYNAMIC_PROCESS_SETS=1")
+
+
+def register_process_set(ps):
+    ps.process_set_id = runtime().add_process_set(ps.ranks)
+    _state.process_sets[ps.process_set_id] = ps
+
+
+def forget_process_set(ps):
+    _state.process_sets.pop(ps.process_set_id, None)
+
+
+# Capability queries: what this build of Horo uses (it has its own TCP and shared-memory data paths).
+
+def mpi_threads_supported():
+    return False
+
+
+def mpi_enabled():
+    return False
+
+
+def mpi_built():
+    return False
+
+
+def gloo_enabled():
+    return False
+
+
+def gloo_built():
+    return False
+
+
+def nccl_built():
+    """NCCL version code, 0 when NCCL is not used (Horovod returns an int here)."""
+    return 0
+
+
+def ddl_built():
+    return False
+
+
+def ccl_built():
+    return False
+
+
+def cuda_built():
+    return False
+
+
+def rocm_built():
+    return False
+
+
+def tcp_built():
+    """Horo's own TCP transport is always built."""
+    return True

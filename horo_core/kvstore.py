@@ -1,0 +1,712 @@
+"""A small authenticated key-value store that ranks use to find each other.
+
+One process (``hororun``, or rank 0 under torchrun/Slurm/MPI) runs a :class:`KVServer`; every rank
+opens a :class:`KVClient`, publishes its data-plane address with ``set`` and reads the others' with a
+blocking ``get``.
+
+Wire protocol (``horo-kv/1``). Every frame is a 4-byte big-endian length followed by that many bytes;
+a frame longer than the configured maximum ends the connection.
+
+1. The server sends ``{"proto": "horo-kv/1", "nonce": <32 random bytes, base64>}``.
+2. The client answers ``{"nonce": <its own 32 random bytes>, "proof": HMAC(secret, "client-proof" |
+   server nonce | client nonce)}``. A wrong proof makes the server answer ``{"error": "rejected"}``
+   and close; it keeps serving everyone else.
+3. The server answers ``{"proof": HMAC(secret, "server-proof" | server nonce | client nonce)}`` so
+   the client knows it talks to the real server too.
+4. From then on each frame is ``HMAC(secret, "message" | server nonce | client nonce | direction |
+   sequence number | payload)`` (32 bytes) followed by the JSON payload. Sequence numbers count
+   frames per direction, so a tampered, replayed, reordered or dropped frame fails the check and
+   the connection is closed.
+
+Payloads are JSON objects; values travel as base64. Nothing is ever unpickled. The secret only
+authenticates: payloads are not encrypted, so keep secrets out of values.
+
+Requests are ``set``, ``get`` (waits on the server until the key exists or a timeout passes),
+``add`` (an atomic integer counter stored as ASCII decimal, as torch's TCPStore does) and ``delete``.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+import logging
+import math
+import os
+import selectors
+import socket
+import struct
+import threading
+import time
+from typing import Iterable, Optional
+
+__all__ = [
+    "KVServer",
+    "KVClient",
+    "KVStoreError",
+    "KVAuthError",
+    "KVTimeoutError",
+    "KVConnectionError",
+    "KVProtocolError",
+    "KVRequestError",
+    "PROTOCOL",
+    "DEFAULT_MAX_MESSAGE_BYTES",
+]
+
+PROTOCOL = "horo-kv/1"
+DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+MAX_KEY_BYTES = 4096
+_NONCE_BYTES = 32
+_MAC_BYTES = 32
+_MIN_SECRET_BYTES = 16
+_LENGTH = struct.Struct(">I")
+_CLIENT_TO_SERVER = b"C"
+_SERVER_TO_CLIENT = b"S"
+# Extra seconds a client waits for a reply beyond the time the server may legitimately spend.
+_REPLY_GRACE_S = 10.0
+
+_log = logging.getLogger("horo.kvstore")
+
+
+class KVStoreError(Exception):
+    """Base class of every error raised by the key-value store."""
+
+
+class KVAuthError(KVStoreError, PermissionError):
+    """The two sides do not share the same job secret."""
+
+
+class KVTimeoutError(KVStoreError, TimeoutError):
+    """A blocking operation did not complete in time."""
+
+
+class KVConnectionError(KVStoreError, ConnectionError):
+    """The server cannot be reached or closed the connection."""
+
+
+class KVProtocolError(KVConnectionError):
+    """A frame failed its integrity check or broke the protocol; the connection is closed."""
+
+
+class KVRequestError(KVStoreError, ValueError):
+    """The server refused a well-formed request (e.g. ``add`` on a non-integer value)."""
+
+
+class _PeerClosed(Exception):
+    """The peer closed the connection (internal)."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Framing and message authentication shared by both sides.
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise _PeerClosed()
+        got += k
+    return bytes(buf)
+
+
+def _send_frame(sock: socket.socket, body: bytes) -> None:
+    sock.sendall(_LENGTH.pack(len(body)) + body)
+
+
+def _recv_frame(sock: socket.socket, max_bytes: int) -> bytes:
+    (length,) = _LENGTH.unpack(_recv_exact(sock, _LENGTH.size))
+    if length > max_bytes:
+        raise KVProtocolError(f"peer sent a {length}-byte message; the limit is {max_bytes} bytes")
+    return _recv_exact(sock, length)
+
+
+def _encode_plain(obj: dict) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode("utf-8")
+
+
+def _decode_plain(body: bytes) -> dict:
+    try:
+        obj = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise KVProtocolError(f"malformed message: {e}") from None
+    if not isinstance(obj, dict):
+        raise KVProtocolError("malformed message: not a JSON object")
+    return obj
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text: object, what: str) -> bytes:
+    if not isinstance(text, str):
+        raise KVProtocolError(f"malformed message: {what} is not a base64 string")
+    try:
+        return base64.b64decode(text.encode("ascii"), validate=True)
+    except (binascii.Error, UnicodeEncodeError):
+        raise KVProtocolError(f"malformed message: {what} is not valid base64") from None
+
+
+def _proof(secret: bytes, label: bytes, server_nonce: bytes, client_nonce: bytes) -> bytes:
+    return hmac.new(secret, PROTOCOL.encode() + b" " + label + server_nonce + client_nonce,
+                    hashlib.sha256).digest()
+
+
+class _Session:
+    """Signs outgoing and verifies incoming frames of one authenticated connection."""
+
+    def __init__(self, secret: bytes, server_nonce: bytes, client_nonce: bytes,
+                 send_direction: bytes, recv_direction: bytes):
+        self._secret = secret
+        self._nonces = server_nonce + client_nonce
+        self._send_direction = send_direction
+        self._recv_direction = recv_direction
+        self._send_seq = 0
+        self._recv_seq = 0
+
+    def _mac(self, direction: bytes, seq: int, payload: bytes) -> bytes:
+        head = PROTOCOL.encode() + b" message" + self._nonces + direction + seq.to_bytes(8, "big")
+        return hmac.new(self._secret, head + payload, hashlib.sha256).digest()
+
+    def seal(self, obj: dict) -> bytes:
+        payload = _encode_plain(obj)
+        mac = self._mac(self._send_direction, self._send_seq, payload)
+        self._send_seq += 1
+        return mac + payload
+
+    def open(self, frame: bytes) -> dict:
+        if len(frame) < _MAC_BYTES:
+            raise KVProtocolError("message too short to carry an authentication code")
+        mac, payload = frame[:_MAC_BYTES], frame[_MAC_BYTES:]
+        expected = self._mac(self._recv_direction, self._recv_seq, payload)
+        if not hmac.compare_digest(mac, expected):
+            raise KVProtocolError(
+                f"message {self._recv_seq} failed its integrity check (tampered, replayed or "
+                f"reordered)")
+        self._recv_seq += 1
+        return _decode_plain(payload)
+
+
+def _check_secret(secret: object) -> bytes:
+    if not isinstance(secret, (bytes, bytearray)):
+        raise TypeError(f"secret must be bytes, not {type(secret).__name__}")
+    if len(secret) < _MIN_SECRET_BYTES:
+        raise ValueError(f"secret must be at least {_MIN_SECRET_BYTES} bytes, got {len(secret)}")
+    return bytes(secret)
+
+
+def _check_key(key: object) -> str:
+    if not isinstance(key, str):
+        raise TypeError(f"key must be str, not {type(key).__name__}")
+    if not key:
+        raise ValueError("key must not be empty")
+    if len(key.encode("utf-8")) > MAX_KEY_BYTES:
+        raise ValueError(f"key is longer than {MAX_KEY_BYTES} bytes")
+    return key
+
+
+def _format_endpoint(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+# ----------------------------------------------------------------------------------------------
+# Server.
+
+
+class KVServer:
+    """Serves the key-value store on one address, from daemon threads.
+
+    Args:
+        host: address to bind. Only this address is bound; pass ``"0.0.0.0"`` or ``"::"``
+            explicitly to listen on every interface. An empty string is refused.
+        port: TCP port; 0 picks a free one (see :attr:`address`).
+        secret: the job secret (at least 16 bytes) every client must prove it knows.
+        max_message_bytes: largest frame accepted from a client; bigger ones close the connection.
+        handshake_timeout: seconds an unauthenticated connection may take to prove the secret.
+
+    Raises:
+        TypeError, ValueError: for an invalid secret or host.
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, secret: Optional[bytes] = None, *,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                 handshake_timeout: float = 10.0):
+        if secret is None:
+            raise ValueError("KVServer needs the job secret")
+        if not host:
+            raise ValueError("host must be an address; pass '0.0.0.0' explicitly to listen on "
+                             "every interface")
+        self._secret = _check_secret(secret)
+        self._host = host
+        self._port = int(port)
+        self._max_message_bytes = int(max_message_bytes)
+        self._handshake_timeout = float(handshake_timeout)
+        self._data: dict[str, bytes] = {}
+        self._cond = threading.Condition()
+        self._listener: Optional[socket.socket] = None
+        self._address: Optional[tuple[str, int]] = None
+        self._wakeup_r: Optional[socket.socket] = None
+        self._wakeup_w: Optional[socket.socket] = None
+        self._accept_thread: Optional[threading.Thread] = None
+        self._connections: set[socket.socket] = set()
+        self._state_lock = threading.Lock()
+        self._stopping = False
+        self._started = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> "KVServer":
+        """Binds the listening socket and starts serving in daemon threads.
+
+        Returns:
+            self, so ``server = KVServer(...).start()`` works.
+
+        Raises:
+            OSError: if the address cannot be bound.
+            RuntimeError: if the server was already started.
+        """
+        with self._state_lock:
+            if self._started:
+                raise RuntimeError("KVServer.start() called twice")
+            self._started = True
+        infos = socket.getaddrinfo(self._host, self._port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+        family, _, _, _, sockaddr = infos[0]
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            listener.bind(sockaddr)
+            listener.listen(1024)
+            listener.setblocking(False)
+        except OSError:
+            listener.close()
+            raise
+        self._listener = listener
+        bound = listener.getsockname()
+        self._address = (bound[0], bound[1])
+        self._wakeup_r, self._wakeup_w = socket.socketpair()
+        self._accept_thread = threading.Thread(target=self._accept_loop, name="horo-kv-accept",
+                                               daemon=True)
+        self._accept_thread.start()
+        _log.debug("rendezvous serving on %s", _format_endpoint(*self._address))
+        return self
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The bound ``(host, port)``; valid after :meth:`start`.
+
+        Raises:
+            RuntimeError: if the server has not been started.
+        """
+        if self._address is None:
+            raise RuntimeError("KVServer has not been started")
+        return self._address
+
+    @property
+    def running(self) -> bool:
+        """True between :meth:`start` and :meth:`stop`."""
+        return self._started and not self._stopping
+
+    def stop(self) -> None:
+        """Stops accepting, closes every connection and wakes every waiter. Idempotent."""
+        with self._state_lock:
+            if self._stopping or not self._started:
+                self._stopping = True
+                return
+            self._stopping = True
+            connections = list(self._connections)
+        with self._cond:
+            self._cond.notify_all()
+        if self._wakeup_w is not None:
+            try:
+                self._wakeup_w.send(b"x")
+            except OSError:
+                pass
+        for conn in connections:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        if self._accept_thread is not None and self._accept_thread is not threading.current_thread():
+            self._accept_thread.join()
+        for sock in (self._listener, self._wakeup_r, self._wakeup_w):
+            if sock is not None:
+                sock.close()
+
+    def __enter__(self) -> "KVServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- in-process access (for the launcher that owns the server) -----------------------------
+
+    def keys(self, prefix: str = "") -> list[str]:
+        """Returns the keys currently stored that start with ``prefix``, sorted."""
+        with self._cond:
+            return sorted(k for k in self._data if k.startswith(prefix))
+
+    def wait_for_keys(self, keys: Iterable[str], timeout: Optional[float] = None,
+                      min_present: Optional[int] = None) -> list[str]:
+        """Blocks until enough of ``keys`` exist, the timeout passes or the server stops.
+
+        Args:
+            keys: the keys to watch.
+            timeout: seconds to wait; None waits without limit.
+            min_present: return once this many of ``keys`` exist; default all of them.
+
+        Returns:
+            The watched keys still missing when the wait ended, in the given order (empty when
+            all exist). Check :attr:`running` to tell a stop from a timeout.
+        """
+        watched = list(keys)
+        need = len(watched) if min_present is None else min_present
+
+        def done() -> bool:
+            return self._stopping or sum(k in self._data for k in watched) >= need
+
+        with self._cond:
+            self._cond.wait_for(done, timeout)
+            return [k for k in watched if k not in self._data]
+
+    # -- serving ---------------------------------------------------------------------------
+
+    def _accept_loop(self) -> None:
+        assert self._listener is not None and self._wakeup_r is not None
+        with selectors.DefaultSelector() as sel:
+            sel.register(self._listener, selectors.EVENT_READ)
+            sel.register(self._wakeup_r, selectors.EVENT_READ)
+            while not self._stopping:
+                for key, _ in sel.select():
+                    if key.fileobj is self._wakeup_r:
+                        return
+                    try:
+                        conn, peer = self._listener.accept()
+                    except (BlockingIOError, InterruptedError):
+                        continue
+                    except OSError as e:
+                        _log.warning("rendezvous accept failed: %s", e)
+                        continue
+                    conn.setblocking(True)
+                    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    with self._state_lock:
+                        if self._stopping:
+                            conn.close()
+                            return
+                        self._connections.add(conn)
+                    threading.Thread(target=self._serve_connection, args=(conn, peer),
+                                     name="horo-kv-conn", daemon=True).start()
+
+    def _serve_connection(self, conn: socket.socket, peer) -> None:
+        peer_text = _format_endpoint(peer[0], peer[1]) if isinstance(peer, tuple) else str(peer)
+        try:
+            conn.settimeout(self._handshake_timeout)
+            session = self._handshake(conn, peer_text)
+            if session is None:
+                return
+            conn.settimeout(None)
+            while not self._stopping:
+                request = session.open(_recv_frame(conn, self._max_message_bytes))
+                reply = self._dispatch(request)
+                if reply is None:  # server stopping while a get waited
+                    return
+                _send_frame(conn, session.seal(reply))
+        except KVProtocolError as e:
+            _log.warning("rendezvous dropped the connection from %s: %s", peer_text, e)
+        except (_PeerClosed, OSError):
+            pass
+        finally:
+            with self._state_lock:
+                self._connections.discard(conn)
+            conn.close()
+
+    def _handshake(self, conn: socket.socket, peer_text: str) -> Optional[_Session]:
+        server_nonce = os.urandom(_NONCE_BYTES)
+        _send_frame(conn, _encode_plain({"proto": PROTOCOL, "nonce": _b64(server_nonce)}))
+        hello = _decode_plain(_recv_frame(conn, 4096))
+        client_nonce = _unb64(hello.get("nonce"), "client nonce")
+        proof = _unb64(hello.get("proof"), "client proof")
+        if len(client_nonce) != _NONCE_BYTES:
+            raise KVProtocolError("client nonce has the wrong length")
+        expected = _proof(self._secret, b"client-proof", server_nonce, client_nonce)
+        if not hmac.compare_digest(proof, expected):
+            _log.warning("rendezvous rejected a connection from %s: wrong job secret", peer_text)
+            try:
+                _send_frame(conn, _encode_plain({"error": "rejected"}))
+            except OSError:
+                pass
+            return None
+        server_proof = _proof(self._secret, b"server-proof", server_nonce, client_nonce)
+        _send_frame(conn, _encode_plain({"proof": _b64(server_proof)}))
+        return _Session(self._secret, server_nonce, client_nonce,
+                        send_direction=_SERVER_TO_CLIENT, recv_direction=_CLIENT_TO_SERVER)
+
+    def _dispatch(self, request: dict) -> Optional[dict]:
+        op = request.get("op")
+        try:
+            key = _check_key(request.get("key"))
+        except (TypeError, ValueError) as e:
+            return {"ok": False, "error": "bad_request", "message": str(e)}
+        if op == "set":
+            value = _unb64(request.get("value"), "value")
+            with self._cond:
+                self._data[key] = value
+                self._cond.notify_all()
+            return {"ok": True}
+        if op == "get":
+            timeout = request.get("timeout")
+            if (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
+                    or not math.isfinite(timeout) or timeout < 0):
+                return {"ok": False, "error": "bad_request",
+                        "message": "get timeout must be a finite number >= 0"}
+            with self._cond:
+                self._cond.wait_for(lambda: key in self._data or self._stopping, timeout)
+                if key in self._data:
+                    return {"ok": True, "value": _b64(self._data[key])}
+                if self._stopping:
+                    return None
+            return {"ok": False, "error": "timeout"}
+        if op == "add":
+            delta = request.get("delta")
+            if not isinstance(delta, int) or isinstance(delta, bool):
+                return {"ok": False, "error": "bad_request", "message": "add delta must be an int"}
+            with self._cond:
+                current = self._data.get(key, b"0")
+                try:
+                    total = int(current.decode("ascii")) + delta
+                except (UnicodeDecodeError, ValueError):
+                    return {"ok": False, "error": "bad_request",
+                            "message": f"key {key!r} does not hold an integer counter"}
+                self._data[key] = str(total).encode("ascii")
+                self._cond.notify_all()
+            return {"ok": True, "total": total}
+        if op == "delete":
+            with self._cond:
+                existed = self._data.pop(key, None) is not None
+            return {"ok": True, "existed": existed}
+        return {"ok": False, "error": "bad_request", "message": f"unknown operation {op!r}"}
+
+
+# ----------------------------------------------------------------------------------------------
+# Client.
+
+
+class KVClient:
+    """A connection to a :class:`KVServer`. Thread-safe: requests are serialized.
+
+    The constructor connects and authenticates, retrying refused or unreachable connections until
+    ``timeout`` passes (the server may start after its clients).
+
+    Args:
+        host: server address.
+        port: server port.
+        secret: the job secret.
+        timeout: seconds allowed to connect, and the default wait of :meth:`get`.
+        max_message_bytes: largest reply accepted.
+
+    Raises:
+        KVAuthError: the server rejected the secret, or could not prove it knows it.
+        KVConnectionError: the server could not be reached within ``timeout``.
+        KVProtocolError: the peer is not a horo-kv server.
+    """
+
+    def __init__(self, host: str, port: int, secret: bytes, timeout: float = 30.0, *,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
+        self._secret = _check_secret(secret)
+        self._host = host
+        self._port = int(port)
+        self._timeout = float(timeout)
+        self._max_message_bytes = int(max_message_bytes)
+        self._endpoint = _format_endpoint(host, self._port)
+        self._lock = threading.Lock()
+        self._sock: Optional[socket.socket] = None
+        self._session: Optional[_Session] = None
+        self._broken: Optional[str] = None
+        self._connect()
+
+    @property
+    def endpoint(self) -> str:
+        """``host:port`` of the server, for messages."""
+        return self._endpoint
+
+    def _connect(self) -> None:
+        deadline = time.monotonic() + self._timeout
+        delay = 0.02
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                sock = socket.create_connection((self._host, self._port),
+                                                timeout=max(remaining, 0.001))
+                break
+            except OSError as e:
+                if time.monotonic() + delay >= deadline:
+                    raise KVConnectionError(
+                        f"could not reach the rendezvous at {self._endpoint} within "
+                        f"{self._timeout:g} s: {e}") from e
+                time.sleep(delay)  # the server may not be listening yet: back off and retry
+                delay = min(delay * 2, 0.5)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.settimeout(max(deadline - time.monotonic(), 1.0))
+            self._session = self._handshake(sock)
+            sock.settimeout(None)
+        except BaseException:
+            sock.close()
+            raise
+        self._sock = sock
+
+    def _handshake(self, sock: socket.socket) -> _Session:
+        try:
+            hello = _decode_plain(_recv_frame(sock, 4096))
+            if hello.get("proto") != PROTOCOL:
+                raise KVProtocolError(f"{self._endpoint} does not speak {PROTOCOL} "
+                                      f"(got {hello.get('proto')!r})")
+            server_nonce = _unb64(hello.get("nonce"), "server nonce")
+            if len(server_nonce) != _NONCE_BYTES:
+                raise KVProtocolError("server nonce has the wrong length")
+            client_nonce = os.urandom(_NONCE_BYTES)
+            proof = _proof(self._secret, b"client-proof", server_nonce, client_nonce)
+            _send_frame(sock, _encode_plain({"nonce": _b64(client_nonce), "proof": _b64(proof)}))
+            answer = _decode_plain(_recv_frame(sock, 4096))
+        except _PeerClosed:
+            raise KVConnectionError(
+                f"rendezvous at {self._endpoint} closed the connection during the handshake"
+            ) from None
+        except socket.timeout:
+            raise KVConnectionError(
+                f"rendezvous at {self._endpoint} did not complete the handshake") from None
+        if answer.get("error") == "rejected":
+            raise KVAuthError(f"rendezvous at {self._endpoint} rejected the job secret")
+        server_proof = _unb64(answer.get("proof"), "server proof")
+        expected = _proof(self._secret, b"server-proof", server_nonce, client_nonce)
+        if not hmac.compare_digest(server_proof, expected):
+            raise KVAuthError(
+                f"rendezvous at {self._endpoint} could not prove it knows the job secret")
+        return _Session(self._secret, server_nonce, client_nonce,
+                        send_direction=_CLIENT_TO_SERVER, recv_direction=_SERVER_TO_CLIENT)
+
+    def _request(self, request: dict, reply_timeout: Optional[float]) -> dict:
+        with self._lock:
+            if self._broken is not None:
+                raise KVConnectionError(self._broken)
+            assert self._sock is not None and self._session is not None
+            try:
+                self._sock.settimeout(reply_timeout)
+                _send_frame(self._sock, self._session.seal(request))
+                reply = self._session.open(_recv_frame(self._sock, self._max_message_bytes))
+            except KVProtocolError as e:
+                self._break(f"connection to the rendezvous at {self._endpoint} is unusable: {e}")
+                raise KVProtocolError(f"rendezvous at {self._endpoint}: {e}") from None
+            except _PeerClosed:
+                self._break(f"rendezvous at {self._endpoint} closed the connection")
+                raise KVConnectionError(self._broken) from None
+            except socket.timeout:
+                self._break(f"rendezvous at {self._endpoint} stopped answering")
+                raise KVTimeoutError(self._broken) from None
+            except OSError as e:
+                self._break(f"connection to the rendezvous at {self._endpoint} failed: {e}")
+                raise KVConnectionError(self._broken) from e
+        if not reply.get("ok"):
+            if reply.get("error") == "timeout":
+                return reply
+            raise KVRequestError(f"rendezvous at {self._endpoint} refused {request.get('op')} "
+                                 f"{request.get('key')!r}: {reply.get('message', reply)}")
+        return reply
+
+    def _break(self, reason: str) -> None:
+        self._broken = reason
+        if self._sock is not None:
+            self._sock.close()
+
+    def set(self, key: str, value: bytes) -> None:
+        """Stores ``value`` under ``key``, replacing any previous value.
+
+        Args:
+            key: non-empty string of at most 4096 UTF-8 bytes.
+            value: the bytes to store.
+
+        Raises:
+            TypeError, ValueError: invalid key or value type.
+            KVConnectionError: the connection failed (also after an integrity failure).
+        """
+        _check_key(key)
+        if not isinstance(value, (bytes, bytearray, memoryview)):
+            raise TypeError(f"value must be bytes, not {type(value).__name__}")
+        self._request({"op": "set", "key": key, "value": _b64(bytes(value))}, self._timeout)
+
+    def get(self, key: str, timeout: Optional[float] = None) -> bytes:
+        """Returns the value of ``key``, waiting until some rank sets it.
+
+        Args:
+            key: the key.
+            timeout: seconds to wait; None uses the client's ``timeout``; 0 checks once.
+
+        Returns:
+            The stored bytes.
+
+        Raises:
+            KVTimeoutError: the key did not appear in time (names the key and the wait).
+            KVConnectionError: the connection failed.
+        """
+        _check_key(key)
+        wait = self._timeout if timeout is None else float(timeout)
+        if not math.isfinite(wait) or wait < 0:
+            raise ValueError(f"timeout must be a finite number >= 0, got {timeout!r}")
+        start = time.monotonic()
+        reply = self._request({"op": "get", "key": key, "timeout": wait}, wait + _REPLY_GRACE_S)
+        if not reply.get("ok"):
+            elapsed = time.monotonic() - start
+            raise KVTimeoutError(f"key {key!r} did not appear at the rendezvous at "
+                                 f"{self._endpoint} within {elapsed:.1f} s")
+        return _unb64(reply.get("value"), "value")
+
+    def add(self, key: str, delta: int) -> int:
+        """Atomically adds ``delta`` to the integer counter at ``key`` (missing counts as 0).
+
+        Args:
+            key: the counter's key; its value is ASCII decimal, readable with :meth:`get`.
+            delta: the amount to add (may be negative).
+
+        Returns:
+            The counter's new value.
+
+        Raises:
+            KVRequestError: the key holds something that is not an integer.
+            KVConnectionError: the connection failed.
+        """
+        _check_key(key)
+        if not isinstance(delta, int) or isinstance(delta, bool):
+            raise TypeError(f"delta must be int, not {type(delta).__name__}")
+        reply = self._request({"op": "add", "key": key, "delta": delta}, self._timeout)
+        return int(reply["total"])
+
+    def delete(self, key: str) -> bool:
+        """Removes ``key``.
+
+        Returns:
+            True if the key existed.
+
+        Raises:
+            KVConnectionError: the connection failed.
+        """
+        _check_key(key)
+        reply = self._request({"op": "delete", "key": key}, self._timeout)
+        return bool(reply.get("existed"))
+
+    def close(self) -> None:
+        """Closes the connection. Idempotent."""
+        with self._lock:
+            if self._broken is None:
+                self._break("client is closed")
+
+    def __enter__(self) -> "KVClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,111 @@
+"""Process sets: subsets of the ranks that run collectives among themselves.
+
+``global_process_set`` (id 0) holds every rank. Sets given to ``init(process_sets=[...])`` are
+registered during init; with dynamic process sets (``init(process_sets="dynamic")`` or
+``HORO_DYNAMIC_PROCESS_SETS=1``) ``add_process_set`` and ``remove_process_set`` change them later.
+Both are collective: every rank of the job calls them, in the same order, with the same ranks.
+"""
+from typing import List, Optional
+
+
+class ProcessSet:
+    """A set of global ranks.
+
+    Args:
+        ranks_or_comm: a list of global ranks, or an mpi4py communicator whose members form the set.
+    """
+
+    def __init__(self, ranks_or_comm):
+        self.process_set_id: Optional[int] = None
+        self.mpi_comm = None
+        if hasattr(ranks_or_comm, "Get_group"):
+            self.mpi_comm = ranks_or_comm
+            self.ranks = _ranks_of_comm(ranks_or_comm)
+        else:
+            ranks = [int(r) for r in ranks_or_comm]
+            if len(set(ranks)) != len(ranks):
+                raise ValueError(f"process set ranks contain duplicates: {ranks}")
+            self.ranks: List[int] = sorted(ranks)
+
+    def _members(self):
+        from horo_core import basics
+        if self.process_set_id == 0:
+            return list(range(basics.size()))
+        return self.ranks
+
+    def size(self) -> Optional[int]:
+        """Number of ranks in the set (None if the set is not registered)."""
+        if self.process_set_id is None:
+            return None
+        return len(self._members())
+
+    def rank(self) -> Optional[int]:
+        """This process's position in the set, -1 if it is not a member (None if not registered)."""
+        if self.process_set_id is None:
+            return None
+        from horo_core import basics
+        members = self._members()
+        me = basics.rank()
+        return members.index(me) if me in members else -1
+
+    def included(self) -> Optional[bool]:
+        """Whether this process is a member (None if not registered)."""
+        r = self.rank()
+        return None if r is None else r >= 0
+
+    def __eq__(self, other):
+        return isinstance(other, ProcessSet) and self.process_set_id == other.process_set_id and \
+            self._members() == other._members()
+
+    def __hash__(self):
+        return hash((self.process_set_id, tuple(self.ranks)))
+
+    def __repr__(self):
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+
+
+def _ranks_of_comm(comm):
+    from mpi4py import MPI
+    world = MPI.COMM_WORLD.Get_group()
+    group = comm.Get_group()
+    return sorted(MPI.Group.Translate_ranks(group, list(range(group.Get_size())), world))
+
+
+global_process_set = ProcessSet([])
+global_process_set.process_set_id = 0
+
+
+def add_process_set(process_set) -> ProcessSet:
+    """Registers a new process set on every rank (collective). Needs dynamic process sets.
+
+    Args:
+        process_set: a ProcessSet or a list of global ranks.
+    Returns:
+        The registered ProcessSet (with its process_set_id).
+    Raises:
+        ValueError: dynamic process sets are off, the set is already registered, or a set with the
+            same ranks exists.
+    """
+    from horo_core import basics
+    basics.require_dynamic_process_sets("add_process_set")
+    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+    if ps.process_set_id is not None:
+        raise ValueError(f"{ps} is already registered")
+    basics.register_process_set(ps)
+    return ps
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Removes a process set on every rank (collective). Needs dynamic process sets.
+
+    Returns:
+        True if it was removed, False if it was not registered or is the global set.
+    """
+    from horo_core import basics
+    basics.require_dynamic_process_sets("remove_process_set")
+    if process_set.process_set_id in (None, 0):
+        return False
+    basics.runtime().remove_process_set(process_set.process_set_id)
+    basics.forget_process_set(process_set)
+    process_set.process_set_id = None
+    return True

@@ -1,0 +1,31 @@
+"""Exact test values per dtype: build arrays from float64 values and read results back, with
+bfloat16 carried as its uint16 bit pattern (NumPy has no bfloat16)."""
+import numpy as np
+
+from horo_core import dtypes
+
+ALL = [dtypes.UINT8, dtypes.INT8, dtypes.INT16, dtypes.INT32, dtypes.INT64, dtypes.FLOAT16, dtypes.BFLOAT16,
+       dtypes.FLOAT32, dtypes.FLOAT64, dtypes.BOOL]
+INTEGER = {dtypes.UINT8, dtypes.INT8, dtypes.INT16, dtypes.INT32, dtypes.INT64}
+NUMPY = {dtypes.UINT8: np.uint8, dtypes.INT8: np.int8, dtypes.INT16: np.int16, dtypes.INT32: np.int32,
+         dtypes.INT64: np.int64, dtypes.FLOAT16: np.float16, dtypes.BFLOAT16: np.uint16,
+         dtypes.FLOAT32: np.float32, dtypes.FLOAT64: np.float64, dtypes.BOOL: np.bool_}
+
+
+def make(dtype, values):
+    values = np.asarray(values, dtype=np.float64)
+    if dtype == dtypes.BFLOAT16:
+        return (values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    if dtype == dtypes.BOOL:
+        return values != 0
+    return values.astype(NUMPY[dtype])
+
+
+def read(dtype, array):
+    if dtype == dtypes.BFLOAT16:
+        return (array.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return array.astype(np.float64)
+
+
+def name(dtype):
+    return dtypes.NAMES[dtype]

@@ -1,0 +1,215 @@
+"""Every collective of the core over the STYLE.md matrix, with exact expected values.
+
+Ranks are threads over the loopback transport, each with its own runtime (negotiation, response
+cache, fusion and the algorithms all run for real). World sizes 1, 2, 3, 4, 5, 8; counts 0, 1, 7,
+1000, 65537; every dtype; in-place and out-of-place.
+"""
+import numpy as np
+import pytest
+
+from core_values import ALL, INTEGER, make, name, read
+from horo_core import dtypes
+from horo_core import numpy_ops as ops
+from horo_core._binding import lib
+from loopback_world import World
+
+SIZES = [1, 2, 3, 4, 5, 8]
+COUNTS = [0, 1, 7, 1000, 65537]
+OPS = {"sum": lib.HORO_OP_SUM, "average": lib.HORO_OP_AVERAGE, "min": lib.HORO_OP_MIN,
+       "max": lib.HORO_OP_MAX, "product": lib.HORO_OP_PRODUCT}
+
+
+def contribution(op, rank, count):
+    i = np.arange(count)
+    if op == "product":
+        return 1.0 + ((rank + i) % 2)
+    return (rank + 1.0) * (1 + i % 3)
+
+
+def expected_allreduce(op, dtype, size, count):
+    stack = np.stack([contribution(op, r, count) for r in range(size)]) if count else np.zeros((size, 0))
+    if dtype == dtypes.BOOL:
+        bits = stack != 0
+        return (bits.all(0) if op in ("min", "product") else bits.any(0)).astype(np.float64)
+    if op in ("sum", "average"):
+        total = stack.sum(0)
+        if op == "sum":
+            return total
+        return np.trunc(total / size) if dtype in INTEGER else total / size
+    return {"min": stack.min(0), "max": stack.max(0), "product": stack.prod(0)}[op]
+
+
+@pytest.fixture(scope="module", params=SIZES, ids=[f"np{n}" for n in SIZES])
+def world(request):
+    with World(request.param) as w:
+        yield w
+
+
+def test_allreduce_matrix(world):
+    def body(rt):
+        checked = 0
+        for count in COUNTS:
+            for dtype in ALL:
+                for op_name, op in OPS.items():
+                    if dtype == dtypes.BOOL and op_name == "average":
+                        continue
+                    for in_place in (False, True):
+                        x = make(dtype, contribution(op_name, rt.rank, count))
+                        tag = f"ar.{count}.{name(dtype)}.{op_name}.{in_place}"
+                        out = ops.allreduce(rt, x, tag, op=op, out=x if in_place else None, dtype=dtype)
+                        want = expected_allreduce(op_name, dtype, world.size, count)
+                        got = read(dtype, out)
+                        assert np.array_equal(got, want), f"{tag} on rank {rt.rank}: got {got[:8]}, want {want[:8]}"
+                        if in_place:
+                            assert out is x
+                        checked += 1
+        return checked
+
+    assert all(c > 0 for c in world.run(body))
+
+
+def test_allreduce_algorithms_agree_bitwise(world):
+    # Random float32 data: every rank must end with exactly the same bits, whatever the algorithm.
+    def body(rt):
+        rng = np.random.default_rng(rt.rank)
+        outs = []
+        for count in (5, 3000, 300000):  # latency-optimal, and ring above 64 KiB
+            x = rng.standard_normal(count).astype(np.float32)
+            outs.append(ops.allreduce(rt, x, f"bits.{count}"))
+        return outs
+
+    results = world.run(body)
+    for outs in results[1:]:
+        for a, b in zip(results[0], outs):
+            assert a.tobytes() == b.tobytes()
+
+
+def test_scale_factors(world):
+    def body(rt):
+        x = np.full(1001, rt.rank + 1.0, dtype=np.float32)
+        out = ops.allreduce(rt, x, "scaled", op=lib.HORO_OP_SUM, prescale_factor=2.0, postscale_factor=0.25)
+        return out
+
+    want = world.size * (world.size + 1) / 2 * 2.0 * 0.25
+    for out in world.run(body):
+        assert np.all(out == np.float32(want))
+
+
+def test_grouped_and_fused_allreduce(world):
+    shapes = [(3,), (2, 5), (0,), (7, 1, 3)]
+
+    def body(rt):
+        arrays = [np.full(s, float(rt.rank + 1) * (k + 1), dtype=np.float64) for k, s in enumerate(shapes)]
+        grouped = ops.grouped_allreduce(rt, arrays, [f"group.{k}" for k in range(len(shapes))])
+        # Many small async allreduces in flight at once are negotiated together and fused.
+        xs = [np.full(17, float(rt.rank + k), dtype=np.float32) for k in range(40)]
+        outs = [np.empty_like(x) for x in xs]
+        from horo_core.runtime import TensorSpec
+        handles = [rt.enqueue(lib.HORO_ALLREDUCE, [TensorSpec(f"fused.{k}", x.ctypes.data, o.ctypes.data,
+                                                               dtypes.FLOAT32, x.shape)])[0]
+                   for k, (x, o) in enumerate(zip(xs, outs))]
+        for h in handles:
+            rt.wait(h)
+            rt.release(h)
+        return grouped, outs
+
+    n = world.size
+    for grouped, outs in world.run(body):
+        for k, (s, g) in enumerate(zip(shapes, grouped)):
+            assert g.shape == s and np.all(g == n * (n + 1) / 2 * (k + 1))
+        for k, o in enumerate(outs):
+            assert np.all(o == sum(r + k for r in range(n)))
+
+
+@pytest.mark.parametrize("dtype", ALL, ids=name)
+def test_allgather(world, dtype):
+    def body(rt):
+        got = []
+        for width in (1, 7, 1000):
+            rows = rt.rank % 3  # some ranks contribute nothing
+            x = make(dtype, np.full((rows, width), (rt.rank % 2) + 1.0))
+            got.append(read(dtype, ops.allgather(rt, x, f"ag.{width}", dtype=dtype)))
+        return got
+
+    for got in world.run(body):
+        for g, width in zip(got, (1, 7, 1000)):
+            want = np.concatenate([np.full((r % 3, width), (r % 2) + 1.0) for r in range(world.size)])
+            if dtype == dtypes.BOOL:
+                want = (want != 0).astype(np.float64)
+            assert g.shape == want.shape and np.array_equal(g, want)
+
+
+@pytest.mark.parametrize("dtype", ALL, ids=name)
+def test_broadcast_from_every_root(world, dtype):
+    def body(rt):
+        got = []
+        for root in range(world.size):
+            for count in COUNTS:
+                x = make(dtype, np.full(count, (rt.rank % 5) + 1.0))
+                in_place = (root + count) % 2 == 0
+                out = ops.broadcast(rt, x, root, f"bc.{root}.{count}", out=x if in_place else None, dtype=dtype)
+                got.append((root, count, read(dtype, out)))
+        return got
+
+    for got in world.run(body):
+        for root, count, g in got:
+            value = 1.0 if dtype == dtypes.BOOL else (root % 5) + 1.0
+            assert np.array_equal(g, np.full(count, value)), f"root {root} count {count}"
+
+
+@pytest.mark.parametrize("dtype", ALL, ids=name)
+def test_alltoall(world, dtype):
+    n = world.size
+
+    def body(rt):
+        splits = [(rt.rank + j) % 3 for j in range(n)]
+        rows = np.concatenate([np.full((splits[j], 2), (rt.rank * 10 + j) % 100) for j in range(n)]) \
+            if sum(splits) else np.zeros((0, 2))
+        out, received = ops.alltoall(rt, make(dtype, rows), "a2a", splits=splits, dtype=dtype)
+        equal_in = make(dtype, np.full((2 * n, 3), rt.rank + 1.0))
+        equal_out, equal_received = ops.alltoall(rt, equal_in, "a2a.equal", dtype=dtype)
+        return read(dtype, out), received, read(dtype, equal_out), equal_received
+
+    for r, (out, received, equal_out, equal_received) in enumerate(world.run(body)):
+        assert received == [(j + r) % 3 for j in range(n)]
+        parts = [np.full(((j + r) % 3, 2), (j * 10 + r) % 100) for j in range(n)]
+        want = np.concatenate(parts) if sum(received) else np.zeros((0, 2))
+        if dtype == dtypes.BOOL:
+            want = (want != 0).astype(np.float64)
+        assert np.array_equal(out, want)
+        assert equal_received == [2] * n
+        want_equal = np.concatenate([np.full((2, 3), j + 1.0) for j in range(n)])
+        if dtype == dtypes.BOOL:
+            want_equal = np.ones_like(want_equal)
+        assert np.array_equal(equal_out, want_equal)
+
+
+@pytest.mark.parametrize("dtype", ALL, ids=name)
+def test_reducescatter(world, dtype):
+    n = world.size
+
+    def body(rt):
+        got = []
+        for rows in (0, 1, n, 2 * n + 1):
+            x = make(dtype, np.full((rows, 3), rt.rank + 1.0))
+            op = lib.HORO_OP_MAX if dtype == dtypes.BOOL else lib.HORO_OP_SUM
+            got.append((rows, read(dtype, ops.reducescatter(rt, x, f"rs.{rows}", op=op, dtype=dtype))))
+        return got
+
+    for r, got in enumerate(world.run(body)):
+        for rows, g in got:
+            mine = rows // n + (1 if r < rows % n else 0)
+            value = 1.0 if dtype == dtypes.BOOL else n * (n + 1) / 2
+            assert g.shape == (mine, 3) and np.all(g == value), f"rows {rows}"
+
+
+def test_barrier_and_repeated_steps_use_the_cache(world):
+    def body(rt):
+        total = 0.0
+        for step in range(50):  # the same names every step: answered from the response cache
+            ops.barrier(rt)
+            total += float(ops.allreduce(rt, np.full(4, step, dtype=np.float64), "steady")[0])
+        return total
+
+    for total in world.run(body):
+        assert total == world.size * sum(range(50))

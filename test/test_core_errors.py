@@ -1,0 +1,255 @@
+"""Bad input, mismatches between ranks, joins, process sets and stalls, over loopback ranks.
+
+Every check that compares ranks must fail on every rank with a message naming the tensor, the
+ranks and both values, and the job must go on with its next collective.
+"""
+import numpy as np
+import pytest
+
+from horo_core import numpy_ops as ops
+from horo_core._binding import lib
+from horo_core.errors import (HoroInvalidArgument, HoroMismatchError, HoroShutdownError,
+                              HoroUnsupportedError)
+from horo_core.runtime import LoopbackHub, Runtime
+from loopback_world import World
+
+
+def run_mismatch(world, fn):
+    """Runs fn on every rank, expects HoroMismatchError everywhere, then checks a healthy step."""
+    _, errors = world.run_collecting(fn)
+    for r, e in enumerate(errors):
+        assert isinstance(e, HoroMismatchError), f"rank {r}: expected a mismatch error, got {e!r}"
+    after = world.run(lambda rt: ops.allreduce(rt, np.ones(3, dtype=np.float32), "after"))
+    for out in after:
+        assert np.all(out == world.size)
+    return [str(e) for e in errors]
+
+
+@pytest.fixture
+def world3():
+    with World(3) as w:
+        yield w
+
+
+def test_shape_mismatch_names_tensor_ranks_and_shapes(world3):
+    msgs = run_mismatch(world3, lambda rt: ops.allreduce(rt, np.ones(4 + (rt.rank == 2), np.float32), "grad.w"))
+    for m in msgs:
+        assert "grad.w" in m and "rank 0 has [4]" in m and "rank 2 has [5]" in m, m
+
+
+def test_dtype_mismatch(world3):
+    msgs = run_mismatch(world3, lambda rt: ops.allreduce(
+        rt, np.ones(4, np.float64 if rt.rank == 1 else np.float32), "w"))
+    for m in msgs:
+        assert "data types" in m and "float32" in m and "rank 1 has float64" in m, m
+
+
+def test_operation_mismatch(world3):
+    def body(rt):
+        x = np.ones((2, 2), np.float32)
+        return ops.allgather(rt, x, "t") if rt.rank == 0 else ops.allreduce(rt, x, "t")
+
+    for m in run_mismatch(world3, body):
+        assert "operations" in m and "allgather" in m and "allreduce" in m, m
+
+
+def test_reduce_op_mismatch(world3):
+    msgs = run_mismatch(world3, lambda rt: ops.allreduce(
+        rt, np.ones(4, np.float32), "r", op=lib.HORO_OP_MAX if rt.rank == 0 else lib.HORO_OP_SUM))
+    for m in msgs:
+        assert "reduction operations" in m and "Max" in m and "Sum" in m, m
+
+
+def test_scale_factor_mismatch(world3):
+    msgs = run_mismatch(world3, lambda rt: ops.allreduce(
+        rt, np.ones(4, np.float32), "s", prescale_factor=1.0 + rt.rank))
+    for m in msgs:
+        assert "scale factors" in m and "prescale 1" in m and "prescale 2" in m, m
+
+
+def test_root_rank_mismatch(world3):
+    msgs = run_mismatch(world3, lambda rt: ops.broadcast(rt, np.ones(4, np.float32), rt.rank % 2, "b"))
+    for m in msgs:
+        assert "root ranks" in m and "rank 0 has 0" in m and "rank 1 has 1" in m, m
+
+
+def test_allgather_trailing_shape_mismatch(world3):
+    msgs = run_mismatch(world3, lambda rt: ops.allgather(rt, np.ones((2, 3 + (rt.rank == 1)), np.float32), "g"))
+    for m in msgs:
+        assert "'g'" in m and "shapes" in m, m
+
+
+def test_alltoall_splits_mismatch(world3):
+    def body(rt):
+        x = np.ones((3, 2), np.float32)
+        return ops.alltoall(rt, x, "a", splits=[1, 1, 1] if rt.rank == 0 else None)
+
+    for m in run_mismatch(world3, body):
+        assert "splits" in m and "'a'" in m, m
+
+
+def test_local_validation_errors(world3):
+    rt = world3.runtimes[0]
+    with pytest.raises(HoroInvalidArgument, match="root rank 7 is outside the job"):
+        ops.broadcast(rt, np.ones(2, np.float32), 7, "bad.root")
+    with pytest.raises(HoroInvalidArgument, match="splits sum to 2, expected the first dimension 3"):
+        ops.alltoall(rt, np.ones((3, 1), np.float32), "bad.splits", splits=[1, 1, 0])
+    with pytest.raises(HoroInvalidArgument, match="splits has 2 entries"):
+        ops.alltoall(rt, np.ones((3, 1), np.float32), "bad.nsplits", splits=[1, 2])
+    with pytest.raises(HoroInvalidArgument, match="not divisible"):
+        ops.alltoall(rt, np.ones((4, 1), np.float32), "bad.equal")
+    with pytest.raises(HoroInvalidArgument, match="Average is not defined for bool"):
+        ops.allreduce(rt, np.ones(2, np.bool_), "bad.bool", op=lib.HORO_OP_AVERAGE)
+    with pytest.raises(HoroUnsupportedError, match="Adasum"):
+        ops.allreduce(rt, np.ones(2, np.float32), "bad.adasum", op=lib.HORO_OP_ADASUM)
+    with pytest.raises(HoroInvalidArgument, match="process set 9 does not exist"):
+        ops.allreduce(rt, np.ones(2, np.float32), "bad.set", process_set_id=9)
+    # The runtime is still healthy.
+    outs = world3.run(lambda r: ops.allreduce(r, np.ones(2, np.float32), "ok"))
+    assert all(np.all(o == 3) for o in outs)
+
+
+def test_duplicate_name_in_flight(world3):
+    from horo_core.runtime import TensorSpec
+    from horo_core import dtypes
+
+    def body(rt):
+        x = np.ones(4, np.float32)
+        out = np.empty_like(x)
+        spec = TensorSpec("dup", x.ctypes.data, out.ctypes.data, dtypes.FLOAT32, x.shape)
+        (h,) = rt.enqueue(lib.HORO_ALLREDUCE, [spec])
+        error = None
+        if rt.rank == 0:
+            try:
+                rt.enqueue(lib.HORO_ALLREDUCE, [spec])
+            except HoroInvalidArgument as exc:
+                error = str(exc)
+        rt.wait(h)
+        rt.release(h)
+        return error, out
+
+    results = world3.run(body)
+    assert "already in flight" in results[0][0] and "dup" in results[0][0]
+    assert all(np.all(out == 3) for _, out in results)
+
+
+def test_join_contributes_neutral_values_and_returns_last_rank():
+    with World(4) as world:
+        def body(rt):
+            if rt.rank == 3:
+                return None, ops.join(rt)
+            sums = [ops.allreduce(rt, np.full(5, rt.rank + 1.0, np.float32), f"j.{k}") for k in range(3)]
+            mins = ops.allreduce(rt, np.full(5, rt.rank + 1.0, np.float32), "jmin", op=lib.HORO_OP_MIN)
+            maxs = ops.allreduce(rt, np.full(5, -(rt.rank + 1.0), np.float32), "jmax", op=lib.HORO_OP_MAX)
+            return (sums, mins, maxs), ops.join(rt)
+
+        results = world.run(body)
+        lasts = {last for _, last in results}
+        # Rank 3's join completes the first allreduce, so the last to join is one of the others.
+        assert len(lasts) == 1 and lasts.pop() in (0, 1, 2)
+        for values, _ in results:
+            if values is not None:
+                sums, mins, maxs = values
+                assert all(np.all(s == 6) for s in sums)  # 1 + 2 + 3, rank 3 contributes zeros
+                assert np.all(mins == 1) and np.all(maxs == -1)
+
+
+def test_join_rejects_broadcast_while_joined(world3):
+    def body(rt):
+        if rt.rank == 2:
+            return ops.join(rt)
+        try:
+            ops.broadcast(rt, np.ones(2, np.float32), 0, "bj")
+        except HoroMismatchError as exc:
+            message = str(exc)
+        return message, ops.join(rt)
+
+    results = world3.run(body)
+    for message, _ in results[:2]:
+        assert "not supported while ranks have joined" in message and "rank 2" in message
+
+
+def test_process_sets_add_use_remove():
+    with World(4) as world:
+        def body(rt):
+            even = rt.add_process_set([0, 2])
+            odd = rt.add_process_set([3, 1])
+            mine = even if rt.rank % 2 == 0 else odd
+            out = ops.allreduce(rt, np.full(3, rt.rank + 1.0), "ps", process_set_id=mine)
+            ranks = rt.process_set_ranks(mine)
+            b = ops.broadcast(rt, np.full(2, float(rt.rank)), ranks[-1], "psb", process_set_id=mine)
+            full = ops.allreduce(rt, np.ones(2), "global")
+            with pytest.raises(HoroInvalidArgument, match="not a member"):
+                ops.allreduce(rt, np.ones(2), "other", process_set_id=odd if mine == even else even)
+            rt.remove_process_set(even)
+            rt.remove_process_set(odd)
+            with pytest.raises(HoroInvalidArgument, match="does not exist"):
+                ops.allreduce(rt, np.ones(2), "gone", process_set_id=mine)
+            return even, odd, out, ranks, b, full
+
+        for r, (even, odd, out, ranks, b, full) in enumerate(world.run(body)):
+            assert (even, odd) == (1, 2)
+            assert ranks == ([0, 2] if r % 2 == 0 else [1, 3])
+            assert np.all(out == (4 if r % 2 == 0 else 6))
+            assert np.all(b == ranks[-1]) and np.all(full == 4)
+
+
+def test_duplicate_process_set_is_rejected_everywhere():
+    with World(2) as world:
+        world.run(lambda rt: rt.add_process_set([1]))
+        _, errors = world.run_collecting(lambda rt: rt.add_process_set([1]))
+        for e in errors:
+            assert isinstance(e, HoroInvalidArgument) and "already exists" in str(e)
+
+
+def test_stall_warning_names_missing_ranks_then_completes(monkeypatch, capfd):
+    monkeypatch.setenv("HORO_STALL_CHECK_TIME_SECONDS", "0.3")
+    with World(3) as world:
+        import threading
+        released = threading.Event()
+
+        def body(rt):
+            if rt.rank == 2:
+                released.wait(10)
+            return ops.allreduce(rt, np.ones(2, np.float32), "slow.tensor")
+
+        def watcher():
+            import time
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                if "Missing ranks" in capfd.readouterr().err:
+                    break
+                time.sleep(0.05)
+            released.set()
+
+        t = threading.Thread(target=watcher)
+        t.start()
+        outs = world.run(body)
+        t.join()
+    assert all(np.all(o == 3) for o in outs)
+
+
+def test_stall_shutdown_fails_every_rank(monkeypatch):
+    monkeypatch.setenv("HORO_STALL_CHECK_TIME_SECONDS", "0.2")
+    monkeypatch.setenv("HORO_STALL_SHUTDOWN_TIME_SECONDS", "0.5")
+    with World(3) as world:
+        def body(rt):
+            if rt.rank == 2:
+                return ops.allreduce(rt, np.ones(2, np.float32), "other.name")
+            return ops.allreduce(rt, np.ones(2, np.float32), "stuck")
+
+        _, errors = world.run_collecting(body)
+        for e in errors:
+            assert isinstance(e, HoroShutdownError), repr(e)
+            assert "rank 2: [stuck]" in str(e)
+
+
+def test_operation_after_shutdown_raises():
+    hub = LoopbackHub(1)
+    rt = Runtime(0, 1, loopback=hub)
+    rt.connect()
+    rt.shutdown()
+    with pytest.raises(HoroShutdownError, match="shut down"):
+        ops.allreduce(rt, np.ones(2, np.float32), "late")
+    rt.destroy()
+    hub.close()

@@ -1,0 +1,97 @@
+"""``horo_runner.run``: run a Python function on every rank and collect the return values."""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import sys
+import tempfile
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from .hosts import parse_hostfile, parse_hosts
+from .job import JobSpec, run_job
+from .run_task import ERROR_FILE, FN_FILE, RESULT_FILE, SYS_PATH_FILE, dumps, write_atomically
+
+__all__ = ["run"]
+
+
+def _read_text(path: str) -> Optional[str]:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mapping[str, Any]] = None,
+        np: int = 1, hosts: Optional[str] = None, hostfile: Optional[str] = None,
+        start_timeout: float = 30.0, output_filename: Optional[str] = None,
+        verbose: bool = False, prefix_output_with_timestamp: bool = False,
+        env: Optional[Mapping[str, str]] = None, executable: Optional[str] = None) -> list[Any]:
+    """Runs ``fn(*args, **kwargs)`` in ``np`` worker processes, like ``hororun -np N``.
+
+    The function and arguments are serialized with cloudpickle (pickle if it is not installed)
+    into a private 0700 temporary directory that the workers read from local disk; return values
+    come back the same way. Worker output is forwarded with the ``[<rank>]<stdout>:`` prefix.
+
+    Args:
+        fn: the function; it may call ``hvd.init()`` and use collectives.
+        args: positional arguments for every rank.
+        kwargs: keyword arguments for every rank.
+        np: number of processes.
+        hosts: ``"host:slots,..."`` as for ``-H`` (this machine only for now).
+        hostfile: path of a hostfile, as for ``--hostfile``.
+        start_timeout: seconds every rank has to register after the first one did.
+        output_filename: also write each rank's output under this directory.
+        verbose: describe the launch on stderr.
+        prefix_output_with_timestamp: precede output prefixes with a timestamp.
+        env: extra environment variables for the workers (e.g. ``HORO_CYCLE_TIME``).
+        executable: Python interpreter for the workers (default ``sys.executable``).
+
+    Returns:
+        Every rank's return value, in rank order.
+
+    Raises:
+        RuntimeError: a rank raised (the message names the rank and includes its traceback) or
+            the job failed otherwise (a rank crashed, a start timeout, a signal).
+        ValueError: for invalid hosts or both ``hosts`` and ``hostfile``.
+    """
+    if hosts is not None and hostfile is not None:
+        raise ValueError("pass either hosts or hostfile, not both")
+    host_slots = parse_hosts(hosts) if hosts else parse_hostfile(hostfile) if hostfile else None
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    python_path = os.pathsep.join(p for p in (package_parent, os.environ.get("PYTHONPATH")) if p)
+    workdir = tempfile.mkdtemp(prefix="hororun-")  # mode 0700
+    try:
+        sys_path = [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
+        write_atomically(os.path.join(workdir, SYS_PATH_FILE), json.dumps(sys_path).encode())
+        write_atomically(os.path.join(workdir, FN_FILE),
+                         dumps((fn, tuple(args), dict(kwargs or {}))))
+        spec = JobSpec(
+            command=[executable or sys.executable, "-m", "horo_runner.run_task", workdir],
+            num_proc=np, hosts=host_slots,
+            settings_env={**(env or {}), "PYTHONPATH": python_path},
+            start_timeout=start_timeout, output_dir=output_filename,
+            prefix_timestamp=prefix_output_with_timestamp, verbose=verbose)
+        result = run_job(spec)
+        if result.exit_code != 0:
+            message = f"hororun: {result.message}"
+            if result.failed_rank is not None:
+                error = _read_text(os.path.join(workdir,
+                                                ERROR_FILE.format(rank=result.failed_rank)))
+                if error:
+                    message += f"\nrank {result.failed_rank} raised:\n{error}"
+            raise RuntimeError(message)
+        values = []
+        for rank in range(np):
+            path = os.path.join(workdir, RESULT_FILE.format(rank=rank))
+            try:
+                with open(path, "rb") as f:
+                    values.append(pickle.load(f))
+            except FileNotFoundError:
+                raise RuntimeError(f"hororun: rank {rank} exited with code 0 without returning "
+                                   f"a result") from None
+        return values
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)

@@ -1,0 +1,168 @@
+"""Host lists and rank assignment.
+
+Hosts come from ``-H/--hosts "host1:2,host2:4"`` or a hostfile whose lines are ``host slots=N``
+(Open MPI style) or ``host:N`` (MPICH/Intel MPI style); a bare ``host`` has one slot. Ranks fill the
+hosts in order, as Horovod's ``get_host_assignments`` does.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import socket
+from typing import Sequence
+
+from horo_core.launch_env import local_topologies
+
+__all__ = ["HostSlots", "SlotInfo", "parse_hosts", "parse_hostfile", "get_host_assignments",
+           "remote_hosts", "is_local_host"]
+
+_HOSTNAME = re.compile(r"[A-Za-z0-9_.\-]+|\[[0-9A-Fa-f:.]+\]")
+
+
+@dataclasses.dataclass(frozen=True)
+class HostSlots:
+    """A host and how many ranks it may run."""
+
+    hostname: str
+    slots: int
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotInfo:
+    """Where one rank runs and its place in the job (Horovod's ``SlotInfo``)."""
+
+    hostname: str
+    rank: int
+    local_rank: int
+    cross_rank: int
+    size: int
+    local_size: int
+    cross_size: int
+
+
+def _host_slots(hostname: str, slots_text: str | None, where: str) -> HostSlots:
+    if not _HOSTNAME.fullmatch(hostname):
+        raise ValueError(f"{where}: {hostname!r} is not a host name")
+    if slots_text is None:
+        return HostSlots(hostname, 1)
+    try:
+        slots = int(slots_text)
+    except ValueError:
+        raise ValueError(f"{where}: slots {slots_text!r} of host {hostname!r} is not an "
+                         f"integer") from None
+    if slots < 1:
+        raise ValueError(f"{where}: host {hostname!r} must have at least one slot, got {slots}")
+    return HostSlots(hostname, slots)
+
+
+def _split_host_colon(item: str, where: str) -> HostSlots:
+    host, sep, slots = item.rpartition(":")
+    if not sep or host.endswith(":") or (host.count(":") and not host.startswith("[")):
+        # no slots given ("host"), or a bare IPv6 address
+        return _host_slots(item, None, where)
+    return _host_slots(host, slots, where)
+
+
+def _check_unique(hosts: Sequence[HostSlots], where: str) -> list[HostSlots]:
+    seen: set[str] = set()
+    for h in hosts:
+        if h.hostname in seen:
+            raise ValueError(f"{where}: host {h.hostname!r} is listed more than once")
+        seen.add(h.hostname)
+    if not hosts:
+        raise ValueError(f"{where}: no hosts given")
+    return list(hosts)
+
+
+def parse_hosts(spec: str) -> list[HostSlots]:
+    """Parses ``-H/--hosts``.
+
+    Args:
+        spec: comma-separated ``host[:slots]`` entries, e.g. ``"localhost:2,node2:4"``.
+
+    Returns:
+        The hosts in order.
+
+    Raises:
+        ValueError: for an empty list, a malformed entry or a repeated host.
+    """
+    items = [item.strip() for item in spec.split(",") if item.strip()]
+    return _check_unique([_split_host_colon(item, "--hosts") for item in items], "--hosts")
+
+
+def parse_hostfile(path: str) -> list[HostSlots]:
+    """Parses a hostfile.
+
+    Args:
+        path: file with one host per line: ``host slots=N`` (other ``key=value`` fields such as
+            ``max_slots`` are ignored), ``host:N`` or ``host``; ``#`` starts a comment.
+
+    Returns:
+        The hosts in file order.
+
+    Raises:
+        OSError: if the file cannot be read.
+        ValueError: for a malformed line (named by number) or a repeated host.
+    """
+    hosts = []
+    with open(path, encoding="utf-8") as f:
+        for number, raw in enumerate(f, 1):
+            line = raw.split("#", 1)[0].strip()
+            if not line:
+                continue
+            where = f"{path}:{number}"
+            fields = line.split()
+            if len(fields) == 1:
+                hosts.append(_split_host_colon(fields[0], where))
+                continue
+            options = {}
+            for field in fields[1:]:
+                key, sep, value = field.partition("=")
+                if not sep:
+                    raise ValueError(f"{where}: expected 'host slots=N', got {line!r}")
+                options[key] = value
+            hosts.append(_host_slots(fields[0], options.get("slots"), where))
+    return _check_unique(hosts, path)
+
+
+def get_host_assignments(hosts: Sequence[HostSlots], num_proc: int) -> list[SlotInfo]:
+    """Assigns ranks to host slots, filling each host before the next.
+
+    Args:
+        hosts: the hosts, in order.
+        num_proc: number of ranks to place.
+
+    Returns:
+        One :class:`SlotInfo` per rank, in rank order.
+
+    Raises:
+        ValueError: if ``num_proc < 1`` or the hosts have fewer slots than ``num_proc``.
+    """
+    if num_proc < 1:
+        raise ValueError(f"the number of processes must be >= 1, got {num_proc}")
+    total = sum(h.slots for h in hosts)
+    if total < num_proc:
+        raise ValueError(f"requested {num_proc} processes but the hosts provide only {total} "
+                         f"slots ({', '.join(f'{h.hostname}:{h.slots}' for h in hosts)})")
+    hostnames: list[str] = []
+    for host in hosts:
+        take = min(host.slots, num_proc - len(hostnames))
+        hostnames.extend([host.hostname] * take)
+    topologies = local_topologies(hostnames)
+    return [SlotInfo(hostname=name, rank=rank, local_rank=t.local_rank, cross_rank=t.cross_rank,
+                     size=num_proc, local_size=t.local_size, cross_size=t.cross_size)
+            for rank, (name, t) in enumerate(zip(hostnames, topologies))]
+
+
+def is_local_host(hostname: str) -> bool:
+    """True for ``localhost``, a loopback address, or this machine's own host name."""
+    name = hostname.strip("[]").lower()
+    if name in ("localhost", "localhost.localdomain", "::1") or name.startswith("127."):
+        return True
+    own = socket.gethostname().lower()
+    return name in (own, own.split(".", 1)[0])
+
+
+def remote_hosts(hosts: Sequence[HostSlots]) -> list[str]:
+    """Returns the host names in ``hosts`` that are not this machine."""
+    return [h.hostname for h in hosts if not is_local_host(h.hostname)]

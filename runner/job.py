@@ -1,0 +1,151 @@
+"""One hororun job: secret, rendezvous, per-rank environment, supervision.
+
+:func:`run_job` is shared by the ``hororun`` command line and :func:`horo_runner.run`. It
+
+1. places the ranks on the hosts (only this machine for now);
+2. generates a 32-byte job secret and starts a :class:`~horo_core.kvstore.KVServer` on 127.0.0.1;
+3. starts every worker with ``HORO_RANK``, ``HORO_SIZE``, ``HORO_LOCAL_RANK``, ``HORO_LOCAL_SIZE``,
+   ``HORO_CROSS_RANK``, ``HORO_CROSS_SIZE``, ``HORO_HOSTNAME``, ``HORO_RENDEZVOUS_ADDR``,
+   ``HORO_RENDEZVOUS_PORT``, ``HORO_SECRET`` (hex; in the environment only, never on a command line
+   or in any message), ``PYTHONUNBUFFERED=1`` and the settings the caller passes;
+4. watches the start: once the first rank has registered (set ``ready/<rank>`` in the rendezvous)
+   every other rank must register within the start timeout, or the job fails naming those that
+   did not. A command that never uses Horo never registers and is not watched;
+5. keeps the rendezvous up until every worker has exited.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+import sys
+from typing import IO, Mapping, Optional, Sequence
+
+from horo_core.kvstore import KVServer
+
+from .hosts import HostSlots, SlotInfo, get_host_assignments, remote_hosts
+from .local_exec import ExecOptions, JobResult, Monitor, Worker, execute
+
+__all__ = ["JobSpec", "run_job", "READY_KEY", "SECRET_ENV"]
+
+READY_KEY = "ready/{rank}"
+"""Key a rank sets in the rendezvous once it has connected (horo_core's init does it)."""
+SECRET_ENV = "HORO_SECRET"
+_SECRET_BYTES = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSpec:
+    """What to run and how.
+
+    Attributes:
+        command: argv of every worker.
+        num_proc: number of ranks.
+        hosts: hosts and slots; None means ``localhost:<num_proc>``.
+        settings_env: extra variables for every worker (tuning flags already translated).
+        start_timeout: seconds every rank has to register after the first one did.
+        output_dir: tee each rank's output to ``<dir>/rank.<r>/{stdout,stderr}``.
+        prefix_timestamp: precede each output prefix with a timestamp.
+        verbose: describe the launch on stderr (never the secret).
+        termination_grace_s: seconds between SIGTERM and SIGKILL on failure.
+    """
+
+    command: Sequence[str]
+    num_proc: int
+    hosts: Optional[Sequence[HostSlots]] = None
+    settings_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    start_timeout: float = 30.0
+    output_dir: Optional[str] = None
+    prefix_timestamp: bool = False
+    verbose: bool = False
+    termination_grace_s: float = 5.0
+
+
+def _worker_env(base: Mapping[str, str], slot: SlotInfo, settings: Mapping[str, str],
+                rendezvous: tuple[str, int], secret_hex: str) -> dict[str, str]:
+    env = dict(base)
+    env.update(settings)
+    env.update({
+        "HORO_RANK": str(slot.rank),
+        "HORO_SIZE": str(slot.size),
+        "HORO_LOCAL_RANK": str(slot.local_rank),
+        "HORO_LOCAL_SIZE": str(slot.local_size),
+        "HORO_CROSS_RANK": str(slot.cross_rank),
+        "HORO_CROSS_SIZE": str(slot.cross_size),
+        "HORO_HOSTNAME": slot.hostname,
+        "HORO_RENDEZVOUS_ADDR": rendezvous[0],
+        "HORO_RENDEZVOUS_PORT": str(rendezvous[1]),
+        SECRET_ENV: secret_hex,
+        "PYTHONUNBUFFERED": "1",
+    })
+    return env
+
+
+def _start_watch(server: KVServer, size: int, timeout: float) -> Monitor:
+    keys = [READY_KEY.format(rank=r) for r in range(size)]
+
+    def watch() -> Optional[str]:
+        server.wait_for_keys(keys, timeout=None, min_present=1)
+        if not server.running:
+            return None
+        missing = server.wait_for_keys(keys, timeout=timeout)
+        if not missing or not server.running:
+            return None
+        ranks = ", ".join(k.split("/", 1)[1] for k in missing)
+        noun = "rank" if len(missing) == 1 else "ranks"
+        return (f"{noun} {ranks} did not register with the rendezvous within {timeout:g} s of the "
+                f"first rank (--start-timeout)")
+    return watch
+
+
+def _describe(spec: JobSpec, slots: Sequence[SlotInfo], rendezvous: tuple[str, int],
+              err: IO[str]) -> None:
+    placement = ", ".join(f"{h}:{sum(1 for s in slots if s.hostname == h)}"
+                          for h in dict.fromkeys(s.hostname for s in slots))
+    err.write(f"hororun: rendezvous on {rendezvous[0]}:{rendezvous[1]}; starting "
+              f"{spec.num_proc} processes on {placement}\n")
+    for key in sorted(spec.settings_env):
+        err.write(f"hororun:   {key}={spec.settings_env[key]}\n")
+    err.write(f"hororun:   command: {shlex.join(spec.command)}\n")
+    err.flush()
+
+
+def run_job(spec: JobSpec, stdout: Optional[IO[str]] = None,
+            stderr: Optional[IO[str]] = None) -> JobResult:
+    """Runs one job on this machine and returns how it ended.
+
+    Args:
+        spec: the job.
+        stdout: stream for the workers' prefixed stdout (default ``sys.stdout``).
+        stderr: stream for the workers' prefixed stderr and verbose output (default
+            ``sys.stderr``).
+
+    Returns:
+        The :class:`~horo_runner.local_exec.JobResult`.
+
+    Raises:
+        ValueError: bad host list, too few slots, an empty command, or remote hosts (not
+            supported yet).
+    """
+    if not spec.command:
+        raise ValueError("no command to run")
+    hosts = list(spec.hosts) if spec.hosts else [HostSlots("localhost", spec.num_proc)]
+    remote = remote_hosts(hosts)
+    if remote:
+        raise ValueError(f"remote hosts are not supported yet: {', '.join(remote)} (only this "
+                         f"machine: localhost, 127.0.0.1 or its host name)")
+    slots = get_host_assignments(hosts, spec.num_proc)
+    err = stderr or sys.stderr
+    secret_hex = os.urandom(_SECRET_BYTES).hex()
+    with KVServer("127.0.0.1", 0, bytes.fromhex(secret_hex)) as server:
+        rendezvous = server.address
+        if spec.verbose:
+            _describe(spec, slots, rendezvous, err)
+        workers = [Worker(s.rank, spec.command,
+                          _worker_env(os.environ, s, spec.settings_env, rendezvous, secret_hex))
+                   for s in slots]
+        options = ExecOptions(output_dir=spec.output_dir, prefix_timestamp=spec.prefix_timestamp,
+                              termination_grace_s=spec.termination_grace_s)
+        return execute(workers, options, monitors=[_start_watch(server, spec.num_proc,
+                                                                spec.start_timeout)],
+                       stdout=stdout, stderr=stderr)

@@ -1,0 +1,240 @@
+"""``hororun``: the command line (``hororun -np 4 -H localhost:4 python train.py``).
+
+Flags keep Horovod's names and meanings. Tuning flags become ``HORO_*`` variables in every worker's
+environment (:data:`SETTINGS_FLAGS`). Horovod flags that do not apply to hororun are accepted with
+a warning; those whose absence would change what the job does (elastic mode, ``--config-file``)
+are refused.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable, Optional, Sequence
+
+__all__ = ["main", "parse_args", "settings_env", "SETTINGS_FLAGS"]
+
+_LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
+
+
+def _number(value: float) -> str:
+    return f"{value:g}"
+
+
+def _flag(value: bool) -> Optional[str]:
+    return "1" if value else None
+
+
+SETTINGS_FLAGS: tuple[tuple[str, str, Callable[[object], Optional[str]]], ...] = (
+    # (argparse dest, worker environment variable, value -> text, or None to leave unset)
+    ("start_timeout", "HORO_START_TIMEOUT", _number),
+    ("fusion_threshold_mb", "HORO_FUSION_THRESHOLD", lambda mb: str(int(mb * 1024 * 1024))),
+    ("cycle_time_ms", "HORO_CYCLE_TIME", _number),
+    ("cache_capacity", "HORO_CACHE_CAPACITY", str),
+    ("no_stall_check", "HORO_STALL_CHECK_DISABLE", _flag),
+    ("stall_check_warning_time_seconds", "HORO_STALL_CHECK_TIME_SECONDS", str),
+    ("stall_check_shutdown_time_seconds", "HORO_STALL_SHUTDOWN_TIME_SECONDS", str),
+    ("log_level", "HORO_LOG_LEVEL", str),
+    ("log_without_timestamp", "HORO_LOG_HIDE_TIME", _flag),
+)
+
+# Horovod flags that do not apply here: (option strings, takes a value).
+_IGNORED_FLAGS = (
+    (("--gloo",), False), (("--mpi",), False), (("--jsrun",), False),
+    (("--disable-cache",), False), (("--tcp",), False), (("--mpi-threads-disable",), False),
+    (("--hierarchical-allreduce",), False), (("--no-hierarchical-allreduce",), False),
+    (("--hierarchical-allgather",), False), (("--no-hierarchical-allgather",), False),
+    (("--torus-allreduce",), False), (("--no-torus-allreduce",), False),
+    (("--autotune",), False), (("--timeline-mark-cycles",), False),
+    (("--network-interfaces",), True), (("--network-interface",), True),
+    (("-p", "--ssh-port"), True), (("-i", "--ssh-identity-file"), True),
+    (("--mpi-args",), True), (("--binding-args",), True), (("--num-nccl-streams",), True),
+    (("--thread-affinity",), True), (("--gloo-timeout-seconds",), True),
+    (("--timeline-filename",), True), (("--autotune-log-file",), True),
+    (("--autotune-warmup-samples",), True), (("--autotune-steps-per-sample",), True),
+    (("--autotune-bayes-opt-max-samples",), True), (("--autotune-gaussian-process-noise",), True),
+)
+# Horovod flags that would change the job's meaning if ignored: (option strings, nargs).
+_REFUSED_FLAGS = (
+    (("--min-np", "--min-num-proc"), 1), (("--max-np", "--max-num-proc"), 1),
+    (("--slots-per-host",), 1), (("--elastic-timeout",), 1), (("--reset-limit",), 1),
+    (("--blacklist-cooldown-range",), 2), (("--host-discovery-script",), 1),
+    (("--config-file",), 1),
+)
+
+
+def _dest(option_strings: Sequence[str]) -> str:
+    return option_strings[-1].lstrip("-").replace("-", "_")
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="hororun", allow_abbrev=False,
+        description="Launch a Horo job: run COMMAND as NP ranks with a shared, authenticated "
+                    "rendezvous. Output lines are prefixed [<rank>]<stdout>: / [<rank>]<stderr>:.",
+        epilog="Example: hororun -np 4 python train.py")
+    p.add_argument("-v", "--version", action="store_true", help="print the version and exit")
+    p.add_argument("-np", "--num-proc", dest="num_proc", type=int, metavar="NP",
+                   help="number of processes to run (required)")
+    p.add_argument("-cb", "--check-build", action="store_true",
+                   help="show which frameworks, controllers and tensor operations are available")
+    p.add_argument("--start-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="seconds every rank has to register with the rendezvous once the first "
+                        "has (default 30; HORO_START_TIMEOUT in the workers)")
+    p.add_argument("--output-filename", metavar="DIR",
+                   help="also write each rank's output to DIR/rank.<rank>/{stdout,stderr}")
+    p.add_argument("--verbose", action="store_true", help="describe the launch on stderr")
+
+    hosts = p.add_argument_group("hosts")
+    hosts.add_argument("-H", "--hosts", metavar="HOSTS",
+                       help='comma-separated host:slots list (default "localhost:NP"); only this '
+                            "machine is supported for now")
+    hosts.add_argument("-hostfile", "--hostfile", metavar="FILE",
+                       help='file with "host slots=N" or "host:N" lines')
+
+    tuning = p.add_argument_group("tuning")
+    tuning.add_argument("--fusion-threshold-mb", type=float, metavar="MB",
+                        help="fusion buffer size in MiB; 0 disables fusion (HORO_FUSION_THRESHOLD)")
+    tuning.add_argument("--cycle-time-ms", type=float, metavar="MS",
+                        help="background cycle time in milliseconds (HORO_CYCLE_TIME)")
+    tuning.add_argument("--cache-capacity", type=int, metavar="N",
+                        help="response cache entries; 0 disables it (HORO_CACHE_CAPACITY)")
+
+    stall = p.add_argument_group("stall check")
+    stall.add_argument("--no-stall-check", action="store_true",
+                       help="disable the stall check (HORO_STALL_CHECK_DISABLE=1)")
+    stall.add_argument("--stall-check-warning-time-seconds", type=int, metavar="SECONDS",
+                       help="warn about a stall after this long (HORO_STALL_CHECK_TIME_SECONDS)")
+    stall.add_argument("--stall-check-shutdown-time-seconds", type=int, metavar="SECONDS",
+                       help="shut down after a stall this long; 0 never "
+                            "(HORO_STALL_SHUTDOWN_TIME_SECONDS)")
+
+    logging_group = p.add_argument_group("logging")
+    logging_group.add_argument("--log-level", choices=_LOG_LEVELS, type=str.upper,
+                               help="core log level (HORO_LOG_LEVEL)")
+    logging_group.add_argument("--log-without-timestamp", action="store_true",
+                               help="omit timestamps from core logs (HORO_LOG_HIDE_TIME=1)")
+    logging_group.add_argument("-prefix-timestamp", "--prefix-output-with-timestamp",
+                               dest="prefix_timestamp", action="store_true",
+                               help="precede each output line's prefix with a timestamp")
+
+    ignored = p.add_argument_group("Horovod flags accepted and ignored (with a warning)")
+    for options, takes_value in _IGNORED_FLAGS:
+        if takes_value:
+            ignored.add_argument(*options, dest="ignored_" + _dest(options), action="append",
+                                 metavar="VALUE", help=argparse.SUPPRESS)
+        else:
+            ignored.add_argument(*options, dest="ignored_" + _dest(options),
+                                 action="store_true", help=argparse.SUPPRESS)
+    ignored.description = ", ".join(o[-1] for o, _ in _IGNORED_FLAGS)
+    refused = p.add_argument_group("Horovod flags not supported yet (refused)")
+    for options, nargs in _REFUSED_FLAGS:
+        refused.add_argument(*options, dest="refused_" + _dest(options), nargs=nargs,
+                             help=argparse.SUPPRESS)
+    refused.description = ", ".join(o[-1] for o, _ in _REFUSED_FLAGS)
+
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs")
+    return p
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """Parses hororun's command line.
+
+    Args:
+        argv: arguments without the program name; ``sys.argv[1:]`` when None.
+
+    Returns:
+        The parsed namespace.
+
+    Raises:
+        SystemExit: with code 2 on a usage error (argparse's convention).
+    """
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    for options, _ in _REFUSED_FLAGS:
+        if getattr(args, "refused_" + _dest(options)) is not None:
+            parser.error(f"{options[-1]} is not supported by hororun yet")
+    if args.version or args.check_build:
+        return args
+    if args.num_proc is None:
+        parser.error("-np/--num-proc is required")
+    if args.num_proc < 1:
+        parser.error(f"-np must be at least 1, got {args.num_proc}")
+    if not args.command:
+        parser.error("no command given")
+    if args.hosts and args.hostfile:
+        parser.error("use either -H/--hosts or --hostfile, not both")
+    if args.start_timeout <= 0:
+        parser.error("--start-timeout must be positive")
+    return args
+
+
+def settings_env(args: argparse.Namespace) -> dict[str, str]:
+    """Translates tuning flags into the ``HORO_*`` variables the workers receive.
+
+    Args:
+        args: namespace from :func:`parse_args`.
+
+    Returns:
+        Variable name to value, only for the flags that were given (and the start timeout).
+    """
+    env = {}
+    for dest, name, convert in SETTINGS_FLAGS:
+        value = getattr(args, dest)
+        if value is None or value is False:
+            continue
+        text = convert(value)
+        if text is not None:
+            env[name] = text
+    return env
+
+
+def _warn_ignored(args: argparse.Namespace) -> None:
+    for options, _ in _IGNORED_FLAGS:
+        if getattr(args, "ignored_" + _dest(options)):
+            sys.stderr.write(f"hororun: warning: ignoring {options[-1]}, which does not apply "
+                             f"to hororun\n")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of the ``hororun`` console script.
+
+    Args:
+        argv: arguments without the program name; ``sys.argv[1:]`` when None.
+
+    Returns:
+        The exit code: 0 on success, the first failing rank's exit code (``128 + signal`` for a
+        signal), 1 for a start timeout, 2 for a usage error.
+    """
+    args = parse_args(argv)
+    # The launcher imports the core package only after -v/-cb, so both work on a broken build.
+    from .check_build import check_build, launcher_version
+
+    if args.version:
+        sys.stdout.write(f"{launcher_version()}\n")
+        return 0
+    if args.check_build:
+        return check_build(sys.stdout)
+    _warn_ignored(args)
+
+    from .hosts import parse_hostfile, parse_hosts
+    from .job import JobSpec, run_job
+
+    try:
+        hosts = (parse_hosts(args.hosts) if args.hosts
+                 else parse_hostfile(args.hostfile) if args.hostfile else None)
+        spec = JobSpec(command=args.command, num_proc=args.num_proc, hosts=hosts,
+                       settings_env=settings_env(args), start_timeout=args.start_timeout,
+                       output_dir=args.output_filename, prefix_timestamp=args.prefix_timestamp,
+                       verbose=args.verbose)
+        result = run_job(spec)
+    except (ValueError, OSError) as e:
+        sys.stderr.write(f"hororun: error: {e}\n")
+        return 2
+    if result.exit_code != 0:
+        sys.stderr.write(f"hororun: {result.message}\n")
+        sys.stderr.flush()
+    return result.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,255 @@
+"""Starts the workers of a job on this machine and supervises them until the job ends.
+
+Every worker runs in its own session (process group), with stdin closed and stdout/stderr piped
+through :mod:`horo_runner.output`. The job ends when every worker has exited 0, or at the first of:
+
+* a worker exits non-zero or is killed by a signal;
+* a monitor (e.g. the start-timeout watch) reports a failure;
+* the launcher receives SIGINT or SIGTERM.
+
+Then every worker still running gets SIGTERM on its whole process group, and SIGKILL after a grace
+period (a second Ctrl-C skips the grace period). The job's exit code is the failing worker's code,
+``128 + signal`` for a worker killed by a signal or for a signal to the launcher, 1 for a monitor
+failure and 127 when a worker cannot be started at all.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import IO, Callable, Mapping, Optional, Sequence
+
+from .output import OutputSink, forward_pipe
+
+__all__ = ["Worker", "ExecOptions", "JobResult", "Monitor", "execute"]
+
+Monitor = Callable[[], Optional[str]]
+"""Runs in its own thread; returns a failure message to end the job, or None. It must return
+(or may be left blocked; its thread is a daemon) once the job is over."""
+
+_READER_JOIN_S = 10.0  # a detached grandchild may hold a pipe open; do not wait on it forever
+
+
+@dataclasses.dataclass(frozen=True)
+class Worker:
+    """One process to start: its rank, argv and complete environment."""
+
+    rank: int
+    command: Sequence[str]
+    env: Mapping[str, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecOptions:
+    """How to run and supervise the workers.
+
+    Attributes:
+        output_dir: also write each rank's output under ``<dir>/rank.<r>/``.
+        prefix_timestamp: precede each output prefix with a timestamp.
+        termination_grace_s: seconds between SIGTERM and SIGKILL.
+        cwd: working directory of the workers (default: the launcher's).
+    """
+
+    output_dir: Optional[str] = None
+    prefix_timestamp: bool = False
+    termination_grace_s: float = 5.0
+    cwd: Optional[str] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class JobResult:
+    """How a job ended.
+
+    Attributes:
+        exit_code: 0 on success; see the module docstring otherwise.
+        failed_rank: the rank whose failure ended the job, or None.
+        message: why the job ended early (no ``hororun:`` prefix), or None on success.
+        returncodes: each rank's ``Popen.returncode`` (negative for a signal), None if it was
+            never started.
+    """
+
+    exit_code: int
+    failed_rank: Optional[int]
+    message: Optional[str]
+    returncodes: tuple[Optional[int], ...]
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _plural(n: int) -> str:
+    return f"{n} rank" if n == 1 else f"{n} ranks"
+
+
+def _describe_exit(rank: int, code: int) -> tuple[int, str]:
+    if code < 0:
+        return 128 - code, f"rank {rank} was killed by signal {-code} ({_signal_name(-code)})"
+    return code, f"rank {rank} exited with code {code}"
+
+
+class _Job:
+    def __init__(self, workers: Sequence[Worker], options: ExecOptions, sink: OutputSink):
+        self.workers = sorted(workers, key=lambda w: w.rank)
+        self.options = options
+        self.sink = sink
+        # SimpleQueue.put is reentrant, so the signal handler can post to it safely.
+        self.events: "queue.SimpleQueue[tuple]" = queue.SimpleQueue()
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.running: set[int] = set()
+        self.returncodes: dict[int, int] = {}
+        self.readers: list[threading.Thread] = []
+
+    def _thread(self, target, *args, name: str) -> threading.Thread:
+        t = threading.Thread(target=target, args=args, name=name, daemon=True)
+        t.start()
+        return t
+
+    def start(self, worker: Worker) -> None:
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            proc = subprocess.Popen(list(worker.command), env=dict(worker.env),
+                                    stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w,
+                                    start_new_session=True, close_fds=True, cwd=self.options.cwd)
+        except BaseException:
+            for fd in (out_r, err_r):
+                os.close(fd)
+            raise
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        self.procs[worker.rank] = proc
+        self.running.add(worker.rank)
+        for fd, stream in ((out_r, "stdout"), (err_r, "stderr")):
+            self.readers.append(self._thread(forward_pipe, fd, worker.rank, stream, self.sink,
+                                             name=f"hororun-{stream}-{worker.rank}"))
+        self._thread(lambda: self.events.put(("exit", worker.rank, proc.wait())),
+                     name=f"hororun-wait-{worker.rank}")
+
+    def watch(self, monitor: Monitor) -> None:
+        def run() -> None:
+            message = monitor()
+            if message:
+                self.events.put(("monitor", message))
+        self._thread(run, name="hororun-monitor")
+
+    def record(self, event: tuple) -> None:
+        if event[0] == "exit":
+            _, rank, code = event
+            self.running.discard(rank)
+            self.returncodes[rank] = code
+
+    def signal_groups(self, ranks, signum: int) -> None:
+        for rank in ranks:
+            try:
+                os.killpg(self.procs[rank].pid, signum)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def terminate(self) -> None:
+        """SIGTERM the running workers' groups, then SIGKILL after the grace period."""
+        self.signal_groups(list(self.running), signal.SIGTERM)
+        deadline = time.monotonic() + self.options.termination_grace_s
+        while self.running:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                event = self.events.get(timeout=remaining)
+            except queue.Empty:
+                break
+            if event[0] == "signal":
+                break  # a second Ctrl-C: stop waiting politely
+            self.record(event)
+        self.signal_groups(list(self.running), signal.SIGKILL)
+        while self.running:
+            self.record(self.events.get())
+
+    def finish(self) -> None:
+        deadline = time.monotonic() + _READER_JOIN_S
+        for reader in self.readers:
+            reader.join(max(deadline - time.monotonic(), 0))
+
+
+def execute(workers: Sequence[Worker], options: ExecOptions = ExecOptions(),
+            monitors: Sequence[Monitor] = (), stdout: Optional[IO[str]] = None,
+            stderr: Optional[IO[str]] = None) -> JobResult:
+    """Runs the workers to completion and applies the failure policy of the module docstring.
+
+    SIGINT and SIGTERM handlers are installed for the duration when called from the main thread.
+
+    Args:
+        workers: the processes to start, one per rank (ranks ``0..n-1``).
+        options: output and termination settings.
+        monitors: callables run in threads that may end the job with a message.
+        stdout: stream for prefixed stdout lines (default ``sys.stdout``).
+        stderr: stream for prefixed stderr lines (default ``sys.stderr``).
+
+    Returns:
+        A :class:`JobResult`.
+
+    Raises:
+        ValueError: if the ranks are not exactly ``0..n-1``.
+    """
+    ranks = sorted(w.rank for w in workers)
+    if ranks != list(range(len(ranks))) or not ranks:
+        raise ValueError(f"workers must have ranks 0..n-1, got {ranks}")
+    sink = OutputSink(stdout or sys.stdout, stderr or sys.stderr, len(ranks),
+                      options.output_dir, options.prefix_timestamp)
+    job = _Job(workers, options, sink)
+    previous_handlers = {}
+
+    def on_signal(signum, frame):
+        job.events.put(("signal", signum))
+
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous_handlers[signum] = signal.signal(signum, on_signal)
+    exit_code, failed_rank, message, interrupted = 0, None, None, False
+    try:
+        for worker in job.workers:
+            try:
+                job.start(worker)
+            except OSError as e:
+                exit_code, failed_rank = 127, worker.rank
+                message = f"could not start rank {worker.rank} ({worker.command[0]}): {e}"
+                break
+        else:
+            for monitor in monitors:
+                job.watch(monitor)
+            while job.running:
+                event = job.events.get()
+                if event[0] == "signal":
+                    exit_code, interrupted = 128 + event[1], True
+                    message = f"received {_signal_name(event[1])}"
+                    break
+                job.record(event)
+                if event[0] == "exit" and event[2] != 0:
+                    failed_rank = event[1]
+                    exit_code, message = _describe_exit(event[1], event[2])
+                    break
+                if event[0] == "monitor":
+                    exit_code, message = 1, event[1]
+                    break
+        if job.running:
+            verb = "terminated" if interrupted else "terminated the remaining"
+            message += f"; {verb} {_plural(len(job.running))}"
+            job.terminate()
+    finally:
+        for signum, handler in previous_handlers.items():
+            signal.signal(signum, handler)
+        if job.running:  # an unexpected exception: never leave orphans behind
+            job.signal_groups(list(job.running), signal.SIGKILL)
+        job.finish()
+        sink.close()
+    return JobResult(exit_code=exit_code, failed_rank=failed_rank, message=message,
+                     returncodes=tuple(job.returncodes.get(r) for r in ranks))

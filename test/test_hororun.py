@@ -1,0 +1,451 @@
+"""Tests of the hororun launcher (runner/, imported as horo_runner): real processes on loopback.
+
+Workers are small ``python -c`` programs that read HORO_RANK. The launcher package lives in the
+top-level ``runner/`` folder; for tests it is made importable as ``horo_runner`` through a
+symlink in a temporary directory (setup.py does the mapping for installs).
+"""
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="session")
+def runner_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("hrpath")
+    os.symlink(os.path.join(ROOT, "runner"), path / "horo_runner")
+    sys.path.insert(0, str(path))
+    yield str(path)
+    sys.path.remove(str(path))
+
+
+@pytest.fixture(scope="session")
+def child_env(runner_path):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (runner_path, ROOT, env.get("PYTHONPATH")) if p)
+    for name in [n for n in env if n.startswith(("HORO_", "HOROVOD_"))]:
+        del env[name]
+    return env
+
+
+def hororun_cmd(*args):
+    return [sys.executable, "-m", "horo_runner.launch", *args]
+
+
+def worker(code):
+    return [sys.executable, "-c", textwrap.dedent(code)]
+
+
+def hororun(child_env, *args, timeout=60):
+    return subprocess.run(hororun_cmd(*args), env=child_env, capture_output=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+
+
+# ------------------------------------------------------------------------------- output
+
+
+def test_prefixes_partial_lines_and_carriage_returns(child_env):
+    code = """
+        import os, sys
+        r = os.environ["HORO_RANK"]
+        sys.stdout.write(f"a{r}\\nb{r}\\r\\nc{r}\\rd{r}")
+        sys.stderr.write(f"e{r}\\n")
+    """
+    proc = hororun(child_env, "-np", "2", *worker(code))
+    assert proc.returncode == 0, proc.stderr
+    out, err = proc.stdout.decode(), proc.stderr.decode()
+    for r in range(2):
+        for piece in (f"[{r}]<stdout>:a{r}\n", f"[{r}]<stdout>:b{r}\r\n",
+                      f"[{r}]<stdout>:c{r}\r", f"[{r}]<stdout>:d{r}\n"):
+            assert piece in out
+        assert f"[{r}]<stderr>:e{r}\n" in err
+    assert re.fullmatch(r"(\[[01]\]<stdout>:[a-d][01](\r\n|\r|\n))+", out), out
+
+
+def test_lines_from_ranks_never_interleave(child_env):
+    code = """
+        import os, sys
+        r = os.environ["HORO_RANK"]
+        for i in range(300):
+            sys.stdout.write(f"rank {r} line {i} " + "x" * 3000 + "\\n")
+    """
+    proc = hororun(child_env, "-np", "4", *worker(code))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.decode().split("\n")
+    assert lines[-1] == ""
+    pattern = re.compile(r"\[(\d)\]<stdout>:rank \1 line \d+ x{3000}")
+    assert all(pattern.fullmatch(line) for line in lines[:-1])
+    assert len(lines) - 1 == 4 * 300
+
+
+def test_output_filename_tees_per_rank(child_env, tmp_path):
+    code = """
+        import os, sys
+        r = os.environ["HORO_RANK"]
+        print(f"out {r}")
+        print(f"err {r}", file=sys.stderr)
+    """
+    out_dir = tmp_path / "logs"
+    proc = hororun(child_env, "-np", "2", "--output-filename", str(out_dir), *worker(code))
+    assert proc.returncode == 0, proc.stderr
+    for r in range(2):
+        assert (out_dir / f"rank.{r}" / "stdout").read_text() == f"[{r}]<stdout>:out {r}\n"
+        assert (out_dir / f"rank.{r}" / "stderr").read_text() == f"[{r}]<stderr>:err {r}\n"
+    assert f"[1]<stdout>:out 1\n" in proc.stdout.decode()
+
+
+def test_rank_dir_names_are_zero_padded(runner_path):
+    from horo_runner.output import rank_dir_name
+    assert [rank_dir_name(r, 11) for r in (0, 3, 10)] == ["rank.00", "rank.03", "rank.10"]
+    assert rank_dir_name(0, 1) == "rank.0"
+
+
+def test_split_lines_keeps_cr_lf_split_across_reads(runner_path):
+    from horo_runner.output import split_lines
+    lines, rest = split_lines(b"", b"a\r")
+    assert (lines, rest) == ([], b"a\r")
+    lines, rest = split_lines(rest, b"\nb\rc")
+    assert (lines, rest) == ([b"a\r\n", b"b\r"], b"c")
+
+
+def test_prefix_timestamp(child_env):
+    proc = hororun(child_env, "-np", "1", "-prefix-timestamp", *worker("print('hi')"))
+    assert proc.returncode == 0, proc.stderr
+    assert re.fullmatch(r"\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4}\[0\]<stdout>:hi\n",
+                        proc.stdout.decode())
+
+
+# ------------------------------------------------------------------------------- failures
+
+
+def test_failing_rank_terminates_the_others(child_env):
+    code = """
+        import os, sys, time
+        if os.environ["HORO_RANK"] == "1":
+            sys.exit(3)
+        time.sleep(3600)
+    """
+    proc = hororun(child_env, "-np", "4", *worker(code))
+    assert proc.returncode == 3
+    assert "hororun: rank 1 exited with code 3; terminated the remaining 3 ranks\n" in \
+        proc.stderr.decode()
+
+
+def test_rank_killed_by_signal(child_env):
+    code = """
+        import os, signal
+        os.kill(os.getpid(), signal.SIGKILL)
+    """
+    proc = hororun(child_env, "-np", "1", *worker(code))
+    assert proc.returncode == 128 + 9
+    assert "hororun: rank 0 was killed by signal 9 (SIGKILL)\n" in proc.stderr.decode()
+
+
+def test_sigterm_to_hororun_terminates_workers(child_env):
+    code = """
+        import os, time
+        print("ready", os.getpid(), flush=True)
+        time.sleep(3600)
+    """
+    launcher = subprocess.Popen(hororun_cmd("-np", "3", *worker(code)), env=child_env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL)
+    pids = []
+    try:
+        while len(pids) < 3:
+            line = launcher.stdout.readline().decode()
+            assert line, "hororun ended before every worker was ready"
+            pids.append(int(line.rsplit(" ", 1)[1]))
+        launcher.send_signal(signal.SIGTERM)
+        _, err = launcher.communicate(timeout=60)
+    finally:  # if hororun misbehaves, leave no process of this test behind
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+            for pid in pids:
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+    assert launcher.returncode == 128 + signal.SIGTERM
+    assert "hororun: received SIGTERM; terminated 3 ranks" in err.decode()
+    for pid in pids:  # hororun reaped every worker before exiting
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_sigkill_after_grace_period_and_monitor_failure(runner_path):
+    """A worker ignoring SIGTERM is killed after the grace period; a monitor ends the job."""
+    from horo_runner.local_exec import ExecOptions, Worker, execute
+
+    ready = threading.Event()
+
+    class Stream(io.StringIO):
+        def write(self, text):
+            n = super().write(text)
+            if self.getvalue().count("ignoring") == 2:
+                ready.set()
+            return n
+
+    code = """
+        import signal, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print("ignoring", flush=True)
+        time.sleep(3600)
+    """
+    workers = [Worker(r, worker(code), dict(os.environ)) for r in range(2)]
+    out = Stream()
+    result = execute(workers, ExecOptions(termination_grace_s=0.2),
+                     monitors=[lambda: ready.wait() and "test says stop"], stdout=out,
+                     stderr=io.StringIO())
+    assert result.exit_code == 1 and result.failed_rank is None
+    assert result.message == "test says stop; terminated the remaining 2 ranks"
+    assert result.returncodes == (-signal.SIGKILL, -signal.SIGKILL)
+
+
+def test_command_not_found(child_env):
+    proc = hororun(child_env, "-np", "2", "/nonexistent/program")
+    assert proc.returncode == 127
+    assert "hororun: could not start rank 0 (/nonexistent/program)" in proc.stderr.decode()
+
+
+def test_start_timeout_names_ranks_that_never_registered(child_env):
+    code = """
+        import os, time
+        from horo_core.launch_env import detect
+        from horo_core.kvstore import KVClient
+        info = detect()
+        if info.rank == 0:
+            c = KVClient(*info.rendezvous, info.secret)
+            c.set("ready/0", b"1")
+        time.sleep(3600)
+    """
+    proc = hororun(child_env, "-np", "3", "--start-timeout", "0.5", *worker(code))
+    assert proc.returncode == 1
+    assert ("hororun: ranks 1, 2 did not register with the rendezvous within 0.5 s of the first "
+            "rank (--start-timeout); terminated the remaining 3 ranks") in proc.stderr.decode()
+
+
+# ------------------------------------------------------------------------------- environment
+
+
+def test_worker_environment_and_rendezvous(child_env):
+    code = """
+        import json, os
+        from horo_core.launch_env import detect
+        from horo_core.kvstore import KVClient
+        info = detect()
+        with KVClient(*info.rendezvous, info.secret) as c:
+            c.set(f"ready/{info.rank}", b"1")
+            c.set(f"addr/{info.rank}", f"127.0.0.1:{9000 + info.rank}".encode())
+            peers = [c.get(f"addr/{r}").decode() for r in range(info.size)]
+        names = ["HORO_RANK", "HORO_SIZE", "HORO_LOCAL_RANK", "HORO_LOCAL_SIZE", "HORO_CROSS_RANK",
+                 "HORO_CROSS_SIZE", "HORO_HOSTNAME", "HORO_RENDEZVOUS_ADDR", "PYTHONUNBUFFERED",
+                 "HORO_START_TIMEOUT", "HORO_FUSION_THRESHOLD", "HORO_CYCLE_TIME",
+                 "HORO_CACHE_CAPACITY", "HORO_STALL_CHECK_DISABLE",
+                 "HORO_STALL_CHECK_TIME_SECONDS", "HORO_STALL_SHUTDOWN_TIME_SECONDS",
+                 "HORO_LOG_LEVEL", "HORO_LOG_HIDE_TIME"]
+        print(json.dumps({"env": {n: os.environ.get(n) for n in names}, "peers": peers,
+                          "family": info.family}))
+    """
+    proc = hororun(child_env, "-np", "2", "--fusion-threshold-mb", "32", "--cycle-time-ms", "3.5",
+                   "--cache-capacity", "0", "--no-stall-check",
+                   "--stall-check-warning-time-seconds", "10",
+                   "--stall-check-shutdown-time-seconds", "20", "--log-level", "debug",
+                   "--log-without-timestamp", "--start-timeout", "45", *worker(code))
+    assert proc.returncode == 0, proc.stderr
+    reports = {}
+    for line in proc.stdout.decode().splitlines():
+        prefix, _, payload = line.partition(":")
+        reports[int(prefix[1])] = json.loads(payload)
+    for r in range(2):
+        assert reports[r]["family"] == "hororun"
+        assert reports[r]["peers"] == ["127.0.0.1:9000", "127.0.0.1:9001"]
+        assert reports[r]["env"] == {
+            "HORO_RANK": str(r), "HORO_SIZE": "2", "HORO_LOCAL_RANK": str(r),
+            "HORO_LOCAL_SIZE": "2", "HORO_CROSS_RANK": "0", "HORO_CROSS_SIZE": "1",
+            "HORO_HOSTNAME": "localhost", "HORO_RENDEZVOUS_ADDR": "127.0.0.1",
+            "PYTHONUNBUFFERED": "1", "HORO_START_TIMEOUT": "45",
+            "HORO_FUSION_THRESHOLD": str(32 * 2 ** 20), "HORO_CYCLE_TIME": "3.5",
+            "HORO_CACHE_CAPACITY": "0", "HORO_STALL_CHECK_DISABLE": "1",
+            "HORO_STALL_CHECK_TIME_SECONDS": "10", "HORO_STALL_SHUTDOWN_TIME_SECONDS": "20",
+            "HORO_LOG_LEVEL": "DEBUG", "HORO_LOG_HIDE_TIME": "1"}
+
+
+def test_settings_env_only_for_given_flags(runner_path):
+    from horo_runner.launch import parse_args, settings_env
+    assert settings_env(parse_args(["-np", "2", "true"])) == {"HORO_START_TIMEOUT": "30"}
+    env = settings_env(parse_args(["-np", "2", "--fusion-threshold-mb", "0", "true"]))
+    assert env["HORO_FUSION_THRESHOLD"] == "0"
+
+
+def test_secret_not_in_argv_ps_or_output(child_env, tmp_path):
+    secret_file = tmp_path / "secret"
+    code = """
+        import os, sys
+        secret = os.environ["HORO_SECRET"]
+        if os.environ["HORO_RANK"] == "0":
+            open(sys.argv[1], "w").write(secret)
+        leaks = []
+        for pid in os.listdir("/proc"):
+            if pid.isdigit():
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        if secret.encode() in f.read():
+                            leaks.append(pid)
+                except OSError:
+                    pass
+        print("argv leaks:", leaks)
+    """
+    proc = hororun(child_env, "-np", "2", "--verbose", *worker(code), str(secret_file))
+    assert proc.returncode == 0, proc.stderr
+    secret = secret_file.read_text()
+    assert re.fullmatch(r"[0-9a-f]{64}", secret)
+    out, err = proc.stdout.decode(), proc.stderr.decode()
+    assert "[0]<stdout>:argv leaks: []" in out and "[1]<stdout>:argv leaks: []" in out
+    assert "rendezvous on 127.0.0.1:" in err  # --verbose did describe the launch
+    assert secret not in out and secret not in err
+
+
+def test_each_job_gets_a_fresh_secret(child_env):
+    code = "import os, hashlib; print(hashlib.sha256(os.environ['HORO_SECRET'].encode()).hexdigest())"
+    digests = [hororun(child_env, "-np", "1", *worker(code)).stdout for _ in range(2)]
+    assert digests[0] != digests[1]
+
+
+# ------------------------------------------------------------------------------- command line
+
+
+def test_version_and_help(child_env, runner_path):
+    from horo_runner.check_build import launcher_version
+    proc = hororun(child_env, "--version")
+    assert proc.returncode == 0
+    assert proc.stdout.decode().strip() == launcher_version()
+    assert re.fullmatch(r"\d+\.\d+\.\d+\S*", launcher_version())
+    help_text = hororun(child_env, "-h").stdout.decode()
+    for flag in ("-np", "--num-proc", "-H", "--hosts", "--hostfile", "--output-filename",
+                 "--start-timeout", "--fusion-threshold-mb", "--cycle-time-ms",
+                 "--cache-capacity", "--no-stall-check", "--stall-check-warning-time-seconds",
+                 "--stall-check-shutdown-time-seconds", "--log-level", "--log-without-timestamp",
+                 "-prefix-timestamp", "--prefix-output-with-timestamp", "--verbose",
+                 "-cb", "--check-build", "-v", "--version", "--gloo", "--network-interfaces"):
+        assert re.search(rf"(^|[\s,\[]){re.escape(flag)}([\s,\]]|$)", help_text), flag
+
+
+def test_check_build_reports_without_crashing(child_env):
+    proc = hororun(child_env, "--check-build")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout.decode()
+    for heading in ("Available Frameworks:", "Available Controllers:",
+                    "Available Tensor Operations:"):
+        assert heading in out
+    assert re.search(r"\[[X ]\] PyTorch", out) and re.search(r"\[[X ]\] TensorFlow", out)
+
+
+def test_ignored_and_refused_horovod_flags(child_env):
+    proc = hororun(child_env, "-np", "1", "--gloo", "--network-interfaces", "eth0",
+                   *worker("print('ran')"))
+    assert proc.returncode == 0
+    err = proc.stderr.decode()
+    assert "warning: ignoring --gloo" in err and "warning: ignoring --network-interfaces" in err
+    assert proc.stdout.decode() == "[0]<stdout>:ran\n"
+    refused = hororun(child_env, "-np", "1", "--host-discovery-script", "x.sh", "true")
+    assert refused.returncode == 2
+    assert "--host-discovery-script is not supported by hororun yet" in refused.stderr.decode()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["true"], "-np/--num-proc is required"),
+    (["-np", "2"], "no command given"),
+    (["-np", "2", "-H", "otherhost:2", "true"], "remote hosts are not supported yet: otherhost"),
+    (["-np", "3", "-H", "localhost:2", "true"], "requested 3 processes but the hosts provide "
+                                                 "only 2 slots"),
+])
+def test_usage_errors(child_env, args, message):
+    proc = hororun(child_env, *args)
+    assert proc.returncode == 2
+    assert message in proc.stderr.decode()
+
+
+# ------------------------------------------------------------------------------- hosts
+
+
+def test_parse_hosts_and_hostfile(runner_path, tmp_path):
+    from horo_runner.hosts import HostSlots, parse_hostfile, parse_hosts
+    assert parse_hosts("localhost:2, node-2:4,n3") == [
+        HostSlots("localhost", 2), HostSlots("node-2", 4), HostSlots("n3", 1)]
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# cluster\nnode1 slots=4 max_slots=8\n\nnode2:2  # mpich style\n"
+                        "pod-0.job.ns.svc slots=1\nnode4\n")
+    assert parse_hostfile(str(hostfile)) == [
+        HostSlots("node1", 4), HostSlots("node2", 2), HostSlots("pod-0.job.ns.svc", 1),
+        HostSlots("node4", 1)]
+    for bad, match in (("a:0", "at least one slot"), ("a:x", "not an integer"),
+                       ("a:1,a:2", "listed more than once"), ("", "no hosts")):
+        with pytest.raises(ValueError, match=match):
+            parse_hosts(bad)
+    hostfile.write_text("node1 slots=2\nnode2 4\n")
+    with pytest.raises(ValueError, match=r"hosts:2: expected 'host slots=N'"):
+        parse_hostfile(str(hostfile))
+
+
+def test_host_assignments_match_horovod(runner_path):
+    from horo_runner.hosts import HostSlots, get_host_assignments
+    slots = get_host_assignments([HostSlots("a", 2), HostSlots("b", 1), HostSlots("c", 3)], 5)
+    assert [(s.hostname, s.rank, s.local_rank, s.local_size, s.cross_rank, s.cross_size)
+            for s in slots] == [("a", 0, 0, 2, 0, 3), ("a", 1, 1, 2, 0, 2), ("b", 2, 0, 1, 1, 3),
+                                ("c", 3, 0, 2, 2, 3), ("c", 4, 1, 2, 1, 2)]
+    assert all(s.size == 5 for s in slots)
+
+
+def test_hostfile_launch(child_env, tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost slots=2\n")
+    code = "import os; print(os.environ['HORO_LOCAL_SIZE'], os.environ['HORO_HOSTNAME'])"
+    proc = hororun(child_env, "-np", "2", "--hostfile", str(hostfile), *worker(code))
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.decode().splitlines()) == ["[0]<stdout>:2 localhost",
+                                                        "[1]<stdout>:2 localhost"]
+
+
+# ------------------------------------------------------------------------------- run() API
+
+
+def rank_times(factor):
+    from horo_core.launch_env import detect
+    info = detect()
+    return {"rank": info.rank, "size": info.size, "value": info.rank * factor}
+
+
+def fail_on_rank_one():
+    from horo_core.launch_env import detect
+    if detect().rank == 1:
+        raise ValueError("boom from rank 1")
+    return "fine"
+
+
+def test_run_returns_results_in_rank_order(runner_path):
+    import horo_runner
+    results = horo_runner.run(rank_times, args=(10,), np=3)
+    assert results == [{"rank": r, "size": 3, "value": 10 * r} for r in range(3)]
+    offset = 7  # a closure is shipped by value
+    assert horo_runner.run(lambda x: x + offset, kwargs={"x": 1}, np=2) == [8, 8]
+
+
+def test_run_propagates_an_exception_with_its_traceback(runner_path):
+    import horo_runner
+    with pytest.raises(RuntimeError) as info:
+        horo_runner.run(fail_on_rank_one, np=2)
+    message = str(info.value)
+    assert "rank 1 exited with code 1" in message
+    assert "Traceback (most recent call last)" in message
+    assert "ValueError: boom from rank 1" in message

@@ -1,0 +1,21 @@
+# A reproducible image with Horo, PyTorch (CPU build) and Open MPI.
+#   docker build -t horo .
+#   docker run --rm horo hororun -np 2 python examples/pytorch/pytorch_collectives_demo.py
+FROM python:3.11-slim
+
+# g++ builds the core; Open MPI and its headers let mpi4py build and mpirun launch Horo jobs.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends g++ openmpi-bin libopenmpi-dev \
+ && rm -rf /var/lib/apt/lists/*
+
+WORKDIR /opt/horo
+COPY . .
+
+# torch is pinned to the CPU build so that pip does not pull several GB of CUDA packages.
+RUN pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu torch==2.13.0 \
+ && pip install --no-cache-dir -c test/constraints.txt '.[torch,mpi]'
+
+# mpirun refuses to run as root unless told it is intended (containers run as root).
+ENV OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+CMD ["hororun", "-np", "2", "python", "examples/pytorch/pytorch_collectives_demo.py"]

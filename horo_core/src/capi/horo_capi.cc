@@ -50,6 +50,12 @@ horo_status_t Fail(horo_status_t code, const std::string& message) {
 #define HORO_REQUIRE_RUNTIME(rt) \
   if ((rt) == nullptr || !(rt)->impl) return Fail(HORO_ERR_NOT_INITIALIZED, "Horo runtime is not initialized")
 
+namespace {
+bool MembersOf(horo_runtime_t* rt, int32_t id, std::vector<int32_t>* members) {
+  return rt->impl->process_sets().Members(id, members);
+}
+}  // namespace
+
 extern "C" {
 
 const char* horo_last_error(void) { return t_last_error.c_str(); }
@@ -217,9 +223,7 @@ horo_status_t horo_process_set_rank(horo_runtime_t* rt, int32_t id, int32_t* ran
   HORO_API_BEGIN();
   HORO_REQUIRE_RUNTIME(rt);
   std::vector<int32_t> members;
-  if (!rt->impl->process_sets().Members(id, &members)) {
-    return Fail(HORO_ERR_INVALID_ARGUMENT, "process set " + std::to_string(id) + " does not exist");
-  }
+  if (!MembersOf(rt, id, &members)) return Fail(HORO_ERR_INVALID_ARGUMENT, "process set " + std::to_string(id) + " does not exist");
   *rank = -1;
   for (size_t i = 0; i < members.size(); ++i) {
     if (members[i] == rt->impl->rank()) *rank = static_cast<int32_t>(i);
@@ -232,9 +236,7 @@ horo_status_t horo_process_set_size(horo_runtime_t* rt, int32_t id, int32_t* siz
   HORO_API_BEGIN();
   HORO_REQUIRE_RUNTIME(rt);
   std::vector<int32_t> members;
-  if (!rt->impl->process_sets().Members(id, &members)) {
-    return Fail(HORO_ERR_INVALID_ARGUMENT, "process set " + std::to_string(id) + " does not exist");
-  }
+  if (!MembersOf(rt, id, &members)) return Fail(HORO_ERR_INVALID_ARGUMENT, "process set " + std::to_string(id) + " does not exist");
   *size = static_cast<int32_t>(members.size());
   return HORO_OK;
   HORO_API_END();
@@ -244,9 +246,7 @@ horo_status_t horo_process_set_ranks(horo_runtime_t* rt, int32_t id, int32_t* ra
   HORO_API_BEGIN();
   HORO_REQUIRE_RUNTIME(rt);
   std::vector<int32_t> members;
-  if (!rt->impl->process_sets().Members(id, &members)) {
-    return Fail(HORO_ERR_INVALID_ARGUMENT, "process set " + std::to_string(id) + " does not exist");
-  }
+  if (!MembersOf(rt, id, &members)) return Fail(HORO_ERR_INVALID_ARGUMENT, "process set " + std::to_string(id) + " does not exist");
   *count = static_cast<int32_t>(members.size());
   for (int32_t i = 0; i < *count && i < capacity; ++i) ranks[i] = members[i];
   return HORO_OK;

@@ -122,18 +122,7 @@ void Coordinator::MarkReadyIfComplete(int32_t set_id, const std::string& name) {
 std::string Coordinator::Signature(const Pending& pending, const std::vector<int32_t>& joined) const {
   WireWriter w;
   w.I32Vec(joined);
-  for (const auto& kv : pending.by_rank) {
-    const Request& r = kv.second;
-    w.I32(kv.first);
-    w.I32(static_cast<int32_t>(r.op_type));
-    w.I32(static_cast<int32_t>(r.dtype));
-    w.I64Vec(r.shape);
-    w.I32(static_cast<int32_t>(r.reduce_op));
-    w.F64(r.prescale_factor);
-    w.F64(r.postscale_factor);
-    w.I32(r.root_rank);
-    w.I64Vec(r.splits);
-  }
+  for (const auto& kv : pending.by_rank) WriteRequest(w, kv.second);
   return w.Take();
 }
 

@@ -10,27 +10,29 @@ int64_t Request::NumElements() const {
   return n;
 }
 
+void WriteRequest(WireWriter& w, const Request& r) {
+  w.I32(static_cast<int32_t>(r.kind));
+  w.I32(r.rank);
+  w.I32(r.process_set_id);
+  w.I32(static_cast<int32_t>(r.op_type));
+  w.Str(r.name);
+  w.I32(static_cast<int32_t>(r.dtype));
+  w.I64Vec(r.shape);
+  w.I32(static_cast<int32_t>(r.reduce_op));
+  w.F64(r.prescale_factor);
+  w.F64(r.postscale_factor);
+  w.I32(r.root_rank);
+  w.I64Vec(r.splits);
+  w.Str(r.group_leader);
+  w.I32(r.group_size);
+  w.I32Vec(r.ranks);
+}
+
 std::string SerializeRequestList(const RequestList& list) {
   WireWriter w;
   w.U8(list.shutdown ? 1 : 0);
   w.I64(static_cast<int64_t>(list.requests.size()));
-  for (const Request& r : list.requests) {
-    w.I32(static_cast<int32_t>(r.kind));
-    w.I32(r.rank);
-    w.I32(r.process_set_id);
-    w.I32(static_cast<int32_t>(r.op_type));
-    w.Str(r.name);
-    w.I32(static_cast<int32_t>(r.dtype));
-    w.I64Vec(r.shape);
-    w.I32(static_cast<int32_t>(r.reduce_op));
-    w.F64(r.prescale_factor);
-    w.F64(r.postscale_factor);
-    w.I32(r.root_rank);
-    w.I64Vec(r.splits);
-    w.Str(r.group_leader);
-    w.I32(r.group_size);
-    w.I32Vec(r.ranks);
-  }
+  for (const Request& r : list.requests) WriteRequest(w, r);
   return w.Take();
 }
 

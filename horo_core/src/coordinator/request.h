@@ -42,6 +42,10 @@ struct RequestList {
   bool shutdown = false;  // this rank is shutting down
 };
 
+class WireWriter;
+// Appends one request to w, in the wire format of request lists.
+void WriteRequest(WireWriter& w, const Request& r);
+
 std::string SerializeRequestList(const RequestList& list);
 Status ParseRequestList(const std::string& bytes, RequestList* out);
 

@@ -23,11 +23,6 @@ Status TensorQueue::Add(std::vector<TensorEntry> entries) {
   return Status::OK();
 }
 
-void TensorQueue::AddControlRequest(const Request& request) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  unsent_.push_back(request);
-}
-
 std::vector<Request> TensorQueue::TakeRequests() {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<Request> out;

@@ -27,8 +27,6 @@ class TensorQueue {
   // Adds every entry or none: a name already in flight in the same process set (or twice in
   // entries) is HORO_ERR_DUPLICATE_NAME.
   Status Add(std::vector<TensorEntry> entries);
-  // Adds a request that has no tensor entry (process set add/remove).
-  void AddControlRequest(const Request& request);
   // Moves out the requests not yet sent.
   std::vector<Request> TakeRequests();
   bool HasRequests();

@@ -231,8 +231,17 @@ Status Runtime::Enqueue(OpType op, const horo_tensor_t* tensors, int32_t count, 
     return st;
   }
   for (size_t i = 0; i < entries.size(); ++i) handles[i] = entries[i].handle;
+  FailIfStoppedMeanwhile(entries);
   transport_->Wake();
   return Status::OK();
+}
+
+void Runtime::FailIfStoppedMeanwhile(const std::vector<TensorEntry>& entries) {
+  // Stop() sets stopped_ before failing the queued handles, so an entry added after that sweep is
+  // seen here and failed instead of waiting forever.
+  if (!stopped_) return;
+  Status status = StoppedStatus();
+  for (const TensorEntry& e : entries) handles_.Complete(e.handle, status);
 }
 
 Status Runtime::ChangeProcessSet(bool add, const std::vector<int32_t>& ranks, int32_t id, horo_handle_t* handle) {
@@ -265,8 +274,9 @@ Status Runtime::ChangeProcessSet(bool add, const std::vector<int32_t>& ranks, in
   e.handle = handles_.Allocate();
   std::vector<TensorEntry> entries;
   entries.push_back(e);
-  HORO_RETURN_IF_ERROR(queue_.Add(std::move(entries)));
+  HORO_RETURN_IF_ERROR(queue_.Add(entries));
   *handle = e.handle;
+  FailIfStoppedMeanwhile(entries);
   transport_->Wake();
   return Status::OK();
 }

@@ -59,6 +59,7 @@ class Runtime {
   Status ValidateTensor(OpType op, const horo_tensor_t& t, const horo_op_options_t& options,
                         const std::vector<int32_t>& members) const;
   Status StoppedStatus();
+  void FailIfStoppedMeanwhile(const std::vector<TensorEntry>& entries);
   void Loop();
   // Executes a response list; returns false when the loop must end.
   bool Apply(ResponseList& list, bool parsed);

@@ -341,7 +341,9 @@ void Runtime::Loop() {
         }
         if (!Apply(list, true)) return;
       }
-      if (!lost.empty()) {
+      // Only the coordinator's loss matters here (some transports also report other ranks; their
+      // failures reach this rank through the coordinator or the data plane).
+      if (std::find(lost.begin(), lost.end(), 0) != lost.end()) {
         Stop(Status::PeerLost("lost the connection to the coordinator (rank 0): it exited or crashed"), true);
         return;
       }

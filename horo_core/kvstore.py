@@ -26,20 +26,21 @@ Requests are ``set``, ``get`` (waits on the server until the key exists or a tim
 """
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
 import hmac
-import json
 import logging
 import math
 import os
 import selectors
 import socket
-import struct
 import threading
 import time
 from typing import Iterable, Optional
+
+from horo_core.kv_wire import (CLIENT_TO_SERVER, DEFAULT_MAX_MESSAGE_BYTES, NONCE_BYTES, PROTOCOL,
+                               SERVER_TO_CLIENT, KVAuthError, KVConnectionError, KVProtocolError,
+                               KVRequestError, KVStoreError, KVTimeoutError, PeerClosed, Session, b64,
+                               check_key, check_secret, decode_plain, encode_plain, format_endpoint, make_proof,
+                               recv_frame, send_frame, unb64)
 
 __all__ = [
     "KVServer",
@@ -54,163 +55,10 @@ __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
 ]
 
-PROTOCOL = "horo-kv/1"
-DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-MAX_KEY_BYTES = 4096
-_NONCE_BYTES = 32
-_MAC_BYTES = 32
-_MIN_SECRET_BYTES = 16
-_LENGTH = struct.Struct(">I")
-_CLIENT_TO_SERVER = b"C"
-_SERVER_TO_CLIENT = b"S"
 # Extra seconds a client waits for a reply beyond the time the server may legitimately spend.
 _REPLY_GRACE_S = 10.0
 
 _log = logging.getLogger("horo.kvstore")
-
-
-class KVStoreError(Exception):
-    """Base class of every error raised by the key-value store."""
-
-
-class KVAuthError(KVStoreError, PermissionError):
-    """The two sides do not share the same job secret."""
-
-
-class KVTimeoutError(KVStoreError, TimeoutError):
-    """A blocking operation did not complete in time."""
-
-
-class KVConnectionError(KVStoreError, ConnectionError):
-    """The server cannot be reached or closed the connection."""
-
-
-class KVProtocolError(KVConnectionError):
-    """A frame failed its integrity check or broke the protocol; the connection is closed."""
-
-
-class KVRequestError(KVStoreError, ValueError):
-    """The server refused a well-formed request (e.g. ``add`` on a non-integer value)."""
-
-
-class _PeerClosed(Exception):
-    """The peer closed the connection (internal)."""
-
-
-# ----------------------------------------------------------------------------------------------
-# Framing and message authentication shared by both sides.
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:], n - got)
-        if k == 0:
-            raise _PeerClosed()
-        got += k
-    return bytes(buf)
-
-
-def _send_frame(sock: socket.socket, body: bytes) -> None:
-    sock.sendall(_LENGTH.pack(len(body)) + body)
-
-
-def _recv_frame(sock: socket.socket, max_bytes: int) -> bytes:
-    (length,) = _LENGTH.unpack(_recv_exact(sock, _LENGTH.size))
-    if length > max_bytes:
-        raise KVProtocolError(f"peer sent a {length}-byte message; the limit is {max_bytes} bytes")
-    return _recv_exact(sock, length)
-
-
-def _encode_plain(obj: dict) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode("utf-8")
-
-
-def _decode_plain(body: bytes) -> dict:
-    try:
-        obj = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise KVProtocolError(f"malformed message: {e}") from None
-    if not isinstance(obj, dict):
-        raise KVProtocolError("malformed message: not a JSON object")
-    return obj
-
-
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
-
-
-def _unb64(text: object, what: str) -> bytes:
-    if not isinstance(text, str):
-        raise KVProtocolError(f"malformed message: {what} is not a base64 string")
-    try:
-        return base64.b64decode(text.encode("ascii"), validate=True)
-    except (binascii.Error, UnicodeEncodeError):
-        raise KVProtocolError(f"malformed message: {what} is not valid base64") from None
-
-
-def _proof(secret: bytes, label: bytes, server_nonce: bytes, client_nonce: bytes) -> bytes:
-    return hmac.new(secret, PROTOCOL.encode() + b" " + label + server_nonce + client_nonce,
-                    hashlib.sha256).digest()
-
-
-class _Session:
-    """Signs outgoing and verifies incoming frames of one authenticated connection."""
-
-    def __init__(self, secret: bytes, server_nonce: bytes, client_nonce: bytes,
-                 send_direction: bytes, recv_direction: bytes):
-        self._secret = secret
-        self._nonces = server_nonce + client_nonce
-        self._send_direction = send_direction
-        self._recv_direction = recv_direction
-        self._send_seq = 0
-        self._recv_seq = 0
-
-    def _mac(self, direction: bytes, seq: int, payload: bytes) -> bytes:
-        head = PROTOCOL.encode() + b" message" + self._nonces + direction + seq.to_bytes(8, "big")
-        return hmac.new(self._secret, head + payload, hashlib.sha256).digest()
-
-    def seal(self, obj: dict) -> bytes:
-        payload = _encode_plain(obj)
-        mac = self._mac(self._send_direction, self._send_seq, payload)
-        self._send_seq += 1
-        return mac + payload
-
-    def open(self, frame: bytes) -> dict:
-        if len(frame) < _MAC_BYTES:
-            raise KVProtocolError("message too short to carry an authentication code")
-        mac, payload = frame[:_MAC_BYTES], frame[_MAC_BYTES:]
-        expected = self._mac(self._recv_direction, self._recv_seq, payload)
-        if not hmac.compare_digest(mac, expected):
-            raise KVProtocolError(
-                f"message {self._recv_seq} failed its integrity check (tampered, replayed or "
-                f"reordered)")
-        self._recv_seq += 1
-        return _decode_plain(payload)
-
-
-def _check_secret(secret: object) -> bytes:
-    if not isinstance(secret, (bytes, bytearray)):
-        raise TypeError(f"secret must be bytes, not {type(secret).__name__}")
-    if len(secret) < _MIN_SECRET_BYTES:
-        raise ValueError(f"secret must be at least {_MIN_SECRET_BYTES} bytes, got {len(secret)}")
-    return bytes(secret)
-
-
-def _check_key(key: object) -> str:
-    if not isinstance(key, str):
-        raise TypeError(f"key must be str, not {type(key).__name__}")
-    if not key:
-        raise ValueError("key must not be empty")
-    if len(key.encode("utf-8")) > MAX_KEY_BYTES:
-        raise ValueError(f"key is longer than {MAX_KEY_BYTES} bytes")
-    return key
-
-
-def _format_endpoint(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -240,7 +88,7 @@ class KVServer:
         if not host:
             raise ValueError("host must be an address; pass '0.0.0.0' explicitly to listen on "
                              "every interface")
-        self._secret = _check_secret(secret)
+        self._secret = check_secret(secret)
         self._host = host
         self._port = int(port)
         self._max_message_bytes = int(max_message_bytes)
@@ -294,7 +142,7 @@ class KVServer:
         self._accept_thread = threading.Thread(target=self._accept_loop, name="horo-kv-accept",
                                                daemon=True)
         self._accept_thread.start()
-        _log.debug("rendezvous serving on %s", _format_endpoint(*self._address))
+        _log.debug("rendezvous serving on %s", format_endpoint(*self._address))
         return self
 
     @property
@@ -404,7 +252,7 @@ class KVServer:
                                      name="horo-kv-conn", daemon=True).start()
 
     def _serve_connection(self, conn: socket.socket, peer) -> None:
-        peer_text = _format_endpoint(peer[0], peer[1]) if isinstance(peer, tuple) else str(peer)
+        peer_text = format_endpoint(peer[0], peer[1]) if isinstance(peer, tuple) else str(peer)
         try:
             conn.settimeout(self._handshake_timeout)
             session = self._handshake(conn, peer_text)
@@ -412,49 +260,49 @@ class KVServer:
                 return
             conn.settimeout(None)
             while not self._stopping:
-                request = session.open(_recv_frame(conn, self._max_message_bytes))
+                request = session.open(recv_frame(conn, self._max_message_bytes))
                 reply = self._dispatch(request)
                 if reply is None:  # server stopping while a get waited
                     return
-                _send_frame(conn, session.seal(reply))
+                send_frame(conn, session.seal(reply))
         except KVProtocolError as e:
             _log.warning("rendezvous dropped the connection from %s: %s", peer_text, e)
-        except (_PeerClosed, OSError):
+        except (PeerClosed, OSError):
             pass
         finally:
             with self._state_lock:
                 self._connections.discard(conn)
             conn.close()
 
-    def _handshake(self, conn: socket.socket, peer_text: str) -> Optional[_Session]:
-        server_nonce = os.urandom(_NONCE_BYTES)
-        _send_frame(conn, _encode_plain({"proto": PROTOCOL, "nonce": _b64(server_nonce)}))
-        hello = _decode_plain(_recv_frame(conn, 4096))
-        client_nonce = _unb64(hello.get("nonce"), "client nonce")
-        proof = _unb64(hello.get("proof"), "client proof")
-        if len(client_nonce) != _NONCE_BYTES:
+    def _handshake(self, conn: socket.socket, peer_text: str) -> Optional[Session]:
+        server_nonce = os.urandom(NONCE_BYTES)
+        send_frame(conn, encode_plain({"proto": PROTOCOL, "nonce": b64(server_nonce)}))
+        hello = decode_plain(recv_frame(conn, 4096))
+        client_nonce = unb64(hello.get("nonce"), "client nonce")
+        proof = unb64(hello.get("proof"), "client proof")
+        if len(client_nonce) != NONCE_BYTES:
             raise KVProtocolError("client nonce has the wrong length")
-        expected = _proof(self._secret, b"client-proof", server_nonce, client_nonce)
+        expected = make_proof(self._secret, b"client-proof", server_nonce, client_nonce)
         if not hmac.compare_digest(proof, expected):
             _log.warning("rendezvous rejected a connection from %s: wrong job secret", peer_text)
             try:
-                _send_frame(conn, _encode_plain({"error": "rejected"}))
+                send_frame(conn, encode_plain({"error": "rejected"}))
             except OSError:
                 pass
             return None
-        server_proof = _proof(self._secret, b"server-proof", server_nonce, client_nonce)
-        _send_frame(conn, _encode_plain({"proof": _b64(server_proof)}))
-        return _Session(self._secret, server_nonce, client_nonce,
-                        send_direction=_SERVER_TO_CLIENT, recv_direction=_CLIENT_TO_SERVER)
+        server_proof = make_proof(self._secret, b"server-proof", server_nonce, client_nonce)
+        send_frame(conn, encode_plain({"proof": b64(server_proof)}))
+        return Session(self._secret, server_nonce, client_nonce,
+                        send_direction=SERVER_TO_CLIENT, recv_direction=CLIENT_TO_SERVER)
 
     def _dispatch(self, request: dict) -> Optional[dict]:
         op = request.get("op")
         try:
-            key = _check_key(request.get("key"))
+            key = check_key(request.get("key"))
         except (TypeError, ValueError) as e:
             return {"ok": False, "error": "bad_request", "message": str(e)}
         if op == "set":
-            value = _unb64(request.get("value"), "value")
+            value = unb64(request.get("value"), "value")
             with self._cond:
                 self._data[key] = value
                 self._cond.notify_all()
@@ -468,7 +316,7 @@ class KVServer:
             with self._cond:
                 self._cond.wait_for(lambda: key in self._data or self._stopping, timeout)
                 if key in self._data:
-                    return {"ok": True, "value": _b64(self._data[key])}
+                    return {"ok": True, "value": b64(self._data[key])}
                 if self._stopping:
                     return None
             return {"ok": False, "error": "timeout"}
@@ -518,15 +366,15 @@ class KVClient:
 
     def __init__(self, host: str, port: int, secret: bytes, timeout: float = 30.0, *,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
-        self._secret = _check_secret(secret)
+        self._secret = check_secret(secret)
         self._host = host
         self._port = int(port)
         self._timeout = float(timeout)
         self._max_message_bytes = int(max_message_bytes)
-        self._endpoint = _format_endpoint(host, self._port)
+        self._endpoint = format_endpoint(host, self._port)
         self._lock = threading.Lock()
         self._sock: Optional[socket.socket] = None
-        self._session: Optional[_Session] = None
+        self._session: Optional[Session] = None
         self._broken: Optional[str] = None
         self._connect()
 
@@ -561,20 +409,20 @@ class KVClient:
             raise
         self._sock = sock
 
-    def _handshake(self, sock: socket.socket) -> _Session:
+    def _handshake(self, sock: socket.socket) -> Session:
         try:
-            hello = _decode_plain(_recv_frame(sock, 4096))
+            hello = decode_plain(recv_frame(sock, 4096))
             if hello.get("proto") != PROTOCOL:
                 raise KVProtocolError(f"{self._endpoint} does not speak {PROTOCOL} "
                                       f"(got {hello.get('proto')!r})")
-            server_nonce = _unb64(hello.get("nonce"), "server nonce")
-            if len(server_nonce) != _NONCE_BYTES:
+            server_nonce = unb64(hello.get("nonce"), "server nonce")
+            if len(server_nonce) != NONCE_BYTES:
                 raise KVProtocolError("server nonce has the wrong length")
-            client_nonce = os.urandom(_NONCE_BYTES)
-            proof = _proof(self._secret, b"client-proof", server_nonce, client_nonce)
-            _send_frame(sock, _encode_plain({"nonce": _b64(client_nonce), "proof": _b64(proof)}))
-            answer = _decode_plain(_recv_frame(sock, 4096))
-        except _PeerClosed:
+            client_nonce = os.urandom(NONCE_BYTES)
+            proof = make_proof(self._secret, b"client-proof", server_nonce, client_nonce)
+            send_frame(sock, encode_plain({"nonce": b64(client_nonce), "proof": b64(proof)}))
+            answer = decode_plain(recv_frame(sock, 4096))
+        except PeerClosed:
             raise KVConnectionError(
                 f"rendezvous at {self._endpoint} closed the connection during the handshake"
             ) from None
@@ -583,13 +431,13 @@ class KVClient:
                 f"rendezvous at {self._endpoint} did not complete the handshake") from None
         if answer.get("error") == "rejected":
             raise KVAuthError(f"rendezvous at {self._endpoint} rejected the job secret")
-        server_proof = _unb64(answer.get("proof"), "server proof")
-        expected = _proof(self._secret, b"server-proof", server_nonce, client_nonce)
+        server_proof = unb64(answer.get("proof"), "server proof")
+        expected = make_proof(self._secret, b"server-proof", server_nonce, client_nonce)
         if not hmac.compare_digest(server_proof, expected):
             raise KVAuthError(
                 f"rendezvous at {self._endpoint} could not prove it knows the job secret")
-        return _Session(self._secret, server_nonce, client_nonce,
-                        send_direction=_CLIENT_TO_SERVER, recv_direction=_SERVER_TO_CLIENT)
+        return Session(self._secret, server_nonce, client_nonce,
+                        send_direction=CLIENT_TO_SERVER, recv_direction=SERVER_TO_CLIENT)
 
     def _request(self, request: dict, reply_timeout: Optional[float]) -> dict:
         with self._lock:
@@ -598,12 +446,12 @@ class KVClient:
             assert self._sock is not None and self._session is not None
             try:
                 self._sock.settimeout(reply_timeout)
-                _send_frame(self._sock, self._session.seal(request))
-                reply = self._session.open(_recv_frame(self._sock, self._max_message_bytes))
+                send_frame(self._sock, self._session.seal(request))
+                reply = self._session.open(recv_frame(self._sock, self._max_message_bytes))
             except KVProtocolError as e:
                 self._break(f"connection to the rendezvous at {self._endpoint} is unusable: {e}")
                 raise KVProtocolError(f"rendezvous at {self._endpoint}: {e}") from None
-            except _PeerClosed:
+            except PeerClosed:
                 self._break(f"rendezvous at {self._endpoint} closed the connection")
                 raise KVConnectionError(self._broken) from None
             except socket.timeout:
@@ -635,10 +483,10 @@ class KVClient:
             TypeError, ValueError: invalid key or value type.
             KVConnectionError: the connection failed (also after an integrity failure).
         """
-        _check_key(key)
+        check_key(key)
         if not isinstance(value, (bytes, bytearray, memoryview)):
             raise TypeError(f"value must be bytes, not {type(value).__name__}")
-        self._request({"op": "set", "key": key, "value": _b64(bytes(value))}, self._timeout)
+        self._request({"op": "set", "key": key, "value": b64(bytes(value))}, self._timeout)
 
     def get(self, key: str, timeout: Optional[float] = None) -> bytes:
         """Returns the value of ``key``, waiting until some rank sets it.
@@ -654,7 +502,7 @@ class KVClient:
             KVTimeoutError: the key did not appear in time (names the key and the wait).
             KVConnectionError: the connection failed.
         """
-        _check_key(key)
+        check_key(key)
         wait = self._timeout if timeout is None else float(timeout)
         if not math.isfinite(wait) or wait < 0:
             raise ValueError(f"timeout must be a finite number >= 0, got {timeout!r}")
@@ -664,7 +512,7 @@ class KVClient:
             elapsed = time.monotonic() - start
             raise KVTimeoutError(f"key {key!r} did not appear at the rendezvous at "
                                  f"{self._endpoint} within {elapsed:.1f} s")
-        return _unb64(reply.get("value"), "value")
+        return unb64(reply.get("value"), "value")
 
     def add(self, key: str, delta: int) -> int:
         """Atomically adds ``delta`` to the integer counter at ``key`` (missing counts as 0).
@@ -680,7 +528,7 @@ class KVClient:
             KVRequestError: the key holds something that is not an integer.
             KVConnectionError: the connection failed.
         """
-        _check_key(key)
+        check_key(key)
         if not isinstance(delta, int) or isinstance(delta, bool):
             raise TypeError(f"delta must be int, not {type(delta).__name__}")
         reply = self._request({"op": "add", "key": key, "delta": delta}, self._timeout)
@@ -695,7 +543,7 @@ class KVClient:
         Raises:
             KVConnectionError: the connection failed.
         """
-        _check_key(key)
+        check_key(key)
         reply = self._request({"op": "delete", "key": key}, self._timeout)
         return bool(reply.get("existed"))
 

@@ -100,7 +100,7 @@ def test_output_filename_tees_per_rank(child_env, tmp_path):
     for r in range(2):
         assert (out_dir / f"rank.{r}" / "stdout").read_text() == f"[{r}]<stdout>:out {r}\n"
         assert (out_dir / f"rank.{r}" / "stderr").read_text() == f"[{r}]<stderr>:err {r}\n"
-    assert f"[1]<stdout>:out 1\n" in proc.stdout.decode()
+    assert "[1]<stdout>:out 1\n" in proc.stdout.decode()
 
 
 def test_rank_dir_names_are_zero_padded(runner_path):

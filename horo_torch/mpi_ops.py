@@ -76,9 +76,17 @@ def _resolve_op(average, op, default=Average):
     return op
 
 
-def _op_name(kind, name, process_set):
+def _process_set_id(process_set):
+    """The core id of process_set; a ProcessSet that init/add_process_set never registered has none."""
+    if process_set.process_set_id is None:
+        raise HoroInvalidArgument(f"{process_set} is not registered: pass it to hvd.init(process_sets=[...]) or "
+                                  "hvd.add_process_set() first")
+    return process_set.process_set_id
+
+
+def _op_name(kind, name, process_set_id):
     if name is None:
-        return basics.auto_name(kind, process_set.process_set_id)
+        return basics.auto_name(kind, process_set_id)
     return f"{kind}.{name}"
 
 
@@ -92,13 +100,14 @@ def _register(runtime, core_handles, keep, finish):
 def _enqueue(op_type, kind, name, inputs, outputs, process_set, finish, **options):
     """Enqueues one operation over inputs (host tensors); returns a Python-level handle."""
     runtime = basics.runtime()
-    base = _op_name(kind, name, process_set)
+    set_id = _process_set_id(process_set)
+    base = _op_name(kind, name, set_id)
     names = [base] if len(inputs) == 1 else [f"{base}.{i}" for i in range(len(inputs))]
     specs = []
     for n, src, dst in zip(names, inputs, outputs):
         specs.append(TensorSpec(n, src.data_ptr(), 0 if dst is None else dst.data_ptr(), _dtype_code(src, n),
                                 tuple(src.shape)))
-    core_handles = runtime.enqueue(op_type, specs, process_set_id=process_set.process_set_id, **options)
+    core_handles = runtime.enqueue(op_type, specs, process_set_id=set_id, **options)
     return _register(runtime, core_handles, (inputs, outputs), finish)
 
 
@@ -328,8 +337,9 @@ class HorovodAllgather(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor, name, process_set):
+        output = synchronize(allgather_async(tensor, name, process_set))  # the core rejects scalars first
         ctx.dim, ctx.process_set = tensor.shape[0], process_set
-        return synchronize(allgather_async(tensor, name, process_set))
+        return output
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -575,5 +585,5 @@ def join(device=-1):
 def barrier(process_set=global_process_set):
     """Blocks until every rank of process_set has called barrier."""
     runtime = basics.runtime()
-    (h,) = runtime.enqueue(lib.HORO_BARRIER, [], process_set_id=process_set.process_set_id)
+    (h,) = runtime.enqueue(lib.HORO_BARRIER, [], process_set_id=_process_set_id(process_set))
     synchronize(_register(runtime, [h], None, lambda rt, results: None))

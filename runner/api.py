@@ -13,6 +13,8 @@ from .hosts import parse_hostfile, parse_hosts
 from .job import JobSpec, run_job
 from .run_task import ERROR_FILE, FN_FILE, RESULT_FILE, SYS_PATH_FILE, dumps, write_atomically
 
+_TASK_ENTRY = "import sys; from horo_runner.run_task import main; sys.exit(main(sys.argv[1:]))"
+
 __all__ = ["run"]
 
 
@@ -69,7 +71,9 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mappi
         write_atomically(os.path.join(workdir, FN_FILE),
                          dumps((fn, tuple(args), dict(kwargs or {}))))
         spec = JobSpec(
-            command=[executable or sys.executable, "-m", "horo_runner.run_task", workdir],
+            # -c rather than -m: the package imports run_task itself, and runpy warns when asked to
+            # run a module that is already imported.
+            command=[executable or sys.executable, "-c", _TASK_ENTRY, workdir],
             num_proc=np, hosts=host_slots,
             settings_env={**(env or {}), "PYTHONPATH": python_path},
             start_timeout=start_timeout, output_dir=output_filename,

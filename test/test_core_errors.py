@@ -79,34 +79,63 @@ def test_allgather_trailing_shape_mismatch(world3):
         assert "'g'" in m and "shapes" in m, m
 
 
-def test_alltoall_splits_mismatch(world3):
-    def body(rt):
-        x = np.ones((3, 2), np.float32)
-        return ops.alltoall(rt, x, "a", splits=[1, 1, 1] if rt.rank == 0 else None)
-
-    for m in run_mismatch(world3, body):
-        assert "splits" in m and "'a'" in m, m
-
-
 def test_local_validation_errors(world3):
     rt = world3.runtimes[0]
-    with pytest.raises(HoroInvalidArgument, match="root rank 7 is outside the job"):
-        ops.broadcast(rt, np.ones(2, np.float32), 7, "bad.root")
-    with pytest.raises(HoroInvalidArgument, match="splits sum to 2, expected the first dimension 3"):
-        ops.alltoall(rt, np.ones((3, 1), np.float32), "bad.splits", splits=[1, 1, 0])
-    with pytest.raises(HoroInvalidArgument, match="splits has 2 entries"):
-        ops.alltoall(rt, np.ones((3, 1), np.float32), "bad.nsplits", splits=[1, 2])
-    with pytest.raises(HoroInvalidArgument, match="not divisible"):
-        ops.alltoall(rt, np.ones((4, 1), np.float32), "bad.equal")
     with pytest.raises(HoroInvalidArgument, match="Average is not defined for bool"):
         ops.allreduce(rt, np.ones(2, np.bool_), "bad.bool", op=lib.HORO_OP_AVERAGE)
     with pytest.raises(HoroUnsupportedError, match="Adasum"):
         ops.allreduce(rt, np.ones(2, np.float32), "bad.adasum", op=lib.HORO_OP_ADASUM)
     with pytest.raises(HoroInvalidArgument, match="process set 9 does not exist"):
         ops.allreduce(rt, np.ones(2, np.float32), "bad.set", process_set_id=9)
+    with pytest.raises(HoroInvalidArgument, match="rank >= 1, got a scalar"):
+        ops.allgather(rt, np.ones((), np.float32), "bad.scalar")
     # The runtime is still healthy.
     outs = world3.run(lambda r: ops.allreduce(r, np.ones(2, np.float32), "ok"))
     assert all(np.all(o == 3) for o in outs)
+
+
+def run_invalid(world, fn):
+    """Every rank must get HoroInvalidArgument (a ValueError) from the coordinator's check, and the
+    job must go on."""
+    _, errors = world.run_collecting(fn)
+    for r, e in enumerate(errors):
+        assert isinstance(e, HoroInvalidArgument) and isinstance(e, ValueError), f"rank {r}: {e!r}"
+    outs = world.run(lambda rt: ops.allreduce(rt, np.ones(2, np.float32), "after.invalid"))
+    assert all(np.all(o == world.size) for o in outs)
+    return [str(e) for e in errors]
+
+
+def test_root_outside_the_set_fails_on_every_rank(world3):
+    msgs = run_invalid(world3, lambda rt: ops.broadcast(rt, np.ones(2, np.float32), 7, "bad.root"))
+    for m in msgs:
+        assert "'bad.root'" in m and "root rank 7" in m and "[0, 1, 2]" in m, m
+
+
+@pytest.mark.parametrize("splits, expected", [
+    ([1, 1, 0], "rank 1 passed splits that sum to 2, expected its first dimension 3"),
+    ([1, 2], "rank 1 passed 2 splits, expected one per rank of the process set (3)"),
+    ([4, -1, 0], "rank 1 passed a negative split -1"),
+    (None, "rank 1 passed no splits, but its first dimension 4 is not divisible by the 3 ranks"),
+])
+def test_bad_splits_on_one_rank_fail_on_every_rank(world3, splits, expected):
+    def body(rt):
+        if rt.rank == 1:
+            rows = 4 if splits is None else 3
+            return ops.alltoall(rt, np.ones((rows, 1), np.float32), "bad.splits", splits=splits)
+        return ops.alltoall(rt, np.ones((3, 1), np.float32), "bad.splits", splits=[1, 1, 1])
+
+    for m in run_invalid(world3, body):
+        assert "'bad.splits'" in m and expected in m, m
+
+
+def test_equal_splits_given_or_implied_agree(world3):
+    def body(rt):
+        out, received = ops.alltoall(rt, np.full((3, 1), rt.rank, np.float32), "implied",
+                                     splits=None if rt.rank == 0 else [1, 1, 1])
+        return out, received
+
+    for out, received in world3.run(body):
+        assert received == [1, 1, 1] and out.ravel().tolist() == [0.0, 1.0, 2.0]
 
 
 def test_duplicate_name_in_flight(world3):

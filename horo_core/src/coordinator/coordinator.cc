@@ -52,6 +52,49 @@ bool FindMismatch(const std::map<int32_t, Request>& by_rank, const char* what, G
   return false;
 }
 
+std::string MembersText(const std::vector<int32_t>& members) {
+  std::vector<int64_t> v(members.begin(), members.end());
+  return ShapeText(v);
+}
+
+// The first invalid root rank or alltoall split among the requests, described; empty if none.
+std::string InvalidArguments(const std::map<int32_t, Request>& by_rank, const std::vector<int32_t>& members) {
+  const int64_t n = static_cast<int64_t>(members.size());
+  for (const auto& kv : by_rank) {
+    const Request& r = kv.second;
+    const std::string label = std::string(OpTypeName(r.op_type)) + " tensor " + Quote(r.name) + ": rank " +
+                              std::to_string(kv.first);
+    if (r.op_type == OpType::kBroadcast &&
+        std::find(members.begin(), members.end(), r.root_rank) == members.end()) {
+      return label + " asked for root rank " + std::to_string(r.root_rank) + ", which is not a member of the process set " +
+             MembersText(members);
+    }
+    if (r.op_type != OpType::kAlltoall) continue;
+    const int64_t rows = r.shape.empty() ? 0 : r.shape[0];
+    if (r.splits.empty()) {
+      if (rows % n != 0) {
+        return label + " passed no splits, but its first dimension " + std::to_string(rows) +
+               " is not divisible by the " + std::to_string(n) + " ranks of the process set";
+      }
+      continue;
+    }
+    if (static_cast<int64_t>(r.splits.size()) != n) {
+      return label + " passed " + std::to_string(r.splits.size()) + " splits, expected one per rank of the process set (" +
+             std::to_string(n) + ")";
+    }
+    int64_t sum = 0;
+    for (int64_t v : r.splits) {
+      if (v < 0) return label + " passed a negative split " + std::to_string(v);
+      sum += v;
+    }
+    if (sum != rows) {
+      return label + " passed splits that sum to " + std::to_string(sum) + ", expected its first dimension " +
+             std::to_string(rows);
+    }
+  }
+  return std::string();
+}
+
 }  // namespace
 
 Coordinator::Coordinator(const Config& config, int world_size, ProcessSetTable* sets, ResponseCache* cache)
@@ -64,6 +107,7 @@ Coordinator::Coordinator(const Config& config, int world_size, ProcessSetTable* 
 
 void Coordinator::AddRequests(int rank, const RequestList& list) {
   if (list.shutdown) shutdown_requested_.insert(rank);
+  if (!list.failure.empty()) failures_[rank] = list.failure;
   for (const Request& r : list.requests) {
     if (r.kind == RequestKind::kTensor) {
       AddTensorRequest(r);
@@ -74,6 +118,31 @@ void Coordinator::AddRequests(int rank, const RequestList& list) {
 }
 
 void Coordinator::PeerLost(int rank) { lost_.push_back(rank); }
+
+bool Coordinator::HasDeadRank() const {
+  for (int32_t r : lost_) {
+    if (!shutdown_requested_.count(r) && !failures_.count(r)) return true;
+  }
+  return false;
+}
+
+std::string Coordinator::DescribeUnexpectedLosses() const {
+  std::ostringstream dead;
+  std::ostringstream failed;
+  for (int32_t r : lost_) {
+    if (shutdown_requested_.count(r)) continue;
+    auto f = failures_.find(r);
+    if (f == failures_.end()) {
+      dead << (dead.tellp() > 0 ? " " : "rank ") << r;
+    } else {
+      failed << (failed.tellp() > 0 ? "; " : "") << "rank " << r << " failed: " << f->second;
+    }
+  }
+  std::string text = dead.str();
+  if (!text.empty()) text += " exited or lost its connection without calling shutdown(); the job cannot continue";
+  if (failed.tellp() > 0) text += (text.empty() ? "" : ". Then ") + failed.str();
+  return text;
+}
 
 void Coordinator::AddTensorRequest(const Request& request) {
   SetState& state = states_[request.process_set_id];
@@ -175,15 +244,15 @@ Response Coordinator::Construct(int32_t set_id, const std::string& name, const P
     case OpType::kAllgather:
     case OpType::kAlltoall:
       mismatch = FindMismatch(pending.by_rank, "shapes", trailing_shape_of, &message);
-      if (!mismatch && op == OpType::kAlltoall) {
-        mismatch = FindMismatch(pending.by_rank, "number of splits",
-                                [](const Request& r) { return r.splits.size(); }, &message);
-      }
       break;
     default:
       break;
   }
   if (mismatch) return ErrorResponse(set_id, name, HORO_ERR_MISMATCH, message);
+  // Arguments that one rank alone could check but that would leave the others waiting: checked
+  // here so that every rank gets the error.
+  message = InvalidArguments(pending.by_rank, members);
+  if (!message.empty()) return ErrorResponse(set_id, name, HORO_ERR_INVALID_ARGUMENT, message);
 
   Response r;
   r.kind = ResponseKind::kOp;
@@ -316,16 +385,9 @@ bool Coordinator::BuildResponses(ResponseList* out) {
   }
   Fuse(std::move(parts), resolved, out);
 
-  std::vector<int32_t> unexpected_losses;
-  for (int32_t r : lost_) {
-    if (!shutdown_requested_.count(r)) unexpected_losses.push_back(r);
-  }
-  if (!unexpected_losses.empty()) {
-    std::ostringstream os;
-    os << "rank";
-    for (int32_t r : unexpected_losses) os << " " << r;
-    os << " exited or lost its connection without calling shutdown(); the job cannot continue";
-    EmitShutdown(HORO_ERR_PEER_LOST, os.str(), out);
+  const std::string losses = DescribeUnexpectedLosses();
+  if (!losses.empty()) {
+    EmitShutdown(HORO_ERR_PEER_LOST, losses, out);
   } else if (stall_shutdown_) {
     EmitShutdown(HORO_ERR_SHUT_DOWN, stall_message_, out);
   } else if (!shutdown_requested_.empty()) {

@@ -33,6 +33,10 @@ class Coordinator {
   void AddRequests(int rank, const RequestList& list);
   // A rank whose control connection closed.
   void PeerLost(int rank);
+  // Describes the ranks lost without shutting down: those that died ("exited or lost its
+  // connection"), then those that reported a failure. Empty if there are none.
+  std::string DescribeUnexpectedLosses() const;
+  bool HasDeadRank() const;
 
   // Builds the responses of everything that became ready. Returns false if there is nothing to
   // send. A shutdown (requested, peer lost, or stall) is emitted as a kShutdown response and is
@@ -43,6 +47,7 @@ class Coordinator {
   int CheckStalls();
 
   bool shut_down() const { return shut_down_; }
+  int lost_count() const { return static_cast<int>(lost_.size()); }
 
  private:
   struct Pending {
@@ -73,6 +78,7 @@ class Coordinator {
   std::map<int32_t, SetState> states_;
   std::vector<std::pair<int32_t, std::string>> ready_;  // readiness order
   std::set<int32_t> shutdown_requested_;
+  std::map<int32_t, std::string> failures_;  // ranks that reported their own failure
   std::vector<int32_t> lost_;
   bool stall_shutdown_ = false;
   std::string stall_message_;

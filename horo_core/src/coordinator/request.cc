@@ -31,6 +31,7 @@ void WriteRequest(WireWriter& w, const Request& r) {
 std::string SerializeRequestList(const RequestList& list) {
   WireWriter w;
   w.U8(list.shutdown ? 1 : 0);
+  w.Str(list.failure);
   w.I64(static_cast<int64_t>(list.requests.size()));
   for (const Request& r : list.requests) WriteRequest(w, r);
   return w.Take();
@@ -40,6 +41,7 @@ Status ParseRequestList(const std::string& bytes, RequestList* out) {
   WireReader rd(bytes);
   RequestList list;
   list.shutdown = rd.U8() != 0;
+  list.failure = rd.Str();
   int64_t n = rd.I64();
   if (!rd.ok() || n < 0 || n > static_cast<int64_t>(bytes.size())) {
     return Status::Internal("malformed request list header");

@@ -40,6 +40,7 @@ struct Request {
 struct RequestList {
   std::vector<Request> requests;
   bool shutdown = false;  // this rank is shutting down
+  std::string failure;    // non-empty: this rank failed with this message and is closing
 };
 
 class WireWriter;

@@ -132,9 +132,8 @@ Status Executor::Execute(const FusedResponse& fused) {
     case OpType::kReducescatter: status = RunReducescatter(group, slots[0]); break;
     default: status = Status::Internal("unexpected operation in response"); break;
   }
-  if (!status.ok()) {
-    for (Slot& s : slots) Finish(s, status);
-  }
+  // On failure the handles stay open: the runtime fails every outstanding handle with the cause it
+  // works out (which rank died), not just this rank's view of a closed connection.
   return status;
 }
 

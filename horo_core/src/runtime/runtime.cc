@@ -86,8 +86,7 @@ Status Runtime::StoppedStatus() {
                 "Horo has been shut down: " + stop_reason_.message());
 }
 
-Status Runtime::ValidateTensor(OpType op, const horo_tensor_t& t, const horo_op_options_t& options,
-                               const std::vector<int32_t>& members) const {
+Status Runtime::ValidateTensor(OpType op, const horo_tensor_t& t, const horo_op_options_t& options) const {
   const std::string label = TensorLabel(op, t.name);
   if (t.name == nullptr || t.name[0] == '\0') return Status::InvalidArgument(OpTypeName(op) + std::string(": tensor name is empty"));
   if (!IsValidDataType(t.dtype)) return Status::InvalidArgument(label + ": unknown dtype " + std::to_string(t.dtype));
@@ -124,45 +123,19 @@ Status Runtime::ValidateTensor(OpType op, const horo_tensor_t& t, const horo_op_
       break;
     }
     case OpType::kBroadcast:
+      // Root validity is checked by the coordinator, so that every rank gets the error.
       if (count > 0 && t.output == nullptr) return Status::InvalidArgument(label + ": output pointer is null");
-      if (options.root_rank < 0 || options.root_rank >= size_) {
-        return Status::InvalidArgument(label + ": root rank " + std::to_string(options.root_rank) +
-                                       " is outside the job (size " + std::to_string(size_) + ")");
-      }
-      if (!std::binary_search(members.begin(), members.end(), options.root_rank)) {
-        return Status::InvalidArgument(label + ": root rank " + std::to_string(options.root_rank) +
-                                       " is not a member of process set " + std::to_string(options.process_set_id));
-      }
       break;
     case OpType::kAllgather:
       if (t.ndim < 1) return Status::InvalidArgument(label + ": allgather needs a tensor of rank >= 1, got a scalar");
       break;
-    case OpType::kAlltoall: {
+    case OpType::kAlltoall:
+      // Splits are checked by the coordinator, so that every rank gets the error.
       if (t.ndim < 1) return Status::InvalidArgument(label + ": alltoall needs a tensor of rank >= 1, got a scalar");
-      const int64_t n = static_cast<int64_t>(members.size());
-      if (options.num_splits == 0) {
-        if (t.shape[0] % n != 0) {
-          return Status::InvalidArgument(label + ": first dimension " + std::to_string(t.shape[0]) +
-                                         " is not divisible by the " + std::to_string(n) +
-                                         " ranks of the process set; pass splits");
-        }
-        break;
-      }
-      if (options.num_splits != n) {
-        return Status::InvalidArgument(label + ": splits has " + std::to_string(options.num_splits) +
-                                       " entries, expected one per rank of the process set (" + std::to_string(n) + ")");
-      }
-      int64_t sum = 0;
-      for (int i = 0; i < options.num_splits; ++i) {
-        if (options.splits[i] < 0) return Status::InvalidArgument(label + ": splits contain a negative entry");
-        sum += options.splits[i];
-      }
-      if (sum != t.shape[0]) {
-        return Status::InvalidArgument(label + ": splits sum to " + std::to_string(sum) +
-                                       ", expected the first dimension " + std::to_string(t.shape[0]));
+      if (options.num_splits < 0 || (options.num_splits > 0 && options.splits == nullptr)) {
+        return Status::InvalidArgument(label + ": splits pointer is null or num_splits is negative");
       }
       break;
-    }
     default:
       break;
   }
@@ -199,7 +172,7 @@ Status Runtime::Enqueue(OpType op, const horo_tensor_t* tensors, int32_t count, 
     if (count < 1 || tensors == nullptr) return Status::InvalidArgument(std::string(OpTypeName(op)) + ": no tensors");
     for (int32_t i = 0; i < count; ++i) {
       const horo_tensor_t& t = tensors[i];
-      HORO_RETURN_IF_ERROR(ValidateTensor(op, t, options, members));
+      HORO_RETURN_IF_ERROR(ValidateTensor(op, t, options));
       TensorEntry e;
       Request& r = e.request;
       r.rank = rank_;
@@ -325,30 +298,47 @@ void Runtime::Loop() {
         if (!Apply(list, false)) return;
       }
     } else {
-      if (have_news) {
-        st = transport_->SendControl(0, SerializeRequestList(mine));
-        if (!st.ok()) {
-          Stop(Status::PeerLost("lost the connection to the coordinator (rank 0): " + st.message()), true);
-          return;
-        }
-      }
       for (const ControlMessage& m : messages) {
-        ResponseList list;
-        Status parsed = ParseResponseList(m.payload, &list);
-        if (!parsed.ok()) {
-          Stop(Status::Internal("malformed response list from the coordinator: " + parsed.message()), true);
-          return;
-        }
-        if (!Apply(list, true)) return;
+        if (!ApplyMessage(m)) return;
       }
       // Only the coordinator's loss matters here (some transports also report other ranks; their
       // failures reach this rank through the coordinator or the data plane).
       if (std::find(lost.begin(), lost.end(), 0) != lost.end()) {
-        Stop(Status::PeerLost("lost the connection to the coordinator (rank 0): it exited or crashed"), true);
+        StopAfterCoordinatorLoss("it exited or crashed");
         return;
+      }
+      if (have_news) {
+        st = transport_->SendControl(0, SerializeRequestList(mine));
+        if (!st.ok()) {
+          StopAfterCoordinatorLoss(st.message());
+          return;
+        }
       }
     }
   }
+}
+
+bool Runtime::ApplyMessage(const ControlMessage& message) {
+  ResponseList list;
+  Status parsed = ParseResponseList(message.payload, &list);
+  if (!parsed.ok()) {
+    Stop(Status::Internal("malformed response list from the coordinator: " + parsed.message()), true);
+    return false;
+  }
+  return Apply(list, true);
+}
+
+void Runtime::StopAfterCoordinatorLoss(const std::string& detail) {
+  // A coordinator that fails sends the reason before it closes: read what is still in flight so
+  // that the real cause, not the closed connection, reaches the user.
+  std::vector<ControlMessage> messages;
+  std::vector<int> lost;
+  if (transport_->PollControl(200, &messages, &lost).ok()) {
+    for (const ControlMessage& m : messages) {
+      if (!ApplyMessage(m)) return;
+    }
+  }
+  Stop(Status::PeerLost("lost the connection to the coordinator (rank 0): " + detail), true);
 }
 
 bool Runtime::Apply(ResponseList& list, bool parsed) {
@@ -374,7 +364,7 @@ bool Runtime::Apply(ResponseList& list, bool parsed) {
     }
     Status st = executor_->Execute(fused);
     if (!st.ok()) {
-      Stop(st, true);
+      FailOnDataPlane(st);
       return false;
     }
   }
@@ -382,6 +372,37 @@ bool Runtime::Apply(ResponseList& list, bool parsed) {
     for (int64_t id : list.evicted_ids) cache_.MirrorErase(id);
   }
   return true;
+}
+
+void Runtime::FailOnDataPlane(const Status& status) {
+  if (rank_ == 0) {
+    Stop(Status(status.code(), DiagnoseOnCoordinator(status)), true);
+    return;
+  }
+  // Tell the coordinator this rank failed (and why) before closing, so that it does not mistake
+  // this rank for the one that died.
+  RequestList report;
+  report.failure = status.message();
+  transport_->SendControl(0, SerializeRequestList(report));
+  Stop(status, true);
+}
+
+std::string Runtime::DiagnoseOnCoordinator(const Status& local) {
+  // A collective failed here because some peer went away. Its control connection tells whether it
+  // died or failed in turn (then it reports why first): wait briefly for that before naming a cause.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+  while (!coordinator_->HasDeadRank() && std::chrono::steady_clock::now() < deadline) {
+    std::vector<ControlMessage> messages;
+    std::vector<int> lost;
+    if (!transport_->PollControl(50, &messages, &lost).ok()) break;
+    for (const ControlMessage& m : messages) {
+      RequestList list;
+      if (ParseRequestList(m.payload, &list).ok()) coordinator_->AddRequests(m.peer, list);
+    }
+    for (int r : lost) coordinator_->PeerLost(r);
+  }
+  const std::string cause = coordinator_->DescribeUnexpectedLosses();
+  return cause.empty() ? local.message() : cause + " (rank 0 saw: " + local.message() + ")";
 }
 
 void Runtime::Stop(const Status& reason, bool failure) {
@@ -395,16 +416,29 @@ void Runtime::Stop(const Status& reason, bool failure) {
                                                                            : "Horo has been shut down: " + reason.message());
   for (int64_t h : queue_.TakeAllHandles()) handles_.Complete(h, handle_status);
   handles_.FailAll(handle_status);
-  if (rank_ == 0 && !failure) Linger();
-  // Closing at once makes every peer still waiting on this rank fail fast instead of timing out.
+  if (rank_ == 0) {
+    if (failure && !coordinator_->shut_down()) {
+      // Tell every worker why before closing, so that none of them blames the coordinator.
+      ResponseList list;
+      ResponsePart part;
+      part.response.kind = ResponseKind::kShutdown;
+      part.response.error_code = reason.code();
+      part.response.error_message = reason.message();
+      list.fused.push_back({part});
+      const std::string bytes = SerializeResponseList(list);
+      for (int peer = 1; peer < size_; ++peer) transport_->SendControl(peer, bytes);
+    }
+    Linger(failure ? 1.0 : 5.0);
+  }
+  // Closing makes every peer still waiting on this rank fail fast instead of timing out.
   transport_->Close();
 }
 
-void Runtime::Linger() {
+void Runtime::Linger(double seconds) {
   // The coordinator closes last, after every worker has read the final responses and closed its
   // end; closing first could reset connections that still hold unread responses.
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  int open = size_ - 1;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  int open = size_ - 1 - coordinator_->lost_count();
   while (open > 0 && std::chrono::steady_clock::now() < deadline) {
     std::vector<ControlMessage> messages;
     std::vector<int> lost;

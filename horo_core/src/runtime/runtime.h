@@ -56,15 +56,18 @@ class Runtime {
  private:
   Runtime(const Config& config, int rank, int size);
 
-  Status ValidateTensor(OpType op, const horo_tensor_t& t, const horo_op_options_t& options,
-                        const std::vector<int32_t>& members) const;
+  Status ValidateTensor(OpType op, const horo_tensor_t& t, const horo_op_options_t& options) const;
   Status StoppedStatus();
   void FailIfStoppedMeanwhile(const std::vector<TensorEntry>& entries);
   void Loop();
   // Executes a response list; returns false when the loop must end.
   bool Apply(ResponseList& list, bool parsed);
+  bool ApplyMessage(const ControlMessage& message);
+  void StopAfterCoordinatorLoss(const std::string& detail);
+  void FailOnDataPlane(const Status& status);
+  std::string DiagnoseOnCoordinator(const Status& local);
   void Stop(const Status& reason, bool failure);
-  void Linger();
+  void Linger(double seconds);
 
   Config config_;
   int rank_;

@@ -1,0 +1,20 @@
+"""The shipped examples run under hororun and verify their own results."""
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHECKS = ["allreduce Sum", "allreduce Average", "allreduce Max (bfloat16)",
+          "allgather with different first dimensions", "broadcast from rank 0"]
+
+
+def test_pytorch_collectives_demo_under_hororun():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HORO_", "HOROVOD_"))}
+    demo = os.path.join(ROOT, "examples", "pytorch", "pytorch_collectives_demo.py")
+    proc = subprocess.run([sys.executable, "-m", "horo_runner.launch", "-np", "2", sys.executable, demo], env=env,
+                          text=True, capture_output=True, stdin=subprocess.DEVNULL, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    want = [f"[{r}]<stdout>:rank {r}/2: {check}: ok" for r in range(2) for check in CHECKS]
+    want.append("[0]<stdout>:all collectives verified on 2 ranks")
+    assert sorted(proc.stdout.splitlines()) == sorted(want)
+    assert "FAILED" not in proc.stderr

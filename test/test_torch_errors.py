@@ -1,0 +1,368 @@
+"""Failures of horo_torch jobs as users see them, over real processes and TCP.
+
+* Ranks that disagree about a tensor: every rank raises the same HoroMismatchError (a
+  HorovodInternalError and a RuntimeError) naming the tensor, the ranks and both values, and the
+  next collective works.
+* A rank killed with SIGKILL or frozen with SIGSTOP: every other rank raises instead of hanging,
+  and hororun exits non-zero naming the rank.
+* A rank that never submits a tensor: the stall warning names it and the tensor, and with
+  HORO_STALL_SHUTDOWN_TIME_SECONDS the other ranks get an error.
+
+Ranks are started either by hororun / horo_runner.run, or directly as torchrun-style processes
+(RANK, WORLD_SIZE and a rendezvous that rank 0 hosts) where a test must talk to single ranks;
+hororun would end the other ranks as soon as one fails, before they could report.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import horo_runner
+
+N = 3
+CHILD_TIMEOUT = 120  # guards against a hang only; no test asserts on time
+
+
+def clean_env(**extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HORO_", "HOROVOD_"))}
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_script(tmp_path, body):
+    path = tmp_path / "worker.py"
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+def spawn_ranks(script, n, args=(), **settings):
+    """Starts n ranks of script as torchrun would (rank 0 hosts the rendezvous); returns Popens
+    with text pipes for stdin, stdout and stderr."""
+    port = free_port()
+    procs = []
+    for rank in range(n):
+        env = clean_env(RANK=rank, WORLD_SIZE=n, LOCAL_RANK=rank, LOCAL_WORLD_SIZE=n,
+                        HORO_RENDEZVOUS_ADDR="127.0.0.1", HORO_RENDEZVOUS_PORT=port, HORO_SECRET="5e" * 16,
+                        **settings)
+        procs.append(subprocess.Popen([sys.executable, script, *map(str, args)], env=env, text=True,
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    return procs
+
+
+def finish(proc):
+    """(returncode, stdout, stderr) of a process, killing it if it outlives CHILD_TIMEOUT."""
+    try:
+        out, err = proc.communicate(timeout=CHILD_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"rank did not finish:\nstdout:\n{out}\nstderr:\n{err}") from None
+    return proc.returncode, out, err
+
+
+def reports(out):
+    """The JSON lines a worker printed with report()."""
+    return [json.loads(line[len("REPORT "):]) for line in out.splitlines() if line.startswith("REPORT ")]
+
+
+def hororun(*args):
+    return subprocess.run([sys.executable, "-m", "horo_runner.launch", *args], env=clean_env(), text=True,
+                          capture_output=True, stdin=subprocess.DEVNULL, timeout=CHILD_TIMEOUT)
+
+
+# Shared by the worker scripts: print one JSON line describing an outcome.
+REPORT = """
+    import json, os, signal, sys
+    import torch
+    import horo_torch as hvd
+
+    def report(what, fn):
+        try:
+            value = fn()
+            print("REPORT " + json.dumps({"what": what, "value": value.tolist()}), flush=True)
+        except Exception as exc:
+            print("REPORT " + json.dumps({"what": what, "error": [c.__name__ for c in type(exc).__mro__],
+                                          "message": str(exc)}), flush=True)
+"""
+
+INTERNAL = {"HoroInternalError", "RuntimeError"}  # HorovodInternalError is HoroInternalError
+
+
+# Mismatches ---------------------------------------------------------------------------------------
+
+def mismatch_cases(hvd, torch, rank):
+    """(case, call, expected message); rank 1 or 2 disagrees with the others."""
+    one, two = rank == 1, rank == 2
+    return [
+        ("shape", lambda: hvd.allreduce(torch.ones(4 if one else 3, 2), name="mm.shape"),
+         "Mismatched shapes for allreduce tensor 'allreduce.mm.shape': rank 0 has [3, 2], rank 1 has [4, 2]"),
+        ("dtype", lambda: hvd.allreduce(torch.ones(3, dtype=torch.float64 if two else torch.float32), name="mm.dtype"),
+         "Mismatched data types for allreduce tensor 'allreduce.mm.dtype': rank 0 has float32, rank 2 has float64"),
+        ("op", lambda: hvd.allreduce(torch.ones(3), op=hvd.Max if one else hvd.Sum, name="mm.op"),
+         "Mismatched reduction operations for allreduce tensor 'allreduce.mm.op': rank 0 has Sum, rank 1 has Max"),
+        ("root rank", lambda: hvd.broadcast(torch.ones(3), root_rank=1 if two else 0, name="mm.root"),
+         "Mismatched root ranks for broadcast tensor 'broadcast.mm.root': rank 0 has 0, rank 2 has 1"),
+        ("prescale", lambda: hvd.allreduce(torch.ones(3), prescale_factor=2.0 if one else 1.0, name="mm.pre"),
+         "Mismatched scale factors for allreduce tensor 'allreduce.mm.pre': rank 0 has prescale 1 / postscale 1, "
+         "rank 1 has prescale 2 / postscale 1"),
+        ("postscale", lambda: hvd.synchronize(hvd.allreduce_async_(torch.ones(3), postscale_factor=0.5 if two else 1.0,
+                                                                   name="mm.post")),
+         "Mismatched scale factors for allreduce tensor 'allreduce.mm.post': rank 0 has prescale 1 / postscale 1, "
+         "rank 2 has prescale 1 / postscale 0.5"),
+        ("alltoall trailing shape", lambda: hvd.alltoall(torch.ones(3, 2 if two else 1), splits=[1, 1, 1],
+                                                         name="mm.a2a2"),
+         "Mismatched shapes for alltoall tensor 'alltoall.mm.a2a2': rank 0 has rank 2 tensor with trailing "
+         "dimensions [1], rank 2 has rank 2 tensor with trailing dimensions [2]"),
+        ("allgather trailing shape", lambda: hvd.allgather(torch.ones(rank + 1, 2 if one else 1), name="mm.ag"),
+         "Mismatched shapes for allgather tensor 'allgather.mm.ag': rank 0 has rank 2 tensor with trailing "
+         "dimensions [1], rank 1 has rank 2 tensor with trailing dimensions [2]"),
+        ("reducescatter shape", lambda: hvd.reducescatter(torch.ones(4 if two else 3), name="mm.rs"),
+         "Mismatched shapes for reducescatter tensor 'reducescatter.mm.rs': rank 0 has [3], rank 2 has [4]"),
+        ("reducescatter op", lambda: hvd.reducescatter(torch.ones(3), op=hvd.Sum if one else hvd.Average,
+                                                       name="mm.rsop"),
+         "Mismatched reduction operations for reducescatter tensor 'reducescatter.mm.rsop': rank 0 has Average, "
+         "rank 1 has Sum"),
+        ("grouped member", lambda: hvd.grouped_allreduce([torch.ones(2), torch.ones(3 if one else 4)], name="mm.g"),
+         "Mismatched shapes for allreduce tensor 'grouped_allreduce.mm.g.1': rank 0 has [4], rank 1 has [3]"),
+    ]
+
+
+def mismatch_job():
+    import torch
+
+    import horo_torch as hvd
+    hvd.init()
+    rank = hvd.rank()
+    out = []
+    for case, call, _ in mismatch_cases(hvd, torch, rank):
+        entry = {"case": case}
+        try:
+            entry["value"] = call()
+        except Exception as exc:  # noqa: BLE001 - the type is what is checked
+            entry.update(error=type(exc).__name__, message=str(exc),
+                         is_internal=isinstance(exc, hvd.HorovodInternalError),
+                         is_runtime=isinstance(exc, RuntimeError))
+        # The job goes on: the next collective completes with exact values.
+        entry["after"] = hvd.allreduce(torch.full((2,), rank + 1.0), op=hvd.Sum, name=f"after.{case}").tolist()
+        out.append(entry)
+    # Collectives other than allreduce while a rank has joined are refused on the others.
+    if rank == 2:
+        out.append({"case": "join", "join": hvd.join()})
+    else:
+        entry = {"case": "join"}
+        try:
+            hvd.allgather(torch.ones(1), name="mm.join")
+        except Exception as exc:  # noqa: BLE001
+            entry.update(error=type(exc).__name__, message=str(exc))
+        entry["join"] = hvd.join()
+        out.append(entry)
+    hvd.shutdown()
+    return out
+
+
+def test_mismatch_raises_on_every_rank_and_the_job_goes_on():
+    import torch
+
+    import horo_torch as hvd
+    cases = mismatch_cases(hvd, torch, 0)
+    results = horo_runner.run(mismatch_job, np=N)
+    for rank, entries in enumerate(results):
+        assert [e["case"] for e in entries] == [c for c, _, _ in cases] + ["join"]
+        for (case, _, message), entry in zip(cases, entries):
+            assert "value" not in entry, f"rank {rank} {case}: no error"
+            assert (entry["error"], entry["message"]) == ("HoroMismatchError", message), f"rank {rank} {case}"
+            assert entry["is_internal"] and entry["is_runtime"], f"rank {rank} {case}"
+            assert entry["after"] == [6.0, 6.0], f"rank {rank} {case}"
+        join = entries[-1]
+        # Rank 2 joined first; ranks 0 and 1 join after their allgather failed, either may be last.
+        assert join["join"] == results[0][-1]["join"] and join["join"] in (0, 1)
+        if rank != 2:
+            assert join["error"] == "HoroMismatchError"
+            assert join["message"] == ("allgather of tensor 'allgather.mm.join' is not supported while ranks have "
+                                       "joined (rank 2 joined process set 0); only allreduce works with join")
+
+
+def invalid_splits_job():
+    import torch
+
+    import horo_torch as hvd
+    hvd.init()
+    rank = hvd.rank()
+    # Rank 1's splits do not add up to its first dimension; the others are fine. Every rank must
+    # get the error (not wait for rank 1), and the job goes on.
+    splits = [1, 1, 0] if rank == 1 else [1, 1, 1]
+    entry = {}
+    try:
+        entry["value"] = hvd.alltoall(torch.ones(3), splits=splits, name="bad.splits")
+    except ValueError as exc:
+        entry.update(error=type(exc).__name__, message=str(exc))
+    entry["after"] = hvd.allreduce(torch.full((2,), rank + 1.0), op=hvd.Sum, name="after.splits").tolist()
+    return entry
+
+
+def test_invalid_splits_on_one_rank_raise_value_error_on_every_rank():
+    for rank, entry in enumerate(horo_runner.run(invalid_splits_job, np=N)):
+        assert "value" not in entry, f"rank {rank}: no error"
+        assert entry["error"] == "HoroInvalidArgument", f"rank {rank}"
+        assert entry["message"] == ("alltoall tensor 'alltoall.bad.splits': rank 1 passed splits that sum to 2, "
+                                    "expected its first dimension 3"), f"rank {rank}"
+        assert entry["after"] == [6.0, 6.0]
+
+
+# Lost ranks ---------------------------------------------------------------------------------------
+
+LOST_RANK_WORKER = REPORT + """
+    hvd.init()
+    rank, victim, mode = hvd.rank(), int(sys.argv[1]), sys.argv[2]
+    big = torch.ones(1 << 22)
+    report("warmup", lambda: hvd.allreduce(torch.ones(4), op=hvd.Sum, name="warmup"))
+    if rank == victim:
+        if mode != "before":
+            hvd.allreduce_async(big, name="big")
+        os.kill(os.getpid(), signal.SIGSTOP if mode == "frozen" else signal.SIGKILL)
+    report("collective", lambda: hvd.allreduce(big, name="big"))
+    report("next", lambda: hvd.allreduce(torch.ones(4), name="next"))
+"""
+
+
+@pytest.mark.parametrize("victim,mode", [(1, "before"), (1, "during"), (0, "during")],
+                         ids=["before-collective", "during-collective", "coordinator-during-collective"])
+def test_killed_rank_fails_every_other_rank(tmp_path, victim, mode):
+    script = write_script(tmp_path, LOST_RANK_WORKER)
+    procs = spawn_ranks(script, N, (victim, mode), HORO_PEER_TIMEOUT_SECONDS=3)
+    outcomes = [finish(p) for p in procs]
+    assert outcomes[victim][0] == -signal.SIGKILL
+    for rank, (code, out, err) in enumerate(outcomes):
+        if rank == victim:
+            continue
+        assert code == 0, err
+        got = reports(out)
+        assert [g["what"] for g in got] == ["warmup", "collective", "next"], out
+        assert got[0]["value"] == [3.0] * 4
+        for g in got[1:]:
+            assert "HoroPeerLostError" in g.get("error", []) and INTERNAL <= set(g["error"]), (rank, g)
+            assert "lost" in g["message"] and "rank" in g["message"], (rank, g)
+        if rank == 0:  # the coordinator sees the loss first and names the rank
+            assert f"rank {victim} exited or lost its connection without calling shutdown()" in got[1]["message"]
+
+
+def test_frozen_rank_fails_every_other_rank(tmp_path):
+    # A stopped rank keeps its connections open: the others must give up on their own, through
+    # the peer timeout (if the collective started) or the stall shutdown (if it never did).
+    script = write_script(tmp_path, LOST_RANK_WORKER)
+    procs = spawn_ranks(script, N, (1, "frozen"), HORO_PEER_TIMEOUT_SECONDS=2, HORO_STALL_CHECK_TIME_SECONDS=1,
+                        HORO_STALL_SHUTDOWN_TIME_SECONDS=2)
+    try:
+        outcomes = {rank: finish(procs[rank]) for rank in (0, 2)}
+    finally:
+        procs[1].kill()
+        procs[1].communicate()
+    # Which mechanism fires depends on how far rank 1 got before it stopped; a rank that sees
+    # no progress names it, the others see that rank's connections close.
+    stalled = ("stalled for more than 2 seconds (HORO_STALL_SHUTDOWN_TIME_SECONDS). "
+               "Missing ranks: rank 1: [allreduce.big]")
+    messages = []
+    for rank, (code, out, err) in outcomes.items():
+        assert code == 0, err
+        got = reports(out)
+        assert [g["what"] for g in got] == ["warmup", "collective", "next"], out
+        for g in got[1:]:
+            assert INTERNAL <= set(g.get("error", [])), (rank, g)
+        messages.append(got[1]["message"])
+    assert any(stalled in m or "no progress for 2 s" in m for m in messages), messages
+
+
+def test_hororun_exits_nonzero_naming_the_killed_rank(tmp_path):
+    script = write_script(tmp_path, LOST_RANK_WORKER)
+    proc = hororun("-np", str(N), sys.executable, script, "1", "before")
+    assert proc.returncode != 0
+    assert "hororun: rank 1 was killed by signal 9 (SIGKILL)" in proc.stderr, proc.stderr
+    # Output of the ranks carries their prefix; the warm-up completed everywhere before the kill.
+    for rank in range(N):
+        assert f'[{rank}]<stdout>:REPORT {{"what": "warmup", "value": [3.0, 3.0, 3.0, 3.0]}}\n' in proc.stdout
+
+
+# Stalls -------------------------------------------------------------------------------------------
+
+STALL_WORKER = REPORT + """
+    hvd.init()
+    rank, n = hvd.rank(), hvd.size()
+    report("warmup", lambda: hvd.allreduce(torch.ones(1), op=hvd.Sum, name="warmup"))
+    if rank == n - 1:
+        sys.stdin.readline()  # the last rank submits only when the test says so
+    report("stalled", lambda: hvd.allreduce(torch.full((2,), rank + 1.0), op=hvd.Sum, name="stall.x"))
+"""
+
+STALL_WARNING = ("Stall: one or more tensors were submitted by some ranks and have waited more than 1 seconds for "
+                 "the others. Different ranks may be submitting different tensors, or some ranks none at all, which "
+                 "will deadlock. Missing ranks: rank 2: [allreduce.stall.x]")
+
+
+def test_stall_warning_names_the_missing_rank_and_tensor(tmp_path):
+    script = write_script(tmp_path, STALL_WORKER)
+    procs = spawn_ranks(script, N, HORO_STALL_CHECK_TIME_SECONDS=1, HORO_LOG_HIDE_TIME=1)
+    seen = []
+    for line in procs[0].stderr:  # the coordinator logs the warning; EOF ends the loop
+        seen.append(line)
+        if "Stall" in line:
+            break
+    procs[-1].stdin.write("go\n")
+    procs[-1].stdin.flush()
+    outcomes = [finish(p) for p in procs]
+    assert seen and seen[-1].rstrip("\n").endswith(STALL_WARNING), "".join(seen)
+    assert "[horo WARNING rank 0]" in seen[-1]
+    for rank, (code, out, err) in enumerate(outcomes):
+        assert code == 0, err
+        assert reports(out) == [{"what": "warmup", "value": [3.0]}, {"what": "stalled", "value": [6.0, 6.0]}]
+
+
+def test_stall_shutdown_errors_instead_of_hanging(tmp_path):
+    script = write_script(tmp_path, STALL_WORKER)
+    procs = spawn_ranks(script, N, HORO_STALL_CHECK_TIME_SECONDS=1, HORO_STALL_SHUTDOWN_TIME_SECONDS=2)
+    waiting = [finish(p) for p in procs[:-1]]  # these fail while the last rank still holds back
+    procs[-1].stdin.write("go\n")
+    procs[-1].stdin.flush()
+    late = finish(procs[-1])
+    message = ("shutting down after tensors stalled for more than 2 seconds (HORO_STALL_SHUTDOWN_TIME_SECONDS). "
+               "Missing ranks: rank 2: [allreduce.stall.x]")
+    for rank, (code, out, err) in enumerate(waiting):
+        assert code == 0, err
+        got = reports(out)
+        assert got[0] == {"what": "warmup", "value": [3.0]}
+        assert got[1]["message"] == message, (rank, got[1])
+        assert "HoroShutdownError" in got[1]["error"] and INTERNAL <= set(got[1]["error"])
+    code, out, err = late
+    assert code == 0, err
+    got = reports(out)
+    assert "HoroShutdownError" in got[1]["error"] and INTERNAL <= set(got[1]["error"]), got
+    assert "shut down" in got[1]["message"], got
+
+
+# hororun and torch jobs -----------------------------------------------------------------------------
+
+def test_hororun_prefixes_the_output_of_a_torch_job(tmp_path):
+    script = write_script(tmp_path, """
+        import sys, torch
+        import horo_torch as hvd
+        hvd.init()
+        total = hvd.allreduce(torch.tensor([hvd.rank() + 1]), op=hvd.Sum)
+        print(f"rank {hvd.rank()} sum {total.item()}", flush=True)
+        print(f"rank {hvd.rank()} says hi", file=sys.stderr, flush=True)
+        hvd.shutdown()
+    """)
+    proc = hororun("-np", "2", sys.executable, script)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.splitlines()) == ["[0]<stdout>:rank 0 sum 3", "[1]<stdout>:rank 1 sum 3"]
+    for rank in range(2):
+        assert f"[{rank}]<stderr>:rank {rank} says hi\n" in proc.stderr

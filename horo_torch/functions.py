@@ -1,0 +1,279 @@
+"""Helpers that bring every rank to the same starting point, and the sparse gradient reduction.
+
+``broadcast_parameters`` and ``broadcast_optimizer_state`` copy a model and an optimizer from one
+rank to all others with in-place tensor broadcasts. ``broadcast_object`` and ``allgather_object``
+move arbitrary Python objects: they are the only functions of horo_torch that serialise objects
+(cloudpickle into a uint8 tensor, sent as its size and then its bytes, as Horovod does), so only
+call them with data you trust from the ranks of your own job.
+
+``sparse_allreduce_async`` reduces a sparse COO gradient by gathering every rank's indices and
+values, which is how DistributedOptimizer handles ``nn.Embedding(sparse=True)``.
+"""
+import cloudpickle
+import torch
+
+from horo_core import basics
+from horo_core.process_sets import global_process_set
+from horo_torch.mpi_ops import (Average, Sum, allgather_async, broadcast_async_, synchronize)
+
+
+# Python objects ----------------------------------------------------------------------------------
+
+def _to_bytes_tensor(obj):
+    payload = cloudpickle.dumps(obj)
+    return torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+
+
+def _from_bytes_tensor(tensor):
+    return cloudpickle.loads(tensor.numpy().tobytes())
+
+
+def _suffixed(name, suffix):
+    """The name of one of the two tensors an object helper sends; None stays None (named by call order)."""
+    return None if name is None else f"{name}.{suffix}"
+
+
+def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
+    """Sends a picklable Python object from root_rank to every rank of process_set.
+
+    The root serialises obj with cloudpickle into a uint8 tensor and broadcasts its length, then
+    its bytes; the other ranks deserialise what they receive. Deserialising runs code chosen by
+    the sender, as any unpickling does: use it only within your own job.
+
+    Args:
+        obj: the object on root_rank; ignored on the other ranks (pass None there).
+        root_rank: the global rank whose object is sent.
+        name: names the two broadcasts; when None they are named by call order, so every rank must
+            then call the unnamed object helpers in the same order.
+        process_set: the ranks taking part; root_rank must be one of them.
+    Returns:
+        root_rank's object (on root_rank, obj itself).
+    Raises:
+        ValueError: invalid root_rank or process set. HorovodInternalError: the broadcast failed.
+    """
+    if basics.rank() == root_rank:
+        payload = _to_bytes_tensor(obj)
+        length = torch.tensor([payload.numel()], dtype=torch.int64)
+    else:
+        length = torch.zeros(1, dtype=torch.int64)
+    synchronize(broadcast_async_(length, root_rank, _suffixed(name, "sz"), process_set))
+    if basics.rank() != root_rank:
+        payload = torch.empty(int(length.item()), dtype=torch.uint8)
+    synchronize(broadcast_async_(payload, root_rank, _suffixed(name, "t"), process_set))
+    if basics.rank() == root_rank:
+        return obj
+    return _from_bytes_tensor(payload)
+
+
+def allgather_object(obj, name=None, process_set=global_process_set):
+    """Gathers a picklable Python object from every rank of process_set.
+
+    Every rank serialises obj with cloudpickle into a uint8 tensor; the lengths and then the bytes
+    are allgathered and deserialised. Deserialising runs code chosen by the sender, as any
+    unpickling does: use it only within your own job.
+
+    Args:
+        obj: this rank's object; objects may differ in type and size between ranks.
+        name: names the two allgathers; when None they are named by call order.
+        process_set: the ranks taking part (Horovod's version always uses every rank).
+    Returns:
+        A list with one object per rank of process_set, in rank order.
+    Raises:
+        HorovodInternalError: an allgather failed.
+    """
+    payload = _to_bytes_tensor(obj)
+    sizes_handle = allgather_async(torch.tensor([payload.numel()], dtype=torch.int64), _suffixed(name, "sz"),
+                                   process_set)
+    payload_handle = allgather_async(payload, _suffixed(name, "t"), process_set)
+    sizes = synchronize(sizes_handle).tolist()
+    gathered = synchronize(payload_handle)
+    objects, offset = [], 0
+    for length in sizes:
+        objects.append(_from_bytes_tensor(gathered[offset:offset + length]))
+        offset += length
+    return objects
+
+
+# Model parameters --------------------------------------------------------------------------------
+
+def broadcast_parameters(params, root_rank, prefix="Parameter.", process_set=global_process_set):
+    """Overwrites, in place, every rank's tensors with root_rank's.
+
+    Args:
+        params: a dict of name -> tensor (``model.state_dict()``; sent in sorted name order), or a
+            list/iterable of ``(name, tensor)`` pairs (``model.named_parameters()``) or of tensors.
+            Every rank must pass the same names, shapes and dtypes.
+        root_rank: the global rank whose values are sent.
+        prefix: prepended to each name to name the broadcasts.
+        process_set: the ranks taking part.
+    Returns:
+        None.
+    Raises:
+        ValueError: params is not a dict or iterable, or an entry is not a tensor.
+        HorovodInternalError: a broadcast failed (for example shapes differ between ranks).
+    """
+    if isinstance(params, dict):
+        entries = sorted(params.items(), key=lambda item: str(item[0]))
+    elif isinstance(params, torch.Tensor) or not hasattr(params, "__iter__"):
+        raise ValueError(f"broadcast_parameters: params must be a dict or a list of (name, tensor) pairs, "
+                         f"got {type(params).__name__}")
+    else:
+        entries = [item if isinstance(item, tuple) else (None, item) for item in params]
+    handles = []
+    for index, entry in enumerate(entries):
+        if len(entry) != 2:
+            raise ValueError(f"broadcast_parameters: entry {index} is a tuple of {len(entry)} items; "
+                             "want (name, tensor)")
+        name, tensor = entry
+        label = index if name is None else name
+        if not isinstance(tensor, torch.Tensor):
+            raise ValueError(f"broadcast_parameters: '{label}' is a {type(tensor).__name__}, not a tensor; "
+                             "send other objects with broadcast_object")
+        handles.append(broadcast_async_(tensor, root_rank, f"{prefix}{label}", process_set))
+    for handle in handles:
+        synchronize(handle)
+
+
+# Optimizer state ---------------------------------------------------------------------------------
+
+class _TensorSlot:
+    """Stands for one state tensor in the structure the root sends: its shape and dtype."""
+
+    __slots__ = ("shape", "dtype")
+
+    def __init__(self, shape, dtype):
+        self.shape, self.dtype = shape, dtype
+
+    def __getstate__(self):
+        return self.shape, self.dtype
+
+    def __setstate__(self, state):
+        self.shape, self.dtype = state
+
+
+def _parameter_layout(optimizer):
+    return [[tuple(p.shape) for p in group["params"]] for group in optimizer.param_groups]
+
+
+def _describe_root_state(optimizer):
+    """What non-root ranks need to rebuild root's state: hyper-parameters, non-tensor state values
+    and the shape/dtype of every state tensor; plus the list of state tensors in sending order."""
+    state_dict = optimizer.state_dict()
+    tensors = []
+    state = {}
+    for param_id, entries in state_dict["state"].items():
+        described = {}
+        for key, value in entries.items():
+            if isinstance(value, torch.Tensor):
+                described[key] = _TensorSlot(tuple(value.shape), value.dtype)
+                tensors.append(value)
+            else:
+                described[key] = value
+        state[param_id] = described
+    structure = {
+        "layout": _parameter_layout(optimizer),
+        "param_groups": [{k: v for k, v in group.items() if k != "params"} for group in state_dict["param_groups"]],
+        "state": state,
+    }
+    return structure, tensors
+
+
+def broadcast_optimizer_state(optimizer, root_rank, model=None):
+    """Makes every rank's optimizer state and hyper-parameters identical to root_rank's.
+
+    Unlike Horovod's version, this never runs an optimizer step to create missing state, so it
+    does not change the training trajectory: a freshly created optimizer stays fresh (Adam's step
+    counter stays at zero), and only the hyper-parameters (lr, betas, ...) travel. When the root
+    has state, its structure and every non-tensor value (Python step counters, None entries, ...)
+    travel through broadcast_object (cloudpickle), and every state tensor through an in-place
+    broadcast; the non-root ranks then install the result with ``optimizer.load_state_dict``.
+
+    Args:
+        optimizer: a torch optimizer, or one returned by DistributedOptimizer, with the same
+            parameter groups (same shapes in the same order) on every rank.
+        root_rank: the global rank whose state is sent.
+        model: accepted for compatibility with Horovod's signature; not used.
+    Returns:
+        None.
+    Raises:
+        ValueError: on every rank, when the optimizers' parameter layouts differ between ranks.
+        HorovodInternalError: a broadcast failed.
+    """
+    del model  # part of Horovod's signature only
+    is_root = basics.rank() == root_rank
+    structure, tensors = _describe_root_state(optimizer) if is_root else (None, [])
+    structure = broadcast_object(structure, root_rank, name="optimizer_state.structure")
+
+    layout = _parameter_layout(optimizer)
+    problem = None
+    if layout != structure["layout"]:
+        problem = f"rank {basics.rank()} has parameter shapes {layout}"
+    problems = [p for p in allgather_object(problem, name="optimizer_state.layout") if p is not None]
+    if problems:
+        raise ValueError(f"broadcast_optimizer_state: the optimizer's parameter groups differ from root rank "
+                         f"{root_rank}'s {structure['layout']}: " + "; ".join(problems))
+
+    handles, received = [], {}
+    sent = iter(tensors)
+    for param_id, entries in structure["state"].items():
+        for key, slot in entries.items():
+            if not isinstance(slot, _TensorSlot):
+                continue
+            if is_root:
+                buffer = next(sent).detach().reshape(-1)
+            else:
+                buffer = torch.empty(int(torch.Size(slot.shape).numel()), dtype=slot.dtype)
+                received[(param_id, key)] = buffer
+            handles.append(broadcast_async_(buffer, root_rank, f"optimizer_state.{param_id}.{key}"))
+    for handle in handles:
+        synchronize(handle)
+    if is_root:
+        return
+
+    local_groups = optimizer.state_dict()["param_groups"]
+    state = {}
+    for param_id, entries in structure["state"].items():
+        state[param_id] = {key: received[(param_id, key)].view(slot.shape) if isinstance(slot, _TensorSlot)
+                           else slot for key, slot in entries.items()}
+    groups = [dict(hyper, params=local["params"]) for hyper, local in zip(structure["param_groups"], local_groups)]
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+# Sparse gradients --------------------------------------------------------------------------------
+
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
+    """Starts reducing a sparse COO tensor across ranks by allgathering its indices and values.
+
+    The result holds every rank's entries side by side (entries at the same index add up when the
+    tensor is used or coalesced); for Average the values are divided by the set size.
+
+    Args:
+        tensor: a sparse COO tensor of the same dense shape on every rank.
+        name: names the two allgathers (``<name>.indices`` and ``<name>.values``).
+        op: Average or Sum.
+        process_set: the ranks taking part.
+    Returns:
+        A callable that waits for the allgathers and returns the reduced sparse tensor.
+    Raises:
+        ValueError: tensor is not sparse COO, or op is neither Average nor Sum.
+    """
+    if tensor.layout != torch.sparse_coo:
+        raise ValueError(f"sparse_allreduce_async('{name}'): want a sparse COO tensor, got layout {tensor.layout}")
+    if op not in (Average, Sum):
+        raise ValueError(f"sparse_allreduce_async('{name}'): sparse tensors can only be reduced with Average or "
+                         f"Sum (got op {op}); use sparse_as_dense=True for other ops")
+    coalesced = tensor.coalesce()
+    # Allgather concatenates along dimension 0, so indices travel as (nnz, sparse_dims).
+    indices_handle = allgather_async(coalesced.indices().t().contiguous(), _suffixed(name, "indices"), process_set)
+    values_handle = allgather_async(coalesced.values().contiguous(), _suffixed(name, "values"), process_set)
+
+    def wait():
+        values = synchronize(values_handle)
+        indices = synchronize(indices_handle)
+        if op == Average:
+            values = values / process_set.size()
+        # Check that the received indices lie inside the tensor before anything indexes with them.
+        return torch.sparse_coo_tensor(indices.t(), values, tensor.shape, dtype=tensor.dtype, device=tensor.device,
+                                       check_invariants=True)
+
+    return wait

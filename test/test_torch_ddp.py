@@ -1,0 +1,406 @@
+"""horo_torch.ddp.DistributedDataParallel: N ranks with batch b each train exactly like one process on
+the concatenated N*b batch.
+
+One ``horo_runner.run`` per world size runs every check on every rank. Every rank also trains the
+single-process reference itself (all ranks draw the same full batches from the same seeds and take
+their own rows), so each rank compares its parameters with the reference after every run.
+"""
+import traceback
+
+import pytest
+import torch
+
+import horo_runner
+
+SIZES = [2, 3]
+BATCH = 4
+TINY_BUCKETS_MB = 16 / 2 ** 20  # 16 bytes: one parameter per bucket
+
+
+class Checks:
+    """Collects the outcome of every check of one group on one rank."""
+
+    def __init__(self):
+        self.count = 0
+        self.failures = []
+
+    def same(self, what, got, want):
+        self.count += 1
+        if got != want:
+            self.failures.append(f"{what}: got {got!r}, want {want!r}")
+
+    def close(self, what, got, want, tol=1e-10):
+        """Tensors got and want must agree within tol (absolute plus relative)."""
+        self.count += 1
+        if got.shape != want.shape or not torch.allclose(got, want, rtol=tol, atol=tol):
+            diff = (got - want).abs().max().item() if got.shape == want.shape else "shape"
+            self.failures.append(f"{what}: max difference {diff} > {tol}")
+
+    def raises(self, what, exc_type, text, fn):
+        self.count += 1
+        try:
+            fn()
+        except exc_type as exc:
+            if text not in str(exc):
+                self.failures.append(f"{what}: message {str(exc)!r} lacks {text!r}")
+            return
+        except Exception as exc:  # noqa: BLE001 - the type is what is checked
+            self.failures.append(f"{what}: raised {type(exc).__name__}: {exc}")
+            return
+        self.failures.append(f"{what}: did not raise {exc_type.__name__}")
+
+
+# Models ------------------------------------------------------------------------------------------
+
+class Mlp(torch.nn.Module):
+    """Registered in the order it runs: reverse registration order matches the backward order."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(5, 8)
+        self.fc2 = torch.nn.Linear(8, 3)
+
+    def forward(self, x, rank=None):
+        return self.fc2(torch.tanh(self.fc1(x)))
+
+
+class Reordered(torch.nn.Module):
+    """Registers the head first, so reverse registration order is the opposite of the backward order."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = torch.nn.Linear(8, 3)
+        self.body = torch.nn.Linear(5, 8)
+
+    def forward(self, x, rank=None):
+        return self.head(torch.tanh(self.body(x)))
+
+
+class Branchy(torch.nn.Module):
+    """Rank r's rows go through branch r % 2; ``never`` takes part on no rank; ``rank0`` only on rank 0."""
+
+    def __init__(self):
+        super().__init__()
+        self.trunk = torch.nn.Linear(5, 6)
+        self.branches = torch.nn.ModuleList([torch.nn.Linear(6, 3), torch.nn.Linear(6, 3)])
+        self.rank0 = torch.nn.Linear(3, 3)
+        self.never = torch.nn.Linear(3, 3)
+
+    def forward(self, x, rank):
+        y = self.branches[rank % 2](torch.relu(self.trunk(x)))
+        return self.rank0(y) if rank == 0 else y
+
+
+def batch(step, rows, dtype):
+    g = torch.Generator().manual_seed(1000 + step)
+    return torch.randn(rows, 5, generator=g).to(dtype), torch.randn(rows, 3, generator=g).to(dtype)
+
+
+def local_loss(model, x, y, rank):
+    return torch.nn.functional.mse_loss(model(x, rank=rank), y)
+
+
+def rows(t, rank):
+    return t[rank * BATCH:(rank + 1) * BATCH]
+
+
+def reference_step(ref, opt, step, size, dtype, routed, micro=1):
+    """One optimizer step of the single process on the N*b batch (micro-batches accumulated)."""
+    opt.zero_grad()
+    for m in range(micro):
+        x, y = batch(step * micro + m, size * BATCH, dtype)
+        if routed:  # each rank's rows take that rank's route: the mean over ranks of the rank losses
+            loss = sum(local_loss(ref, rows(x, r), rows(y, r), r) for r in range(size)) / size
+        else:
+            loss = torch.nn.functional.mse_loss(ref(x), y)
+        loss.backward()
+    opt.step()
+
+
+def train_and_compare(hvd, c, what, model_cls, opt_fn, steps=3, hook=None, tol=1e-10, dtype=torch.float64,
+                      find_unused=False, routed=False, micro=1, process_set=None, on_step=None):
+    """Trains the DDP wrapper and the reference side by side; checks the parameters after every step.
+
+    Returns:
+        The wrapper.
+    """
+    from horo_torch.ddp import DistributedDataParallel
+    process_set = process_set or hvd.global_process_set
+    size, rank = process_set.size(), process_set.rank()
+    torch.manual_seed(0)
+    ref = model_cls().to(dtype)
+    torch.manual_seed(0)
+    ddp = DistributedDataParallel(model_cls().to(dtype), bucket_cap_mb=TINY_BUCKETS_MB,
+                                  find_unused_parameters=find_unused, process_set=process_set)
+    if hook is not None:
+        ddp.register_comm_hook(None, hook)
+    ref_opt, opt = opt_fn(ref.parameters()), opt_fn(ddp.parameters())
+    for step in range(steps):
+        reference_step(ref, ref_opt, step, size, dtype, routed, micro)
+        opt.zero_grad()
+        for m in range(micro):
+            x, y = batch(step * micro + m, size * BATCH, dtype)
+            context = ddp.no_sync() if m < micro - 1 else _nothing()
+            with context:
+                local_loss(ddp, rows(x, rank), rows(y, rank), rank).backward()
+        opt.step()
+        if on_step is not None:
+            on_step(step, ddp)
+        for (name, p), q in zip(ddp.module.named_parameters(), ref.parameters()):
+            c.close(f"{what} step {step} {name}", p.detach(), q.detach(), tol)
+    return ddp
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def sgd(params):
+    return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+
+
+def adam(params):
+    return torch.optim.Adam(params, lr=0.01)
+
+
+# Checks ------------------------------------------------------------------------------------------
+
+def check_equivalence(hvd, c):
+    train_and_compare(hvd, c, "sgd", Mlp, sgd)
+    train_and_compare(hvd, c, "adam", Mlp, adam)
+
+
+def check_bucket_rebuild(hvd, c, layouts):
+    """Reverse registration order differs from the backward order: the rebuild must fix it."""
+    from horo_torch import comm_hooks
+    launches = []
+
+    def recording_hook(state, bucket):
+        # Parameters whose gradient is still missing when the bucket is launched: > 0 means overlap.
+        missing = sum(p.grad is None for p in ddp_params)
+        launches.append((bucket.index(), missing))
+        return comm_hooks.allreduce_hook(state, bucket)
+
+    before = []
+
+    def on_step(step, ddp):
+        if step == 0:
+            layouts["rebuilt"] = ddp.buckets
+
+    torch.manual_seed(0)
+    probe = Reordered()
+    from horo_torch.ddp import DistributedDataParallel
+    initial = DistributedDataParallel(probe.double(), bucket_cap_mb=TINY_BUCKETS_MB).buckets
+    before.extend(initial)
+    ddp_params = []
+
+    def opt_fn(params):
+        ddp_params[:] = list(params)  # the last call is the wrapper's optimizer
+        return sgd(ddp_params)
+
+    ddp = train_and_compare(hvd, c, "rebuild sgd", Reordered, opt_fn, steps=3, hook=recording_hook,
+                            on_step=on_step)
+    names = [n for b in before for n in b]
+    c.same("initial buckets follow reverse registration order", names,
+           ["body.bias", "body.weight", "head.bias", "head.weight"])
+    c.same("one parameter per bucket", [len(b) for b in before], [1, 1, 1, 1])
+    rebuilt = [n for b in layouts["rebuilt"] for n in b]
+    c.same("rebuilt: head before body", sorted(rebuilt[:2]) + sorted(rebuilt[2:]),
+           ["head.bias", "head.weight", "body.bias", "body.weight"])
+    c.same("rebuilt flag", ddp.buckets_rebuilt, True)
+    c.same("buckets unchanged after the rebuild", ddp.buckets, layouts["rebuilt"])
+    later = [missing for index, missing in launches[4:] if index == 0]
+    c.same("bucket 0 launched while body gradients were pending", all(m >= 2 for m in later) and len(later) == 2,
+           True)
+    layouts["initial"] = tuple(before)
+
+
+def check_no_sync(hvd, c):
+    from horo_torch.ddp import DistributedDataParallel
+    train_and_compare(hvd, c, "no_sync sgd", Mlp, sgd, steps=2, micro=3)
+    # Inside no_sync gradients stay local: they equal a lone process's gradients on this rank's rows.
+    rank = hvd.rank()
+    torch.manual_seed(0)
+    solo = Mlp().double()
+    torch.manual_seed(0)
+    ddp = DistributedDataParallel(Mlp().double())
+    x, y = batch(7, hvd.size() * BATCH, torch.float64)
+    with ddp.no_sync():
+        local_loss(ddp, rows(x, rank), rows(y, rank), rank).backward()
+    local_loss(solo, rows(x, rank), rows(y, rank), rank).backward()
+    for p, q in zip(ddp.module.parameters(), solo.parameters()):
+        c.close("no_sync keeps local gradients", p.grad, q.grad, 1e-12)
+
+
+def check_compression_hooks(hvd, c):
+    from horo_torch import comm_hooks
+    train_and_compare(hvd, c, "fp16 adam", Mlp, adam, hook=comm_hooks.fp16_compress_hook, tol=2e-3,
+                      dtype=torch.float32)
+    train_and_compare(hvd, c, "bf16 sgd", Mlp, sgd, hook=comm_hooks.bf16_compress_hook, tol=2e-2,
+                      dtype=torch.float32)
+    train_and_compare(hvd, c, "allreduce hook sgd", Mlp, sgd, hook=comm_hooks.allreduce_hook)
+
+
+def check_unused_parameters(hvd, c):
+    for opt_fn in (sgd, adam):
+        ddp = train_and_compare(hvd, c, f"unused {opt_fn.__name__}", Branchy, opt_fn, find_unused=True, routed=True)
+        c.same("gradient of a parameter no rank used stays None", ddp.module.never.weight.grad is None, True)
+    # With no_sync: rank 0 uses rank0 only in the accumulated micro-batches of its own route.
+    train_and_compare(hvd, c, "unused no_sync", Branchy, sgd, steps=2, find_unused=True, routed=True, micro=2)
+
+
+def check_unused_without_flag(hvd, c):
+    """find_unused_parameters=False and an unused parameter: a clear error, and no rank hangs."""
+    from horo_torch.ddp import DistributedDataParallel
+    rank = hvd.rank()
+    torch.manual_seed(0)
+    ddp = DistributedDataParallel(Branchy().double())
+    x, y = batch(0, hvd.size() * BATCH, torch.float64)
+    c.raises("unused on every rank", RuntimeError, "find_unused_parameters=True",
+             lambda: local_loss(ddp, rows(x, rank), rows(y, rank), rank).backward())
+    # Layer rank0 used on rank 0 only, every other parameter used everywhere: only the other ranks raise.
+    torch.manual_seed(0)
+    model = Branchy().double()
+    del model.never
+    model.branches = torch.nn.ModuleList([model.branches[0]])  # every rank takes route 0 below
+    ddp = DistributedDataParallel(model)
+
+    def step():
+        ddp.zero_grad()
+        local_loss(ddp, rows(x, rank), rows(y, rank), 0 if rank == 0 else 2).backward()  # route 0 everywhere
+
+    if rank == 0:
+        step()
+        c.same("rank 0 completes", ddp.module.rank0.weight.grad is not None, True)
+    else:
+        c.raises("rank-0-only parameter on other ranks", RuntimeError, "rank0.weight", step)
+    # The job goes on: every rank still takes part in collectives in step.
+    total = hvd.allreduce(torch.tensor([float(rank)]), op=hvd.Sum)
+    c.same("collective after the error", total.item(), float(sum(range(hvd.size()))))
+
+
+def check_state_broadcast(hvd, c):
+    from horo_torch.ddp import DistributedDataParallel
+    rank = hvd.rank()
+    torch.manual_seed(rank)  # different parameters on every rank
+    model = Mlp()
+    model.register_buffer("counter", torch.full((2,), float(rank)))
+    torch.manual_seed(0)
+    want = Mlp()
+    ddp = DistributedDataParallel(model)
+    for p, q in zip(ddp.module.parameters(), want.parameters()):
+        c.close("parameters broadcast from rank 0", p.detach(), q.detach(), 0.0)
+    c.close("buffer broadcast at construction", model.counter, torch.zeros(2), 0.0)
+    model.counter.fill_(rank + 5.0)
+    ddp(torch.zeros(1, 5))
+    c.close("buffer broadcast before forward", model.counter, torch.full((2,), 5.0), 0.0)
+
+
+def check_hook_api(hvd, c):
+    from horo_torch.ddp import DistributedDataParallel
+    from horo_torch import comm_hooks
+    rank = hvd.rank()
+
+    def noop_hook(state, bucket):
+        state.append(bucket.name())
+        future = torch.futures.Future()
+        future.set_result(bucket.buffer())
+        return future
+
+    names = []
+    torch.manual_seed(0)
+    ddp = DistributedDataParallel(Mlp().double(), bucket_cap_mb=TINY_BUCKETS_MB)
+    ddp.register_comm_hook(names, noop_hook)
+    c.raises("second hook", RuntimeError, "only be called once",
+             lambda: ddp.register_comm_hook(None, comm_hooks.allreduce_hook))
+    c.raises("hook not callable", TypeError, "callable",
+             lambda: DistributedDataParallel(Mlp()).register_comm_hook(None, 3))
+    c.raises("bucket_cap_mb", ValueError, "positive", lambda: DistributedDataParallel(Mlp(), bucket_cap_mb=0))
+    torch.manual_seed(0)
+    solo = Mlp().double()
+    x, y = batch(3, hvd.size() * BATCH, torch.float64)
+    local_loss(ddp, rows(x, rank), rows(y, rank), rank).backward()
+    local_loss(solo, rows(x, rank), rows(y, rank), rank).backward()
+    for p, q in zip(ddp.module.parameters(), solo.parameters()):
+        c.close("a no-op hook leaves local gradients", p.grad, q.grad, 1e-12)
+    c.same("one call per bucket, unique names", len(names) == len(set(names)) == len(ddp.buckets), True)
+
+
+def check_process_set(hvd, c, pair):
+    from horo_torch.ddp import DistributedDataParallel
+    if pair.included():
+        train_and_compare(hvd, c, "process set sgd", Mlp, sgd, steps=2, process_set=pair)
+    else:
+        c.raises("wrapper on a set without this rank", ValueError, "not a member",
+                 lambda: DistributedDataParallel(Mlp(), process_set=pair))
+
+
+def init_with_pair(hvd, size):
+    """Initialises Horo with a process set of ranks 0 and 1 (the global set when size is 2); returns it."""
+    pair = hvd.ProcessSet([0, 1])
+    hvd.init(process_sets=[pair] if size > 2 else [])
+    torch.set_num_threads(1)
+    return pair if pair.process_set_id is not None else hvd.global_process_set
+
+
+def run_groups(groups):
+    """Runs each named group of checks, fn(checks), on this rank; a raising group is reported and the
+    run goes on. Returns {name: (count, failures)}."""
+    report = {}
+    for name, fn in groups.items():
+        c = Checks()
+        try:
+            fn(c)
+        except Exception:  # noqa: BLE001 - reported; the run goes on with the next group
+            c.failures.append(f"raised:\n{traceback.format_exc()}")
+        report[name] = (c.count, c.failures)
+    return report
+
+
+def problems_in(reports):
+    """The failures of every rank's report, and the groups in which no check ran."""
+    problems = []
+    for rank, report in enumerate(reports):
+        for group, (count, failures) in report.items():
+            problems += [f"rank {rank} {group}: {f}" for f in failures]
+            if count == 0:
+                problems.append(f"rank {rank} {group}: no check ran")
+    return problems
+
+
+RUN_ENV = {"HORO_PEER_TIMEOUT_SECONDS": "60", "HORO_STALL_SHUTDOWN_TIME_SECONDS": "60"}
+
+
+def run_checks(size):
+    import horo_torch as hvd
+
+    pair = init_with_pair(hvd, size)
+    layouts = {}
+    report = run_groups({
+        "equivalence": lambda c: check_equivalence(hvd, c),
+        "bucket_rebuild": lambda c: check_bucket_rebuild(hvd, c, layouts),
+        "no_sync": lambda c: check_no_sync(hvd, c),
+        "compression_hooks": lambda c: check_compression_hooks(hvd, c),
+        "unused_parameters": lambda c: check_unused_parameters(hvd, c),
+        "unused_without_flag": lambda c: check_unused_without_flag(hvd, c),
+        "state_broadcast": lambda c: check_state_broadcast(hvd, c),
+        "hook_api": lambda c: check_hook_api(hvd, c),
+        "process_set": lambda c: check_process_set(hvd, c, pair),
+    })
+    hvd.barrier()
+    hvd.shutdown()
+    return report, layouts
+
+
+@pytest.mark.parametrize("size", SIZES, ids=[f"np{n}" for n in SIZES])
+def test_ddp_matches_single_process(size):
+    results = horo_runner.run(run_checks, args=(size,), np=size, env=RUN_ENV)
+    problems = problems_in([report for report, _ in results])
+    assert not problems, "\n".join(problems[:40])
+    layouts = [layout for _, layout in results]
+    assert all(layout == layouts[0] for layout in layouts), f"ranks disagree on buckets: {layouts}"
+    assert layouts[0]["rebuilt"] != layouts[0]["initial"]

@@ -1,0 +1,263 @@
+"""State helpers: broadcast_parameters, broadcast_optimizer_state, broadcast_object, allgather_object,
+and sparse_allreduce_async, on 3 ranks (odd, so Average divides by a number that is not a power
+of two) with one process set {1, 2} that excludes rank 0.
+
+Every rank starts from rank-dependent values, so a helper that does nothing fails; every expected
+value is exact, except the training trajectory after broadcast_optimizer_state, which must equal
+the single-process one to float32 round-off.
+"""
+import numpy as np
+import pytest
+import torch
+
+import horo_runner
+
+SIZE = 3
+ENV = {"HORO_STALL_SHUTDOWN_TIME_SECONDS": "60", "HORO_PEER_TIMEOUT_SECONDS": "60"}
+STEPS, SHARD = 5, 4
+EXACT = 2e-5
+
+
+def make_model(seed):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+
+
+def batch(step, rows):
+    g = torch.Generator().manual_seed(500 + step)
+    return torch.randn(rows, 5, generator=g), torch.randint(0, 3, (rows,), generator=g)
+
+
+def train_step(model, opt, x, y):
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+
+
+def values(tensors):
+    return [t.detach().clone() for t in tensors]
+
+
+def state_of(opt):
+    """The optimizer's state_dict with tensors cloned, for comparison in the parent."""
+    sd = opt.state_dict()
+    state = {pid: {k: v.clone() if torch.is_tensor(v) else v for k, v in s.items()} for pid, s in sd["state"].items()}
+    return {"state": state, "param_groups": sd["param_groups"]}
+
+
+def capture(fn):
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - the test compares type and text
+        return type(exc).__name__, str(exc)
+    return None
+
+
+def check_parameters(hvd, rank):
+    report = {}
+    model = make_model(seed=rank)
+    report["state_dict before"] = values(model.state_dict().values())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=1)
+    report["state_dict after"] = values(model.state_dict().values())
+
+    model = make_model(seed=10 + rank)
+    report["named before"] = values(model.parameters())
+    hvd.broadcast_parameters(model.named_parameters(), root_rank=0)  # a generator, as users pass it
+    report["named after"] = values(model.parameters())
+
+    tensors = [torch.full((2, 3), float(rank)), torch.arange(4, dtype=torch.int64) * (rank + 1)]
+    hvd.broadcast_parameters(tensors, root_rank=2)
+    report["list after"] = values(tensors)
+
+    report["not a tensor"] = capture(lambda: hvd.broadcast_parameters({"lr": 0.1}, root_rank=0))
+    report["not iterable"] = capture(lambda: hvd.broadcast_parameters(5, root_rank=0))
+    return report
+
+
+def check_optimizer_state(hvd, rank):
+    report = {}
+
+    # A fresh Adam stays fresh: only the hyper-parameters travel, and training then follows the
+    # single-process trajectory exactly (Horovod's zero-gradient step would advance Adam's counter).
+    model = make_model(seed=rank)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01 * (rank + 1), betas=(0.9, 0.99 - 0.001 * rank))
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    group = opt.param_groups[0]
+    report["fresh adam"] = (len(opt.state), group["lr"], group["betas"], type(group["betas"]).__name__)
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    reference = make_model(seed=0)
+    reference_opt = torch.optim.Adam(reference.parameters(), lr=0.01, betas=(0.9, 0.99))
+    for step in range(STEPS):
+        x, y = batch(step, SHARD * SIZE)
+        train_step(reference, reference_opt, x, y)
+        train_step(model, opt, x[rank * SHARD:(rank + 1) * SHARD], y[rank * SHARD:(rank + 1) * SHARD])
+    report["fresh adam trajectory"] = max((a - b).abs().max().item()
+                                          for a, b in zip(model.parameters(), reference.parameters()))
+    report["fresh adam step"] = opt.state_dict()["state"][0]["step"].item()
+
+    # Adam with state that differs per rank (rank r took r+1 local steps): root 1's state wins.
+    model = make_model(seed=rank)
+    opt = torch.optim.Adam(model.parameters(), lr=0.001 * (rank + 1), amsgrad=rank == 1)
+    for step in range(rank + 1):
+        x, y = batch(100 + 10 * rank + step, 6)
+        train_step(model, opt, x, y)
+    hvd.broadcast_optimizer_state(opt, root_rank=1)
+    report["trained adam"] = state_of(opt)
+
+    # SGD momentum: the root has state, rank 2 none; wrapped in a DistributedOptimizer.
+    model = make_model(seed=rank)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5 + 0.1 * rank),
+                                   named_parameters=model.named_parameters())
+    if rank != 2:
+        opt.param_groups[0]["params"][0].grad = torch.full((8, 5), float(rank + 1))
+        torch.optim.SGD.step(opt)  # a local step with this rank's own gradient, no reduction
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    report["sgd"] = state_of(opt)
+
+    # The root has no state, the others have some: they end up with none.
+    model = make_model(seed=rank)
+    opt = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
+    if rank != 0:
+        x, y = batch(7, 6)
+        train_step(model, opt, x, y)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    report["root without state"] = (len(opt.state), opt.param_groups[0]["lr"])
+
+    # Different parameter layouts fail on every rank, naming the odd rank.
+    model = torch.nn.Linear(4, 3 if rank == 2 else 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    report["layout mismatch"] = capture(lambda: hvd.broadcast_optimizer_state(opt, root_rank=0))
+    return report
+
+
+def check_objects(hvd, rank, pair):
+    report = {}
+    offset = 1000 * rank
+
+    def shifted(v):
+        return v + offset
+
+    obj = {"nested": [1, 2.5, None, ("t", b"\x00\xff")], "array": np.arange(6).reshape(2, 3) * (rank + 1),
+           "function": shifted, "big": bytes(range(256)) * 4097}
+    received = hvd.broadcast_object(obj if rank == 1 else None, root_rank=1)
+    report["broadcast_object"] = (received["nested"], received["array"].tolist(), received["function"](1),
+                                  len(received["big"]), received["big"][:3] == b"\x00\x01\x02")
+    report["broadcast_object named"] = hvd.broadcast_object({"rank": rank}, root_rank=0, name="config")
+
+    mine = [7, "text", {"k": list(range(3000))}][rank]
+    report["allgather_object"] = hvd.allgather_object(mine)
+    report["allgather_object named"] = hvd.allgather_object(rank * 1.5, name="floats")
+    if rank in (1, 2):
+        report["broadcast_object in {1, 2}"] = hvd.broadcast_object(f"from {rank}", root_rank=2, process_set=pair)
+        report["allgather_object in {1, 2}"] = hvd.allgather_object(rank, process_set=pair)
+    return report
+
+
+def check_sparse(hvd, rank):
+    report = {}
+    dense = torch.zeros(5, 2)
+    dense[rank] = torch.tensor([1.0, 2.0])
+    dense[4] = float(rank + 1)
+    sparse = dense.to_sparse()
+    for op in ("Sum", "Average"):
+        reduced = hvd.sparse_allreduce_async(sparse, f"sparse.{op}", getattr(hvd, op))()
+        report[op] = (reduced.layout == torch.sparse_coo, reduced.to_dense().tolist())
+    report["Max"] = capture(lambda: hvd.sparse_allreduce_async(sparse, "sparse.max", hvd.Max))
+    report["dense input"] = capture(lambda: hvd.sparse_allreduce_async(dense, "sparse.dense", hvd.Sum))
+    return report
+
+
+def run_all():
+    import horo_torch as hvd
+    torch.set_num_threads(1)
+    pair = hvd.ProcessSet([1, 2])
+    hvd.init(process_sets=[pair])
+    rank = hvd.rank()
+    report = {"parameters": check_parameters(hvd, rank), "optimizer": check_optimizer_state(hvd, rank),
+              "objects": check_objects(hvd, rank, pair), "sparse": check_sparse(hvd, rank)}
+    hvd.shutdown()
+    return report
+
+
+@pytest.fixture(scope="module")
+def reports():
+    return horo_runner.run(run_all, np=SIZE, env=ENV)
+
+
+def assert_tensors_equal(got, want, what):
+    assert len(got) == len(want), what
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g.dtype == w.dtype and torch.equal(g, w), f"{what}[{i}]: {g} != {w}"
+
+
+def assert_states_equal(got, want, what):
+    assert got["param_groups"] == want["param_groups"], what
+    assert sorted(got["state"]) == sorted(want["state"]), what
+    for pid, entries in want["state"].items():
+        assert sorted(got["state"][pid]) == sorted(entries), f"{what} param {pid}"
+        for key, value in entries.items():
+            mine = got["state"][pid][key]
+            if torch.is_tensor(value):
+                assert mine.dtype == value.dtype and torch.equal(mine, value), f"{what} param {pid} {key}"
+            else:
+                assert mine == value, f"{what} param {pid} {key}"
+
+
+def test_broadcast_parameters(reports):
+    root1, root0 = reports[1]["parameters"], reports[0]["parameters"]
+    assert not torch.equal(reports[0]["parameters"]["state_dict before"][0], root1["state_dict before"][0])
+    for rank, report in enumerate(reports):
+        p = report["parameters"]
+        assert_tensors_equal(p["state_dict after"], root1["state_dict before"], f"rank {rank} state_dict")
+        assert_tensors_equal(p["named after"], root0["named before"], f"rank {rank} named_parameters")
+        assert_tensors_equal(p["list after"], [torch.full((2, 3), 2.0), torch.arange(4, dtype=torch.int64) * 3],
+                             f"rank {rank} list")
+        assert p["not a tensor"] == ("ValueError", "broadcast_parameters: 'lr' is a float, not a tensor; send other "
+                                                   "objects with broadcast_object")
+        assert p["not iterable"] == ("ValueError", "broadcast_parameters: params must be a dict or a list of (name, "
+                                                   "tensor) pairs, got int")
+
+
+def test_broadcast_optimizer_state(reports):
+    for rank, report in enumerate(reports):
+        o = report["optimizer"]
+        assert o["fresh adam"] == (0, 0.01, (0.9, 0.99), "tuple"), "no state created, root's hyper-parameters"
+        assert o["fresh adam trajectory"] <= EXACT, f"rank {rank}: {o['fresh adam trajectory']}"
+        assert o["fresh adam step"] == float(STEPS)
+        assert_states_equal(o["trained adam"], reports[1]["optimizer"]["trained adam"], f"rank {rank} adam")
+        assert o["trained adam"]["state"][0]["step"].item() == 2.0
+        assert o["trained adam"]["param_groups"][0]["amsgrad"] is True
+        assert_states_equal(o["sgd"], reports[0]["optimizer"]["sgd"], f"rank {rank} sgd")
+        assert torch.equal(o["sgd"]["state"][0]["momentum_buffer"], torch.full((8, 5), 1.0))
+        assert o["sgd"]["param_groups"][0]["momentum"] == 0.5
+        assert o["root without state"] == (0, 0.2)
+        kind, message = o["layout mismatch"]
+        assert kind == "ValueError"
+        assert message == ("broadcast_optimizer_state: the optimizer's parameter groups differ from root rank 0's "
+                           "[[(2, 4), (2,)]]: rank 2 has parameter shapes [[(3, 4), (3,)]]")
+
+
+def test_broadcast_and_allgather_objects(reports):
+    for rank, report in enumerate(reports):
+        o = report["objects"]
+        assert o["broadcast_object"] == ([1, 2.5, None, ("t", b"\x00\xff")], [[0, 2, 4], [6, 8, 10]], 1001,
+                                         256 * 4097, True)
+        assert o["broadcast_object named"] == {"rank": 0}
+        assert o["allgather_object"] == [7, "text", {"k": list(range(3000))}]
+        assert o["allgather_object named"] == [0.0, 1.5, 3.0]
+        if rank in (1, 2):
+            assert o["broadcast_object in {1, 2}"] == "from 2"
+            assert o["allgather_object in {1, 2}"] == [1, 2]
+        else:
+            assert "broadcast_object in {1, 2}" not in o
+
+
+def test_sparse_allreduce(reports):
+    rows = [[1.0, 2.0], [1.0, 2.0], [1.0, 2.0], [0.0, 0.0], [6.0, 6.0]]
+    for report in reports:
+        s = report["sparse"]
+        assert s["Sum"] == (True, rows)
+        assert s["Average"] == (True, (torch.tensor(rows) / 3).tolist())
+        assert s["Max"][0] == "ValueError" and "only be reduced with Average or Sum" in s["Max"][1]
+        assert s["dense input"][0] == "ValueError" and "want a sparse COO tensor" in s["dense input"][1]

@@ -1,0 +1,406 @@
+"""DistributedOptimizer: N ranks with batch b each must train exactly like one process on N*b.
+
+One ``horo_runner.run`` per world size runs every scenario on every rank (process start-up
+dominates the cost on small machines). Each rank trains the distributed model on its shard and,
+on its own, the single-process reference on the concatenated batch from the same seed and data;
+it reports the largest parameter difference after STEPS steps, which the test compares with a
+tolerance: float32 round-off for exact reductions, a looser one for fp16/bf16 compression. So that
+no scenario passes by accident, the parameters must also have moved by far more than the tolerance,
+and a control (the same optimizer on the local shard only, no reduction) must miss the reference by
+far more than the loosest tolerance.
+"""
+import warnings
+
+import pytest
+import torch
+
+import horo_runner
+
+STEPS = 5
+SHARD = 4          # samples per rank per step
+FEATURES, HIDDEN, CLASSES = 6, 16, 4
+EXACT = 2e-5       # float32 round-off after STEPS steps
+TOLERANCE = {"fp16": 5e-4, "bf16": 2e-3}  # measured: 3e-5 and 1.3e-4
+ENV = {"HORO_STALL_SHUTDOWN_TIME_SECONDS": "60", "HORO_PEER_TIMEOUT_SECONDS": "60"}
+
+
+class Net(torch.nn.Module):
+    """A small MLP; with branches=True rank r also uses head (r % 2), so each head is unused on some ranks."""
+
+    def __init__(self, branches=False):
+        super().__init__()
+        torch.manual_seed(1234)
+        self.fc1 = torch.nn.Linear(FEATURES, HIDDEN)
+        self.fc2 = torch.nn.Linear(HIDDEN, CLASSES)
+        self.heads = torch.nn.ModuleList([torch.nn.Linear(HIDDEN, CLASSES) for _ in range(2)]) if branches else None
+        self.unused = torch.nn.Parameter(torch.ones(3)) if branches else None
+
+    def forward(self, x, branch=None):
+        h = torch.tanh(self.fc1(x))
+        out = self.fc2(h)
+        return out if branch is None else out + self.heads[branch](h)
+
+
+class SparseNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(99)
+        self.embedding = torch.nn.Embedding(20, 5, sparse=True)
+        self.fc = torch.nn.Linear(5, CLASSES)
+
+    def forward(self, ids):
+        return self.fc(self.embedding(ids).mean(1))
+
+
+def global_batch(step, size, sparse=False):
+    """The step's batch for all ranks together; rank r's shard is rows [r*SHARD, (r+1)*SHARD)."""
+    g = torch.Generator().manual_seed(1000 + step)
+    n = SHARD * size
+    x = torch.randint(0, 20, (n, 3), generator=g) if sparse else torch.randn(n, FEATURES, generator=g)
+    return x, torch.randint(0, CLASSES, (n,), generator=g)
+
+
+def shard(tensor, rank):
+    return tensor[rank * SHARD:(rank + 1) * SHARD]
+
+
+def loss_of(model, x, y, branch):
+    return torch.nn.functional.cross_entropy(model(x) if branch is None else model(x, branch), y)
+
+
+def sgd(params, lr=0.1):
+    return torch.optim.SGD(params, lr=lr, momentum=0.9)
+
+
+def adam(params, lr=0.01):
+    return torch.optim.Adam(params, lr=lr)
+
+
+def sgd_plain(params):
+    """SGD without momentum, for sparse gradients."""
+    return torch.optim.SGD(params, lr=0.5)
+
+
+def max_difference(a, b):
+    return max((pa.detach() - pb.detach()).abs().max().item() for pa, pb in zip(a.parameters(), b.parameters()))
+
+
+def train_reference(make_model, make_opt, size, branches, sparse=False):
+    """One process, the concatenated batch of all ranks (per-rank heads when branches)."""
+    model = make_model()
+    opt = make_opt(model.parameters())
+    for step in range(STEPS):
+        x, y = global_batch(step, size, sparse)
+        opt.zero_grad()
+        if branches:
+            loss = sum(loss_of(model, shard(x, r), shard(y, r), r % 2) for r in range(size)) / size
+        else:
+            loss = loss_of(model, x, y, None)
+        loss.backward()
+        opt.step()
+    return model
+
+
+def train_distributed(make_model, make_opt, size, rank, branches, sparse=False, passes=1, local_only=False,
+                      **options):
+    """This rank's shard through DistributedOptimizer (or the plain optimizer when local_only)."""
+    import horo_torch as hvd
+    model = make_model()
+    opt = make_opt(model.parameters())
+    if not local_only:
+        groups = options.pop("groups", None)
+        if callable(groups):
+            groups = groups(model)
+        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), backward_passes_per_step=passes,
+                                       groups=groups, **options)
+    branch = rank % 2 if branches else None
+    for step in range(STEPS):
+        x, y = global_batch(step, size, sparse)
+        x, y = shard(x, rank), shard(y, rank)
+        opt.zero_grad()
+        micro = SHARD // passes
+        for i in range(passes):
+            (loss_of(model, x[i * micro:(i + 1) * micro], y[i * micro:(i + 1) * micro], branch) / passes).backward()
+        opt.step()
+    return model
+
+
+def equivalence_scenarios(size):
+    """name -> (model factory, reference optimizer, distributed optimizer, options, tolerance)."""
+    def net():
+        return Net()
+
+    def branch_net():
+        return Net(branches=True)
+
+    def sum_sgd(params):
+        return sgd(params, lr=0.1 / size)  # Sum gives size times the average gradient; SGD is linear in it
+
+    return {
+        "sgd momentum": (net, sgd, sgd, {}, EXACT),
+        "adam": (net, adam, adam, {}, EXACT),
+        "sgd backward_passes_per_step=2": (net, sgd, sgd, {"passes": 2}, EXACT),
+        "adam backward_passes_per_step=2": (net, adam, adam, {"passes": 2}, EXACT),
+        "sgd groups=2": (net, sgd, sgd, {"groups": 2}, EXACT),
+        "adam groups=list": (net, adam, adam, {"groups": lambda m: [[m.fc1.weight, m.fc2.bias], [m.fc1.bias]]}, EXACT),
+        "sgd fp16": (net, sgd, sgd, {"compression": "fp16"}, TOLERANCE["fp16"]),
+        "adam bf16": (net, adam, adam, {"compression": "bf16"}, TOLERANCE["bf16"]),
+        "sgd gradient_predivide_factor=2": (net, sgd, sgd, {"gradient_predivide_factor": 2.0}, EXACT),
+        "adam gradient_predivide_factor=4": (net, adam, adam, {"gradient_predivide_factor": 4.0}, EXACT),
+        "sgd op=Sum with lr/size": (net, sgd, sum_sgd, {"op": "Sum"}, EXACT),
+        "sgd rank-dependent branch": (branch_net, sgd, sgd, {"branches": True}, EXACT),
+        "adam rank-dependent branch": (branch_net, adam, adam, {"branches": True}, EXACT),
+        "sgd rank-dependent branch, groups across heads": (
+            branch_net, sgd, sgd,
+            {"branches": True, "groups": lambda m: [[m.heads[0].weight, m.heads[1].weight, m.fc1.weight]]}, EXACT),
+        "sparse embedding by allgather": (SparseNet, sgd_plain, sgd_plain, {"sparse": True}, EXACT),
+        "sparse embedding as dense": (SparseNet, sgd_plain, sgd_plain, {"sparse": True, "sparse_as_dense": True},
+                                      EXACT),
+    }
+
+
+def run_equivalence(size, rank):
+    import horo_torch as hvd
+    results = {}
+    for name, (make_model, ref_opt, dist_opt, options, tolerance) in equivalence_scenarios(size).items():
+        options = dict(options)
+        if "compression" in options:
+            options["compression"] = getattr(hvd.Compression, options["compression"])
+        if "op" in options:
+            options["op"] = getattr(hvd, options["op"])
+        branches, sparse = options.pop("branches", False), options.pop("sparse", False)
+        reference = train_reference(make_model, ref_opt, size, branches, sparse)
+        distributed = train_distributed(make_model, dist_opt, size, rank, branches, sparse, **options)
+        moved = max_difference(distributed, make_model())
+        results[name] = (max_difference(reference, distributed), tolerance, moved)
+    # Controls: without reduction the shard-only run is far from the reference.
+    for name, make_opt in (("control sgd", sgd), ("control adam", adam)):
+        reference = train_reference(Net, make_opt, size, False)
+        local = train_distributed(Net, make_opt, size, rank, False, local_only=True)
+        results[name] = max_difference(reference, local)
+    return results
+
+
+# Behaviour checks (one world of 2 ranks) ---------------------------------------------------------
+
+def capture(fn):
+    """(exception type name, message) raised by fn, or None."""
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - the test compares type and text
+        return type(exc).__name__, str(exc), [c.__name__ for c in type(exc).__mro__]
+    return None
+
+
+def run_behaviour(size, rank):
+    import horo_torch as hvd
+    report = {}
+
+    def fresh(**options):
+        model = Net()
+        return model, hvd.DistributedOptimizer(sgd(model.parameters()), named_parameters=model.named_parameters(),
+                                               **options)
+
+    x, y = global_batch(0, size)
+    x, y = shard(x, rank), shard(y, rank)
+
+    model, opt = fresh()
+    report["class"] = (type(opt).__name__, isinstance(opt, torch.optim.SGD), opt.param_groups[0]["lr"])
+    calls = []
+    opt.register_step_pre_hook(lambda *a: calls.append("pre"))
+    opt.register_step_post_hook(lambda *a: calls.append("post"))
+    loss_of(model, x, y, None).backward()
+    report["started during backward"] = sorted(len(s.params) for s in opt._handles.values())
+    report["zero_grad while pending"] = capture(opt.zero_grad)
+    opt.step()
+    report["step hooks"] = calls
+    opt.zero_grad(set_to_none=False)
+    report["zero_grad(set_to_none=False)"] = all(p.grad is not None and not p.grad.any() for p in model.parameters())
+    opt.zero_grad()
+    report["zero_grad()"] = all(p.grad is None for p in model.parameters())
+
+    # backward_passes_per_step: nothing starts before the last pass; one pass too many is an error.
+    model, opt = fresh(backward_passes_per_step=2)
+    loss_of(model, x, y, None).backward()
+    after_first = len(opt._handles)
+    loss_of(model, x, y, None).backward()
+    report["passes=2 handles after 1st/2nd backward"] = (after_first, len(opt._handles))
+    report["third backward"] = capture(lambda: loss_of(model, x, y, None).backward())
+    opt.synchronize()
+    opt.set_backward_passes_per_step(1)
+    opt.zero_grad()
+    loss_of(model, x, y, None).backward()
+    report["after set_backward_passes_per_step(1)"] = len(opt._handles)
+    opt.step()
+    report["set_backward_passes_per_step(0)"] = capture(lambda: opt.set_backward_passes_per_step(0))
+
+    # synchronize() then step(): warned, and gradients are not reduced a second time (Sum would double them).
+    model = torch.nn.Linear(2, 1, bias=False)
+    with torch.no_grad():
+        model.weight.fill_(0.0)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0), op=hvd.Sum)
+    model(torch.full((1, 2), float(rank + 1))).sum().backward()
+    opt.synchronize()
+    reduced = model.weight.grad.tolist()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt.step()
+    report["step after synchronize"] = (reduced, model.weight.tolist(), [str(w.message) for w in caught])
+    opt.zero_grad()
+    model(torch.full((1, 2), float(rank + 1))).sum().backward()
+    opt.synchronize()
+    with warnings.catch_warnings(record=True) as caught, opt.skip_synchronize():
+        warnings.simplefilter("always")
+        opt.step()
+    report["skip_synchronize"] = (model.weight.tolist(), len(caught))
+
+    # A parameter no rank uses still gets a (zero) gradient and nobody waits for it.
+    model = Net(branches=True)
+    opt = hvd.DistributedOptimizer(sgd(model.parameters()), named_parameters=model.named_parameters())
+    loss_of(model, x, y, rank % 2).backward()
+    opt.synchronize()
+    report["unused everywhere"] = (model.unused.grad.tolist(), model.heads[1 - rank % 2].weight.grad.abs().sum().item()
+                                   > 0)
+
+    # A sparse gradient one rank did not compute: after the first step it is reduced as an empty sparse tensor.
+    model = SparseNet()
+    opt = hvd.DistributedOptimizer(sgd_plain(model.parameters()), named_parameters=model.named_parameters())
+    ids, labels = global_batch(0, size, sparse=True)
+    loss_of(model, shard(ids, rank), shard(labels, rank), None).backward()
+    opt.step()
+    opt.zero_grad()
+    if rank == 0:
+        loss_of(model, shard(ids, 0), shard(labels, 0), None).backward()
+    else:
+        model.fc(torch.ones(1, 5)).sum().backward()
+    opt.synchronize()
+    local = SparseNet()
+    local.load_state_dict(model.state_dict())
+    loss_of(local, shard(ids, 0), shard(labels, 0), None).backward()
+    expected = local.embedding.weight.grad.to_dense() / size
+    grad = model.embedding.weight.grad
+    report["sparse gradient missing on rank 1"] = (grad.is_sparse, (grad.to_dense() - expected).abs().max().item())
+
+    # load_state_dict keeps working and restores the state exactly.
+    model, opt = fresh()
+    loss_of(model, x, y, None).backward()
+    opt.step()
+    saved = opt.state_dict()
+    model2, opt2 = fresh()
+    loss_of(model2, x, y, None).backward()
+    opt2.load_state_dict(saved)
+    report["load_state_dict"] = (not opt2._handles,
+                                 all(torch.equal(opt2.state_dict()["state"][i]["momentum_buffer"],
+                                                 saved["state"][i]["momentum_buffer"]) for i in saved["state"]))
+
+    # Validation, as Horovod.
+    def bad(**options):
+        model = Net()
+        return lambda: hvd.DistributedOptimizer(sgd(model.parameters()), **options)
+
+    m = Net()
+    named = list(m.named_parameters())
+    report["errors"] = {
+        "not tuples": capture(lambda: hvd.DistributedOptimizer(sgd(m.parameters()),
+                                                               named_parameters=[p for _, p in named])),
+        "duplicates": capture(lambda: hvd.DistributedOptimizer(
+            sgd(m.parameters()), named_parameters=[("w", p) for _, p in named])),
+        "unnamed": capture(lambda: hvd.DistributedOptimizer(sgd(m.parameters()), named_parameters=named[:2])),
+        "predivide with Sum": capture(bad(op=hvd.Sum, gradient_predivide_factor=2.0)),
+        "predivide <= 0": capture(bad(gradient_predivide_factor=0.0)),
+        "passes 0": capture(bad(backward_passes_per_step=0)),
+        "groups -1": capture(bad(groups=-1)),
+        "groups of non-tensors": capture(bad(groups=[["fc1.weight"]])),
+        "parameter twice in groups": capture(lambda: hvd.DistributedOptimizer(
+            sgd(m.parameters()), groups=[[m.fc1.weight], [m.fc1.weight]])),
+        "unknown op": capture(bad(op=42)),
+        "Adasum": capture(bad(op=hvd.Adasum)),
+    }
+    return report
+
+
+def run_all(equivalence_only=False):
+    import horo_torch as hvd
+    torch.set_num_threads(1)  # tiny tensors; several ranks share few cores
+    hvd.init()
+    size, rank = hvd.size(), hvd.rank()
+    result = {"equivalence": run_equivalence(size, rank)}
+    if not equivalence_only:
+        result["behaviour"] = run_behaviour(size, rank)
+    hvd.shutdown()
+    return result
+
+
+def check_equivalence(reports):
+    failures = []
+    for rank, report in enumerate(reports):
+        for name, value in report["equivalence"].items():
+            if name.startswith("control"):
+                if not value > 10 * max(TOLERANCE.values()):
+                    failures.append(f"rank {rank} {name}: shard-only training is only {value:.2e} from the reference")
+                continue
+            difference, tolerance, moved = value
+            if not difference <= tolerance:
+                failures.append(f"rank {rank} {name}: parameters differ by {difference:.3e} > {tolerance:.0e}")
+            if not moved > 10 * tolerance:
+                failures.append(f"rank {rank} {name}: parameters moved only {moved:.3e} from their initial values")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.fixture(scope="module")
+def two_rank_reports():
+    return horo_runner.run(run_all, np=2, env=ENV)
+
+
+def test_two_ranks_train_like_one_process_on_the_whole_batch(two_rank_reports):
+    check_equivalence(two_rank_reports)
+
+
+def test_three_ranks_train_like_one_process_on_the_whole_batch():
+    check_equivalence(horo_runner.run(run_all, kwargs={"equivalence_only": True}, np=3, env=ENV))
+
+
+def test_distributed_optimizer_behaves_as_horovods(two_rank_reports):
+    for rank, report in enumerate(two_rank_reports):
+        b = report["behaviour"]
+        assert b["class"] == ("SGD", True, 0.1)
+        assert b["started during backward"] == [1, 1, 1, 1], "every gradient's allreduce starts in backward()"
+        assert b["zero_grad while pending"][0] == "AssertionError"
+        assert "before optimizer.step() or optimizer.synchronize()" in b["zero_grad while pending"][1]
+        assert b["step hooks"] == ["pre", "post"]
+        assert b["zero_grad(set_to_none=False)"] and b["zero_grad()"]
+        assert b["passes=2 handles after 1st/2nd backward"] == (0, 4)
+        assert b["third backward"][0] == "AssertionError"
+        assert "more than backward_passes_per_step times" in b["third backward"][1]
+        assert b["after set_backward_passes_per_step(1)"] == 4
+        assert b["set_backward_passes_per_step(0)"][:2] == (
+            "ValueError", "backward_passes_per_step must be an integer >= 1, got 0")
+        # Sum of the inputs 1 and 2 is 3 per weight; one SGD step with lr 1 from 0 gives -3.
+        grads, weights, warned = b["step after synchronize"]
+        assert grads == [[3.0, 3.0]] and weights == [[-3.0, -3.0]]
+        assert len(warned) == 1 and warned[0].startswith("optimizer.step() called without optimizer.skip_synchronize()")
+        assert "the gradients were already reduced and are not reduced again" in warned[0]
+        assert b["skip_synchronize"] == ([[-6.0, -6.0]], 0)
+        assert b["unused everywhere"] == ([0.0, 0.0, 0.0], True), "zeros for the unused, the other rank's head reduced"
+        assert b["load_state_dict"] == (True, True)
+        is_sparse, difference = b["sparse gradient missing on rank 1"]
+        assert is_sparse and difference <= 1e-7
+
+        errors = b["errors"]
+        want = {
+            "not tuples": ("ValueError", "named_parameters should be a sequence of tuples (name, parameter)"),
+            "duplicates": ("ValueError", "Parameter names in named_parameters must be unique. Found duplicates: w"),
+            "unnamed": ("ValueError", "one or more model parameters were not named: group 0 index 2 shape (4, 16)"),
+            "predivide with Sum": ("ValueError", "gradient_predivide_factor not supported with op != Average"),
+            "predivide <= 0": ("ValueError", "gradient_predivide_factor must be > 0, got 0.0"),
+            "passes 0": ("ValueError", "backward_passes_per_step must be an integer >= 1, got 0"),
+            "groups -1": ("ValueError", "groups should be a positive integer or a list of lists"),
+            "groups of non-tensors": ("ValueError", "groups must consist of torch.Tensor, got str"),
+            "parameter twice in groups": ("ValueError", "A parameter can only appear once in groups"),
+            "unknown op": ("ValueError", "unknown op 42"),
+            "Adasum": ("HoroUnsupportedError", "op=Adasum is not supported"),
+        }
+        for key, (kind, text) in want.items():
+            got = errors[key]
+            assert got is not None and got[0] == kind and text in got[1], f"rank {rank} {key}: {got}"
+        assert "NotImplementedError" in errors["Adasum"][2]

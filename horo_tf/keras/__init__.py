@@ -1,0 +1,103 @@
+"""Horovod's ``horovod.tensorflow.keras`` API for Keras 3 (TensorFlow backend):
+``import horo_tf.keras as hvd``.
+
+Training with ``model.fit`` needs only ``DistributedOptimizer`` and the callbacks; the functions
+below take and return NumPy-compatible values, as Horovod's Keras functions do.
+"""
+import inspect
+
+import keras
+import tensorflow as tf
+
+from horo_core import __version__
+from horo_core.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled,
+                              init, is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
+                              mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size, tcp_built)
+from horo_core.errors import HoroInternalError, HorovodInternalError
+from horo_core.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from horo_tf import mpi_ops
+from horo_tf.compression import Compression
+from horo_tf.gradient_reduction import ReductionOptions
+from horo_tf.keras import callbacks
+from horo_tf.keras.optimizer import DistributedOptimizer, distributed_class
+from horo_tf.mpi_ops import Average, Sum
+
+
+def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_factor=1.0, op=None,
+              compression=Compression.none):
+    """Reduces value (array-like) across ranks.
+
+    Args:
+        value: a NumPy array, number or tensor; same shape on every rank.
+        name: operation name.
+        average: deprecated, use op.
+        prescale_factor, postscale_factor: scale before and after the reduction.
+        op: Average (default) or another reduce op.
+        compression: the dtype the data travels in.
+    Returns:
+        A NumPy array.
+    Raises:
+        ValueError: invalid arguments. HorovodInternalError: the collective failed.
+    """
+    return mpi_ops.allreduce(tf.constant(value), average=average, name=name, op=op, compression=compression,
+                             prescale_factor=prescale_factor, postscale_factor=postscale_factor).numpy()
+
+
+def allgather(value, name=None):
+    """Concatenates value (rank >= 1) from every rank along dimension 0; returns a NumPy array.
+
+    Raises:
+        ValueError: invalid arguments. HorovodInternalError: the collective failed.
+    """
+    return mpi_ops.allgather(tf.constant(value), name=name).numpy()
+
+
+def broadcast(value, root_rank, name=None):
+    """Returns root_rank's value on every rank as a NumPy array.
+
+    Raises:
+        ValueError: invalid arguments. HorovodInternalError: the collective failed.
+    """
+    return mpi_ops.broadcast(tf.constant(value), root_rank, name=name).numpy()
+
+
+def reducescatter(value, name=None, op=Average):
+    """Reduces value across ranks and returns this rank's rows as a NumPy array.
+
+    Raises:
+        ValueError: invalid arguments. HorovodInternalError: the collective failed.
+    """
+    return mpi_ops.reducescatter(tf.constant(value), name=name, op=op).numpy()
+
+
+def _optimizer_classes():
+    classes = []
+    for item in vars(keras.optimizers).values():
+        if inspect.isclass(item) and issubclass(item, keras.optimizers.Optimizer) \
+                and item is not keras.optimizers.Optimizer:
+            classes.append(item)
+    return classes
+
+
+def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=Compression.none):
+    """Loads a saved Keras model whose optimizer becomes a DistributedOptimizer (its saved state
+    included).
+
+    Args:
+        filepath: a ``.keras`` file.
+        custom_optimizers: optimizer classes beyond keras.optimizers' that the model may use.
+        custom_objects: passed to keras.models.load_model.
+        compression: the compression of the restored DistributedOptimizer.
+    Returns:
+        The compiled model.
+    Raises:
+        ValueError: the file cannot be loaded.
+    """
+    options = ReductionOptions(compression=compression)
+    objects = {}
+    for cls in _optimizer_classes() + list(custom_optimizers or []):
+        wrapped = distributed_class(cls, options)
+        objects[cls.__name__] = wrapped
+        objects[keras.saving.get_registered_name(cls)] = wrapped
+    objects.update(custom_objects or {})
+    return keras.models.load_model(filepath, custom_objects=objects)

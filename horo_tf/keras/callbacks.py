@@ -1,0 +1,205 @@
+"""Keras 3 callbacks for data-parallel training, with Horovod's names and arguments.
+
+* ``BroadcastGlobalVariablesCallback``: every rank starts from root_rank's weights and optimizer state.
+* ``MetricAverageCallback``: epoch-end metrics are averaged across ranks.
+* ``LearningRateScheduleCallback`` / ``LearningRateWarmupCallback``: set
+  ``optimizer.learning_rate`` per epoch or per batch (the warmup ramps from lr/size to lr).
+* ``BestModelCheckpoint``: ``ModelCheckpoint(save_best_only=True)`` written by rank 0 only.
+"""
+import keras
+import numpy as np
+import tensorflow as tf
+
+from horo_core import basics
+from horo_tf import mpi_ops
+from horo_tf.functions import broadcast_variables
+
+
+class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+    """Broadcasts the model's variables and the optimizer's from root_rank when training starts.
+
+    Keras 3 builds the optimizer before ``on_train_begin``, so both are broadcast before the first
+    step; an optimizer that is not built yet is broadcast after the first batch instead.
+
+    Args:
+        root_rank: the global rank whose values every rank takes.
+        device: accepted for Horovod compatibility.
+        local_variables: variables to leave alone (a variable or a list).
+    """
+
+    def __init__(self, root_rank, device="", local_variables=None):
+        super().__init__()
+        self.root_rank = root_rank
+        if local_variables is None:
+            local_variables = []
+        elif not isinstance(local_variables, (list, tuple)):
+            local_variables = [local_variables]
+        self._local = {id(v) for v in local_variables}
+        self._optimizer_pending = False
+
+    def _broadcast(self, variables):
+        broadcast_variables([v for v in variables if id(v) not in self._local], root_rank=self.root_rank)
+
+    def on_train_begin(self, logs=None):
+        self._broadcast(self.model.variables)
+        optimizer = getattr(self.model, "optimizer", None)
+        self._optimizer_pending = optimizer is not None and not optimizer.built
+        if optimizer is not None and optimizer.built:
+            self._broadcast(optimizer.variables)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._optimizer_pending:
+            self._optimizer_pending = False
+            self._broadcast(self.model.optimizer.variables)
+
+
+class MetricAverageCallback(keras.callbacks.Callback):
+    """Replaces every numeric value in the epoch-end logs by its average over all ranks.
+
+    Place it before callbacks that read the logs (checkpoints, early stopping, LR on plateau).
+
+    Args:
+        device: accepted for Horovod compatibility.
+    """
+
+    def __init__(self, device=""):
+        super().__init__()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not logs:
+            return
+        names = sorted(k for k, v in logs.items() if np.ndim(v) == 0 and np.issubdtype(np.asarray(v).dtype, np.number))
+        if not names:
+            return
+        values = tf.constant([float(np.asarray(logs[k])) for k in names], tf.float64)
+        averaged = mpi_ops.allreduce(values, op=mpi_ops.Average, name=f"MetricAverageCallback.{epoch}",
+                                     ignore_name_scope=True).numpy()
+        for k, v in zip(names, averaged):
+            logs[k] = float(v)
+
+
+class LearningRateScheduleCallback(keras.callbacks.Callback):
+    """Sets the learning rate to ``initial_lr * multiplier(epoch)`` between start_epoch and end_epoch.
+
+    Args:
+        initial_lr: the learning rate the multiplier scales (usually the size-scaled rate).
+        multiplier: a constant, or a function of the (fractional, when not staircase) epoch.
+        start_epoch: first epoch adjusted.
+        end_epoch: first epoch no longer adjusted (None: to the end).
+        staircase: adjust once per epoch (True) or every batch with a fractional epoch.
+        momentum_correction: scale the optimizer's momentum by new_lr/old_lr for the batch where the
+            rate changes. Keras 3 optimizers compile momentum into the training step as a constant,
+            so this takes effect only for optimizers whose ``momentum`` is a variable.
+        steps_per_epoch: batches per epoch (detected from fit when None).
+    Raises:
+        ValueError: initial_lr is None, or steps_per_epoch is needed and cannot be detected.
+    """
+
+    def __init__(self, initial_lr, multiplier, start_epoch=0, end_epoch=None, staircase=True,
+                 momentum_correction=True, steps_per_epoch=None):
+        super().__init__()
+        if initial_lr is None:
+            raise ValueError("Parameter `initial_lr` is required")
+        self.initial_lr = initial_lr
+        self.start_epoch = start_epoch
+        self.end_epoch = end_epoch
+        self.staircase = staircase
+        self.momentum_correction = momentum_correction
+        self.steps_per_epoch = steps_per_epoch
+        self.current_epoch = None
+        self._restore_momentum = None
+        if callable(multiplier):
+            self.multiplier = multiplier
+        else:
+            self.staircase = True
+            self.multiplier = lambda epoch: multiplier
+
+    def _autodetect_steps_per_epoch(self):
+        steps = self.params.get("steps") if self.params else None
+        if steps:
+            return steps
+        raise ValueError("Could not autodetect the number of steps per epoch. Please specify the steps_per_epoch "
+                         "parameter to the callback.")
+
+    def _adjust_learning_rate(self, epoch):
+        optimizer = self.model.optimizer
+        old_lr = float(np.asarray(optimizer.learning_rate))
+        new_lr = self.initial_lr * self.multiplier(epoch)
+        optimizer.learning_rate = new_lr
+        momentum = getattr(optimizer, "momentum", None)
+        if self.momentum_correction and isinstance(momentum, (tf.Variable, keras.Variable)) and old_lr:
+            self._restore_momentum = float(np.asarray(momentum))
+            momentum.assign(self._restore_momentum * new_lr / old_lr)
+
+    def on_train_begin(self, logs=None):
+        if not self.staircase and not self.steps_per_epoch:
+            self.steps_per_epoch = self._autodetect_steps_per_epoch()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.current_epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.current_epoch < self.start_epoch or (self.end_epoch is not None
+                                                     and self.current_epoch >= self.end_epoch):
+            return
+        if self.staircase and batch == 0:
+            self._adjust_learning_rate(self.current_epoch)
+        elif not self.staircase:
+            self._adjust_learning_rate(self.current_epoch + float(batch) / self.steps_per_epoch)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._restore_momentum is not None:
+            self.model.optimizer.momentum.assign(self._restore_momentum)
+            self._restore_momentum = None
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs["learning_rate"] = float(np.asarray(self.model.optimizer.learning_rate))
+
+
+class LearningRateWarmupCallback(LearningRateScheduleCallback):
+    """Ramps the learning rate from initial_lr/size to initial_lr over warmup_epochs (Goyal et al.).
+
+    Args:
+        initial_lr: the rate reached at the end of the warmup (usually base_lr * size).
+        warmup_epochs: epochs the ramp lasts.
+        momentum_correction: see LearningRateScheduleCallback.
+        steps_per_epoch: batches per epoch (detected from fit when None).
+        verbose: print a line when the warmup ends.
+    """
+
+    def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True, steps_per_epoch=None, verbose=0):
+        def multiplier(epoch):
+            # Shifted by one batch so that the ramp ends exactly at initial_lr on the last batch.
+            epoch += 1.0 / self.steps_per_epoch
+            return 1.0 / basics.size() * (epoch * (basics.size() - 1) / warmup_epochs + 1)
+
+        super().__init__(initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs, staircase=False,
+                         momentum_correction=momentum_correction, steps_per_epoch=steps_per_epoch)
+        self.verbose = verbose
+
+    def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch, logs)
+        if epoch == self.end_epoch - 1 and self.verbose > 0:
+            lr = float(np.asarray(self.model.optimizer.learning_rate))
+            print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to {lr:g}.")
+
+
+class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
+    """Keeps the best model seen so far at filepath, written by rank 0 only.
+
+    Unlike Horovod's (whose Spark estimator fills the path in), filepath is given here.
+
+    Args:
+        filepath: where to save (``.keras``, or ``.weights.h5`` with save_weights_only).
+        monitor, verbose, save_weights_only, mode, save_freq: as for keras.callbacks.ModelCheckpoint.
+    """
+
+    def __init__(self, filepath, monitor="val_loss", verbose=0, save_weights_only=False, mode="auto",
+                 save_freq="epoch"):
+        super().__init__(filepath, monitor=monitor, verbose=verbose, save_best_only=True,
+                         save_weights_only=save_weights_only, mode=mode, save_freq=save_freq)
+
+    def _save_model(self, epoch, batch, logs):
+        if basics.rank() == 0:
+            super()._save_model(epoch, batch, logs)

@@ -1,0 +1,167 @@
+"""``DistributedOptimizer`` for Keras 3 (TensorFlow backend).
+
+Keras 3 trains with ``optimizer.apply_gradients`` -> ``optimizer.apply(grads, variables)`` (its
+``train_step`` computes the gradients with a plain ``tf.GradientTape``). The distributed optimizer
+is a subclass of the wrapped optimizer's class, created from its config as Horovod does, whose
+``apply`` reduces the gradients across ranks before the wrapped class applies them; so clipping,
+weight decay, loss scaling and EMA all run on the averaged gradients, and ``isinstance`` checks,
+``get_config`` and saving behave as for the wrapped class (a saved model reloads as the plain
+optimizer; ``horo_tf.keras.load_model`` wraps it again).
+
+``backward_passes_per_step=N`` sums N local gradients and communicates and updates once every N
+calls, as Horovod's local gradient aggregation does. Unlike Horovod, ``iterations`` counts updates,
+not passes: Adam's bias correction and learning-rate schedules then see what one process training
+on the N batches at once would see. A wrapped
+optimizer with Keras's own ``gradient_accumulation_steps`` also works: every micro-step's gradients
+are averaged across ranks before Keras accumulates them.
+"""
+import keras
+import tensorflow as tf
+
+from horo_core.errors import HoroInvalidArgument
+from horo_tf.gradient_reduction import ReductionOptions, reduce_gradients
+
+
+class _AccumulationState:
+    """Local gradient sums and the count of passes since the last update (plain tf.Variables, kept
+    out of the optimizer's tracked variables so that saved models stay loadable without Horo)."""
+
+    def __init__(self, variables, name):
+        with tf.init_scope():
+            self.count = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{name}_passes")
+            self.sums = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name=f"{name}_sum_{i}")
+                         for i, v in enumerate(variables)]
+            self.keys = [id(v) for v in variables]
+
+
+class _DistributedMixin:
+    """What the distributed optimizer adds to the wrapped class; options live on the class."""
+
+    _horo_reduction = ReductionOptions()
+    _horo_backward_passes_per_step = 1
+    _horo_average_aggregated_gradients = False
+
+    def apply(self, grads, trainable_variables=None):
+        """Reduces grads across ranks (every backward_passes_per_step calls), then applies them.
+
+        Args:
+            grads: gradients (tensors, IndexedSlices or None), one per variable.
+            trainable_variables: the variables; None once the optimizer is built.
+        Raises:
+            HorovodInternalError: a reduction failed.
+        """
+        grads = list(grads)
+        if not grads:
+            return
+        variables = self._horo_variables(trainable_variables)
+        if self._horo_backward_passes_per_step == 1:
+            return super().apply(reduce_gradients(grads, self._horo_reduction, variables), trainable_variables)
+        return self._horo_accumulate(grads, variables)
+
+    def _horo_variables(self, trainable_variables):
+        if trainable_variables is not None:
+            return list(trainable_variables)
+        if not self.built:
+            raise ValueError("When passing `grads` without `variables`, the optimizer must already be built on a "
+                             "list of variables. Call `optimizer.build(trainable_variables)` first.")
+        return list(self._trainable_variables)
+
+    def _horo_accumulate(self, grads, variables):
+        if not self.built:
+            self.build(variables)
+        state = self.__dict__.get("_horo_state")
+        if state is None or state.keys != [id(v) for v in variables]:
+            state = _AccumulationState(variables, self.name)
+            object.__setattr__(self, "_horo_state", state)
+        for total, grad in zip(state.sums, grads):
+            if grad is not None:
+                total.assign_add(tf.convert_to_tensor(grad))
+        passes = state.count.assign_add(1)
+        steps = self._horo_backward_passes_per_step
+        wrapped_apply = super().apply
+
+        def update():
+            summed = [None if g is None else total.read_value() for total, g in zip(state.sums, grads)]
+            if self._horo_average_aggregated_gradients:
+                summed = [None if s is None else s / tf.cast(steps, s.dtype) for s in summed]
+            wrapped_apply(reduce_gradients(summed, self._horo_reduction, variables), variables)
+            for total in state.sums:
+                total.assign(tf.zeros_like(total))
+            state.count.assign(0)
+            return tf.constant(True)
+
+        tf.cond(passes >= steps, update, lambda: tf.constant(False))
+
+
+def distributed_class(optimizer_class, options, backward_passes_per_step=1, average_aggregated_gradients=False):
+    """The distributed subclass of a Keras optimizer class, with the given reduction options.
+
+    Args:
+        optimizer_class: a keras.optimizers.Optimizer subclass.
+        options: a ReductionOptions.
+        backward_passes_per_step: local passes per communication.
+        average_aggregated_gradients: divide the summed passes by backward_passes_per_step.
+    Returns:
+        A class named like optimizer_class, constructible from its config.
+    """
+    attributes = {
+        "_horo_reduction": options,
+        "_horo_backward_passes_per_step": int(backward_passes_per_step),
+        "_horo_average_aggregated_gradients": bool(average_aggregated_gradients),
+        "__module__": optimizer_class.__module__,
+        "__doc__": optimizer_class.__doc__,
+    }
+    cls = type(optimizer_class.__name__, (_DistributedMixin, optimizer_class), attributes)
+    cls.__qualname__ = optimizer_class.__qualname__
+    return cls
+
+
+def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=None,
+                         sparse_as_dense=False, gradient_predivide_factor=1.0, op=None, backward_passes_per_step=1,
+                         average_aggregated_gradients=False, num_groups=0, groups=None, process_set=None,
+                         scale_local_gradients=True):
+    """Returns a copy of a Keras optimizer that averages gradients across ranks before applying them.
+
+    Args:
+        optimizer: a keras.optimizers.Optimizer (its state, if already built, is not copied).
+        name: the new optimizer's name (default: optimizer's).
+        device_dense, device_sparse: accepted for Horovod compatibility.
+        compression: Compression.none (default), .fp16 or .bf16.
+        sparse_as_dense: reduce IndexedSlices gradients as dense tensors.
+        gradient_predivide_factor: with Average, divide before the sum by this factor and after it
+            by size/factor.
+        op: Average (default) or Sum.
+        backward_passes_per_step: calls of apply per communication and update; the gradients of
+            the calls in between are summed locally.
+        average_aggregated_gradients: divide those sums by backward_passes_per_step.
+        num_groups: deprecated form of groups=int.
+        groups: an int (that many fused groups) or a list of lists of variables (one group each).
+        process_set: the ranks taking part (default: all).
+        scale_local_gradients: accepted for Horovod compatibility (no local variables here).
+    Returns:
+        An optimizer of optimizer's class (a subclass of it).
+    Raises:
+        ValueError: invalid options, or optimizer is not a Keras 3 optimizer.
+    """
+    from horo_core.process_sets import global_process_set
+    from horo_tf import mpi_ops
+    from horo_tf.compression import Compression
+
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise HoroInvalidArgument(f"DistributedOptimizer wraps a keras.optimizers.Optimizer, got "
+                                  f"{type(optimizer).__name__}")
+    if isinstance(optimizer, _DistributedMixin):
+        raise HoroInvalidArgument("the optimizer is already a DistributedOptimizer")
+    if int(backward_passes_per_step) < 1:
+        raise HoroInvalidArgument(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+    config = optimizer.get_config()
+    if name is not None:
+        config["name"] = name
+    options = ReductionOptions(op=mpi_ops.Average if op is None else op,
+                               compression=compression or Compression.none, sparse_as_dense=sparse_as_dense,
+                               gradient_predivide_factor=gradient_predivide_factor,
+                               groups=groups if groups is not None else (num_groups or None),
+                               process_set=process_set or global_process_set,
+                               name=f"DistributedOptimizer.{config['name']}")
+    cls = distributed_class(type(optimizer), options, backward_passes_per_step, average_aggregated_gradients)
+    return cls.from_config(config)

@@ -1,0 +1,473 @@
+"""Collective operations on TensorFlow tensors, with Horovod's names, signatures and semantics.
+
+Each function validates its arguments, names the operation (see ``_bridge``) and runs it eagerly or
+as one ``tf.py_function`` inside a ``tf.function``. The results are differentiable with
+``tf.custom_gradient``: the gradient of an allreduce is the allreduce of the gradient with the same
+op, of an allgather the summed allreduce of the gradient sliced to this rank's rows, of a broadcast
+the summed allreduce kept on the root, of an alltoall the reverse alltoall, and of a reducescatter
+the allgather of the gradient (as in Horovod's TensorFlow ops).
+
+``device_dense``, ``device_sparse`` and ``ignore_name_scope`` are accepted for compatibility; the
+data always passes through host memory.
+"""
+import numpy as np
+import tensorflow as tf
+
+from horo_core import basics
+from horo_core._binding import lib
+from horo_core.errors import HoroInvalidArgument, HoroUnsupportedError
+from horo_core.process_sets import global_process_set
+from horo_tf import _bridge
+from horo_tf.compression import Compression
+
+Average = lib.HORO_OP_AVERAGE
+Sum = lib.HORO_OP_SUM
+Adasum = lib.HORO_OP_ADASUM
+Min = lib.HORO_OP_MIN
+Max = lib.HORO_OP_MAX
+Product = lib.HORO_OP_PRODUCT
+
+
+def _resolve_op(average, op, default=Average):
+    if average is not None and op is not None:
+        raise ValueError("The op parameter supersedes average. Please provide only one of them.")
+    if op is None:
+        return default if average is None else (Average if average else Sum)
+    return op
+
+
+def _as_tensor(value):
+    """A tf.Tensor with value's current contents (reads tf.Variable and Keras variables)."""
+    return tf.convert_to_tensor(value)
+
+
+def _codes(tensors, names):
+    return [_bridge.dtype_code(t.dtype, n) for t, n in zip(tensors, names)]
+
+
+def _grad_or_zeros(dys, outputs):
+    return [tf.zeros_like(y) if dy is None else dy for dy, y in zip(dys, outputs)]
+
+
+# Allreduce ---------------------------------------------------------------------------------------
+
+def _allreduce_dense(tensors, base, op, prescale_factor, postscale_factor, process_set):
+    """Grouped allreduce of dense tensors; differentiable."""
+    names = _bridge.member_names(base, len(tensors))
+    codes = _codes(tensors, names)
+    set_id = _bridge.process_set_id(process_set)
+
+    def body(*arrays):
+        outs = [np.empty_like(a) for a in arrays]
+        return _bridge.execute(lib.HORO_ALLREDUCE, names, arrays, codes, outs, set_id, reduce_op=op,
+                               prescale_factor=prescale_factor, postscale_factor=postscale_factor)[0]
+
+    @tf.custom_gradient
+    def reduce(*xs):
+        ys = _bridge.call(body, xs, [x.dtype for x in xs], [x.shape for x in xs])
+
+        def grad(*dys):
+            if op not in (Sum, Average):
+                raise HoroUnsupportedError("the gradient of an allreduce is defined for Sum and Average only")
+            return _allreduce_dense(_grad_or_zeros(dys, ys), basics.auto_name("allreduce.grad", set_id), op,
+                                    prescale_factor, postscale_factor, process_set)
+
+        return ys, grad
+
+    return list(reduce(*tensors))
+
+
+def _allreduce_sparse(slices, base, op, prescale_factor, postscale_factor, process_set):
+    """Allreduce of IndexedSlices as one grouped allgather of values and indices."""
+    if op not in (Sum, Average):
+        raise HoroUnsupportedError("IndexedSlices can only be summed or averaged; pass sparse_as_dense=True to "
+                                   "reduce them with another op")
+    gathered = _allgather([s.values for s in slices] + [s.indices for s in slices], base, process_set,
+                          differentiable=False)
+    scale = prescale_factor * postscale_factor / (process_set.size() if op == Average else 1)
+    out = []
+    for i, s in enumerate(slices):
+        values = gathered[i]
+        if scale != 1.0:
+            values = values * tf.cast(scale, values.dtype)
+        out.append(tf.IndexedSlices(values, gathered[len(slices) + i], s.dense_shape))
+    return out
+
+
+def _grouped_allreduce(tensors, base, op, compression, prescale_factor, postscale_factor, process_set):
+    dense = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
+    sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
+    pairs = [compression.compress(t if isinstance(t, tf.IndexedSlices) else _as_tensor(t)) for t in tensors]
+    out = [None] * len(tensors)
+    if dense:
+        reduced = _allreduce_dense([pairs[i][0] for i in dense], base if not sparse else f"{base}.dense", op,
+                                   prescale_factor, postscale_factor, process_set)
+        for i, r in zip(dense, reduced):
+            out[i] = r
+    if sparse:
+        reduced = _allreduce_sparse([pairs[i][0] for i in sparse], base if not dense else f"{base}.sparse", op,
+                                    prescale_factor, postscale_factor, process_set)
+        for i, r in zip(sparse, reduced):
+            out[i] = r
+    return [compression.decompress(o, p[1]) for o, p in zip(out, pairs)]
+
+
+def allreduce(tensor, average=None, device_dense="", device_sparse="", compression=Compression.none, op=None,
+              prescale_factor=1.0, postscale_factor=1.0, name=None, process_set=global_process_set,
+              ignore_name_scope=False):
+    """Reduces tensor across the ranks of process_set; differentiable.
+
+    Args:
+        tensor: a tf.Tensor, tf.Variable or tf.IndexedSlices; same shape and dtype on every rank.
+            IndexedSlices are allgathered (values and indices) instead of reduced.
+        average: deprecated, use op.
+        device_dense, device_sparse: accepted for Horovod compatibility.
+        compression: Compression.none, .fp16 or .bf16: the dtype the data travels in.
+        op: Average (default), Sum, Min, Max or Product (IndexedSlices: Sum or Average).
+        prescale_factor, postscale_factor: multiply the input before and the result after reducing.
+        name: ranks match operations by name; unnamed calls are named in call (trace) order.
+        process_set: the ranks taking part.
+        ignore_name_scope: leave the current name scope out of the name.
+    Returns:
+        A tensor (or IndexedSlices) of tensor's shape and dtype.
+    Raises:
+        ValueError: invalid arguments (unsupported dtype, both average and op...).
+        NotImplementedError: an op other than Sum/Average on IndexedSlices; tracing under XLA.
+        HorovodInternalError: the collective failed (e.g. ranks disagree on the shape).
+    """
+    op = _resolve_op(average, op)
+    base = _bridge.op_name("allreduce", name, process_set, ignore_name_scope)
+    return _grouped_allreduce([tensor], base, op, compression, prescale_factor, postscale_factor, process_set)[0]
+
+
+def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", compression=Compression.none,
+                      op=None, prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set,
+                      ignore_name_scope=False, name=None):
+    """Allreduces a list of tensors (dense and IndexedSlices may mix) as one fused group; differentiable.
+
+    Args:
+        tensors: a list of tf.Tensor, tf.Variable or tf.IndexedSlices.
+        Other arguments: as for allreduce.
+    Returns:
+        A list of reduced tensors, in the order of tensors.
+    Raises:
+        As allreduce.
+    """
+    op = _resolve_op(average, op)
+    if not tensors:
+        return []
+    base = _bridge.op_name("grouped_allreduce", name, process_set, ignore_name_scope)
+    return _grouped_allreduce(list(tensors), base, op, compression, prescale_factor, postscale_factor, process_set)
+
+
+# Allgather ---------------------------------------------------------------------------------------
+
+def _check_rank_at_least_one(tensors, kind):
+    for t in tensors:
+        if t.shape.rank == 0:
+            raise HoroInvalidArgument(f"{kind} needs tensors of rank >= 1, got a scalar")
+
+
+def _allgather(tensors, base, process_set, differentiable=True):
+    tensors = [_as_tensor(t) for t in tensors]
+    _check_rank_at_least_one(tensors, "allgather")
+    names = _bridge.member_names(base, len(tensors))
+    codes = _codes(tensors, names)
+    set_id = _bridge.process_set_id(process_set)
+
+    def body(*arrays):
+        return _bridge.execute(lib.HORO_ALLGATHER, names, arrays, codes, [None] * len(arrays), set_id)[0]
+
+    def forward(*xs):
+        return _bridge.call(body, xs, [x.dtype for x in xs], [[None] + x.shape[1:].as_list()
+                                                              if x.shape.rank is not None else None for x in xs])
+
+    if not differentiable:
+        return forward(*tensors)
+
+    @tf.custom_gradient
+    def gather(*xs):
+        ys = forward(*xs)
+
+        def grad(*dys):
+            summed = _allreduce_dense(_grad_or_zeros(dys, ys), basics.auto_name("allgather.grad", set_id), Sum,
+                                      1.0, 1.0, process_set)
+            rows = tf.stack([tf.shape(x, out_type=tf.int64)[0] for x in xs])
+            all_rows = tf.reshape(_allgather([rows], basics.auto_name("allgather.grad.rows", set_id), process_set,
+                                             differentiable=False)[0], [-1, len(xs)])
+            me = process_set.rank()
+            offsets = tf.reduce_sum(all_rows[:me], axis=0)
+            return [g[offsets[i]:offsets[i] + rows[i]] for i, g in enumerate(summed)]
+
+        return ys, grad
+
+    return list(gather(*tensors))
+
+
+def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """Concatenates tensor from every rank of process_set along dimension 0; differentiable.
+
+    Args:
+        tensor: rank >= 1; dimension 0 may differ per rank, the others must agree.
+        name: operation name (see allreduce).
+        ignore_name_scope: leave the current name scope out of the name.
+        process_set: the ranks taking part.
+    Returns:
+        A tensor whose dimension 0 is the sum over ranks.
+    Raises:
+        ValueError: invalid arguments. HorovodInternalError: the collective failed.
+    """
+    return _allgather([tensor], _bridge.op_name("allgather", name, process_set, ignore_name_scope), process_set)[0]
+
+
+def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """Allgathers a list of tensors as one group; differentiable. Returns a list.
+
+    Raises:
+        As allgather.
+    """
+    if not tensors:
+        return []
+    base = _bridge.op_name("grouped_allgather", name, process_set, ignore_name_scope)
+    return _allgather(list(tensors), base, process_set)
+
+
+# Broadcast ---------------------------------------------------------------------------------------
+
+def _broadcast(tensors, root_rank, base, process_set):
+    tensors = [_as_tensor(t) for t in tensors]
+    names = _bridge.member_names(base, len(tensors))
+    codes = _codes(tensors, names)
+    set_id = _bridge.process_set_id(process_set)
+
+    def body(*arrays):
+        outs = [np.empty_like(a) for a in arrays]
+        return _bridge.execute(lib.HORO_BROADCAST, names, arrays, codes, outs, set_id, root_rank=root_rank)[0]
+
+    @tf.custom_gradient
+    def bcast(*xs):
+        ys = _bridge.call(body, xs, [x.dtype for x in xs], [x.shape for x in xs])
+
+        def grad(*dys):
+            summed = _allreduce_dense(_grad_or_zeros(dys, ys), basics.auto_name("broadcast.grad", set_id), Sum,
+                                      1.0, 1.0, process_set)
+            if basics.rank() != root_rank:
+                summed = [g * tf.zeros([], g.dtype) for g in summed]
+            return summed
+
+        return ys, grad
+
+    return list(bcast(*tensors))
+
+
+def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """Returns root_rank's tensor on every rank of process_set; differentiable.
+
+    Args:
+        tensor: same shape and dtype on every rank.
+        root_rank: the global rank whose value is sent.
+        name: operation name.
+        ignore_name_scope: leave the current name scope out of the name.
+        process_set: the ranks taking part (root_rank must be one of them).
+    Returns:
+        A tensor with root_rank's values.
+    Raises:
+        ValueError: invalid arguments. HorovodInternalError: the collective failed.
+    """
+    return _broadcast([tensor], root_rank, _bridge.op_name("broadcast", name, process_set, ignore_name_scope),
+                      process_set)[0]
+
+
+def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
+    """Overwrites variables with root_rank's values, in place, as one group.
+
+    Args:
+        variables: a tf.Variable (or Keras variable) or a list of them.
+        root_rank: the global rank whose values are sent.
+        name: operation name.
+        process_set: the ranks taking part.
+    Returns:
+        The variables (a list if a list was given).
+    Raises:
+        ValueError: invalid arguments. HorovodInternalError: the collective failed.
+    """
+    single = not isinstance(variables, (list, tuple))
+    var_list = [variables] if single else list(variables)
+    if var_list:
+        base = _bridge.op_name("broadcast_", name, process_set, True)
+        for var, value in zip(var_list, _broadcast(var_list, root_rank, base, process_set)):
+            var.assign(value)
+    return var_list[0] if single else var_list
+
+
+# Alltoall ----------------------------------------------------------------------------------------
+
+def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """Scatters rows of tensor to the ranks of process_set and gathers what they send; differentiable.
+
+    Args:
+        tensor: rank >= 1; dimension 0 is split.
+        splits: rows for each rank of the set (list or integer tensor); None splits equally.
+        name: operation name.
+        ignore_name_scope: leave the current name scope out of the name.
+        process_set: the ranks taking part.
+    Returns:
+        The gathered tensor, or (tensor, received_splits as int32) when splits is given.
+    Raises:
+        ValueError: invalid splits or arguments. HorovodInternalError: the collective failed.
+    """
+    base = _bridge.op_name("alltoall", name, process_set, ignore_name_scope)
+    out, received = _alltoall(_as_tensor(tensor), splits, base, process_set)
+    return out if splits is None else (out, received)
+
+
+def _alltoall(tensor, splits, base, process_set):
+    _check_rank_at_least_one([tensor], "alltoall")
+    code = _bridge.dtype_code(tensor.dtype, base)
+    set_id = _bridge.process_set_id(process_set)
+    split_tensor = tf.zeros([0], tf.int64) if splits is None else tf.cast(tf.reshape(splits, [-1]), tf.int64)
+
+    def body(array, split_array):
+        split_list = [int(s) for s in split_array] if splits is not None else None
+        (out,), (result,) = _bridge.execute(lib.HORO_ALLTOALL, [base], [array], [code], [None], set_id,
+                                            splits=split_list)
+        return [out, np.asarray(result.received_splits or [], dtype=np.int32)]
+
+    @tf.custom_gradient
+    def exchange(x, s):
+        out, received = _bridge.call(body, [x, s], [x.dtype, tf.int32],
+                                     [[None] + x.shape[1:].as_list() if x.shape.rank is not None else None,
+                                      [None]])
+
+        def grad(dy, unused_dreceived):
+            dy = tf.zeros_like(out) if dy is None else dy
+            g, _ = _alltoall(dy, received, basics.auto_name("alltoall.grad", set_id), process_set)
+            return g, None
+
+        return (out, received), grad
+
+    return exchange(tensor, split_tensor)
+
+
+# Reducescatter -----------------------------------------------------------------------------------
+
+def _reducescatter(tensors, base, op, prescale_factor, postscale_factor, process_set):
+    tensors = [_as_tensor(t) for t in tensors]
+    _check_rank_at_least_one(tensors, "reducescatter")
+    names = _bridge.member_names(base, len(tensors))
+    codes = _codes(tensors, names)
+    set_id = _bridge.process_set_id(process_set)
+
+    def body(*arrays):
+        return _bridge.execute(lib.HORO_REDUCESCATTER, names, arrays, codes, [None] * len(arrays), set_id,
+                               reduce_op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor)[0]
+
+    @tf.custom_gradient
+    def scatter(*xs):
+        ys = _bridge.call(body, xs, [x.dtype for x in xs],
+                          [[None] + x.shape[1:].as_list() if x.shape.rank is not None else None for x in xs])
+
+        def grad(*dys):
+            gathered = _allgather(_grad_or_zeros(dys, ys), basics.auto_name("reducescatter.grad", set_id),
+                                  process_set, differentiable=False)
+            scale = prescale_factor * postscale_factor / (process_set.size() if op == Average else 1)
+            return [g if scale == 1.0 else g * tf.cast(scale, g.dtype) for g in gathered]
+
+        return ys, grad
+
+    return list(scatter(*tensors))
+
+
+def reducescatter(tensor, device_dense="", compression=Compression.none, op=Average, name=None,
+                  process_set=global_process_set, ignore_name_scope=False, prescale_factor=1.0,
+                  postscale_factor=1.0):
+    """Reduces tensor across ranks and returns this rank's part along dimension 0; differentiable.
+
+    Rank i of the set keeps part i; the first (dim 0 % size) parts get one extra row.
+
+    Args:
+        tensor: same shape on every rank, rank >= 1.
+        device_dense: accepted for Horovod compatibility.
+        compression: the dtype the data travels in.
+        op: Average (default), Sum, Min, Max or Product.
+        name: operation name.
+        process_set: the ranks taking part.
+        ignore_name_scope: leave the current name scope out of the name.
+        prescale_factor, postscale_factor: scale before and after the reduction.
+    Returns:
+        This rank's rows of the reduced tensor.
+    Raises:
+        ValueError: invalid arguments. HorovodInternalError: the collective failed.
+    """
+    compressed, ctx = compression.compress(_as_tensor(tensor))
+    base = _bridge.op_name("reducescatter", name, process_set, ignore_name_scope)
+    out = _reducescatter([compressed], base, op, prescale_factor, postscale_factor, process_set)[0]
+    return compression.decompress(out, ctx)
+
+
+def grouped_reducescatter(tensors, device_dense="", compression=Compression.none, op=Average,
+                          process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0, name=None):
+    """Reducescatters a list of tensors as one group; differentiable. Returns a list.
+
+    Raises:
+        As reducescatter.
+    """
+    if not tensors:
+        return []
+    pairs = [compression.compress(_as_tensor(t)) for t in tensors]
+    base = _bridge.op_name("grouped_reducescatter", name, process_set, True)
+    outs = _reducescatter([p[0] for p in pairs], base, op, prescale_factor, postscale_factor, process_set)
+    return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
+
+
+# Join and graph-time topology -------------------------------------------------------------------
+
+def join():
+    """Declares that this rank has no more data and waits until every rank has joined. Until then,
+    joined ranks take part in the other ranks' allreduces with neutral values.
+
+    Returns:
+        An int32 scalar tensor: the rank that joined last.
+    Raises:
+        HorovodInternalError: the job failed while waiting.
+    """
+    def body():
+        rt = basics.runtime()
+        (handle,) = rt.enqueue(lib.HORO_JOIN, [])
+        try:
+            rt.wait(handle)
+            return [np.int32(rt.result(handle).value)]
+        finally:
+            rt.release(handle)
+
+    return _bridge.call(body, [], [tf.int32], [[]])[0]
+
+
+def _topology_op(value_fn, name):
+    with tf.name_scope(name or "horo_topology"):
+        return _bridge.call(lambda: [np.int32(value_fn())], [], [tf.int32], [[]])[0]
+
+
+def rank_op(name=None):
+    """An int32 scalar tensor read when it runs: this process's global rank."""
+    return _topology_op(basics.rank, name)
+
+
+def local_rank_op(name=None):
+    """An int32 scalar tensor read when it runs: this process's rank on its host."""
+    return _topology_op(basics.local_rank, name)
+
+
+def size_op(process_set_id=0, name=None):
+    """An int32 scalar tensor read when it runs: the number of ranks in the process set."""
+    return _topology_op(lambda: len(basics.runtime().process_set_ranks(process_set_id)), name)
+
+
+def local_size_op(name=None):
+    """An int32 scalar tensor read when it runs: the number of ranks on this host."""
+    return _topology_op(basics.local_size, name)
+
+
+def process_set_included_op(process_set_id=0, name=None):
+    """An int32 scalar tensor read when it runs: 1 if this process belongs to the process set, else 0."""
+    return _topology_op(lambda: int(basics.rank() in basics.runtime().process_set_ranks(process_set_id)), name)

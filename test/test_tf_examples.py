@@ -1,0 +1,41 @@
+"""The TensorFlow examples run under ``hororun -np 2`` and verify their own results."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tf_checks import CHILD_ENV
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_example(name, *args):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HORO_", "HOROVOD_", "TF_CONFIG"))}
+    env.update(CHILD_ENV)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
+    script = os.path.join(ROOT, "examples", "tensorflow", name)
+    proc = subprocess.run([sys.executable, "-m", "horo_runner.launch", "-np", "2", sys.executable, script, *args],
+                          env=env, text=True, capture_output=True, stdin=subprocess.DEVNULL, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return proc.stdout
+
+
+def test_keras_digits_reaches_95_percent():
+    pytest.importorskip("sklearn", reason="the digits example reads scikit-learn's bundled data set")
+    out = run_example("keras_digits.py", "--epochs", "20")
+    match = re.search(r"\[0\]<stdout>:test accuracy: ([0-9.]+) \(360 images, 2 ranks\)", out)
+    assert match, out[-3000:]
+    assert float(match.group(1)) >= 0.95
+    assert "finished gradual learning rate warmup" in out
+
+
+def test_synthetic_benchmark_with_peer():
+    out = run_example("tensorflow2_synthetic_benchmark.py", "--peer", "--num-iters", "2",
+                      "--num-batches-per-iter", "2", "--num-warmup-batches", "1")
+    assert re.search(r"\[0\]<stdout>:Horo: [0-9.]+ \+-[0-9.]+ img/sec per rank, [0-9.]+ \+-[0-9.]+ img/sec on 2 "
+                     r"ranks", out), out[-3000:]
+    peer = re.search(r"\[0\]<stdout>:Peer(?: \(MultiWorkerMirroredStrategy\): [0-9.]+ \+-[0-9.]+ img/sec per rank"
+                     r"|: MultiWorkerMirroredStrategy cannot run here \(.+\); no comparison made\.)", out)
+    assert peer, out[-3000:]

@@ -1,0 +1,215 @@
+"""horo_tf.keras on Keras 3: DistributedOptimizer, the callbacks and load_model, in one 2-rank launch.
+
+The equivalence checks train the same model twice on every rank: distributed on this rank's shard,
+and with the plain optimizer on the concatenation of every rank's batch; the weights must agree
+to float32 rounding.
+"""
+import numpy as np
+
+import horo_runner
+from tf_checks import CHILD_ENV, assert_reports, run_groups
+
+BATCH = 4      # per rank
+STEPS = 4      # batches per epoch on each rank
+FEATURES = 5
+
+
+def data(n):
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(n * BATCH * STEPS, FEATURES)).astype(np.float32)
+    y = (x @ rng.normal(size=(FEATURES, 1)) + 0.1).astype(np.float32)
+    return x, y
+
+
+def shard_and_global(n, r, passes=1):
+    """This rank's rows, and the rows a single process sees when one update covers every rank's
+    `passes` consecutive batches."""
+    x, y = data(n)
+    shards = [np.arange(len(x))[s::n] for s in range(n)]
+    per_update = BATCH * passes
+    order = np.concatenate([np.concatenate([shards[s][k:k + per_update] for s in range(n)])
+                            for k in range(0, len(shards[0]), per_update)])
+    return (x[shards[r]], y[shards[r]]), (x[order], y[order]), n * per_update
+
+
+def make_model(keras, seed):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(6, activation="tanh"),
+                             keras.layers.Dense(1)])
+
+
+OPTIMIZERS = {"SGD momentum": lambda keras, **kw: keras.optimizers.SGD(0.05, momentum=0.9, **kw),
+              "Adam": lambda keras, **kw: keras.optimizers.Adam(0.01, **kw)}
+
+
+def check_fit_equivalence(c, hvd, keras, tf):
+    n, r = hvd.size(), hvd.rank()
+    for name, make_opt in OPTIMIZERS.items():
+        for passes in (1, 2):
+            (xs, ys), (xg, yg), global_batch = shard_and_global(n, r, passes)
+            dist = make_model(keras, seed=100 + r)  # different on every rank until the broadcast
+            dist.compile(optimizer=hvd.DistributedOptimizer(make_opt(keras), backward_passes_per_step=passes,
+                                                            average_aggregated_gradients=True), loss="mse")
+            dist.fit(xs, ys, batch_size=BATCH, epochs=2, shuffle=False, verbose=0,
+                     callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+            ref = make_model(keras, seed=100)
+            ref.compile(optimizer=make_opt(keras), loss="mse")
+            ref.fit(xg, yg, batch_size=global_batch, epochs=2, shuffle=False, verbose=0)
+            for i, (a, b) in enumerate(zip(dist.get_weights(), ref.get_weights())):
+                c.close(f"fit {name} backward_passes_per_step={passes} weight {i}", a, b)
+            c.same(f"fit {name} passes={passes} iterations count updates",
+                   int(dist.optimizer.iterations.numpy()), 2 * STEPS // passes)
+
+
+def check_gradient_accumulation(c, hvd, keras, tf):
+    """Keras's own gradient_accumulation_steps on the wrapped optimizer averages per micro-step."""
+    n, r = hvd.size(), hvd.rank()
+    (xs, ys), (xg, yg), _ = shard_and_global(n, r, 1)
+    dist = make_model(keras, seed=100)
+    dist.compile(optimizer=hvd.DistributedOptimizer(OPTIMIZERS["Adam"](keras, gradient_accumulation_steps=2)),
+                 loss="mse")
+    dist.fit(xs, ys, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    ref = make_model(keras, seed=100)
+    ref.compile(optimizer=OPTIMIZERS["Adam"](keras, gradient_accumulation_steps=2), loss="mse")
+    ref.fit(xg, yg, batch_size=n * BATCH, epochs=1, shuffle=False, verbose=0)
+    for i, (a, b) in enumerate(zip(dist.get_weights(), ref.get_weights())):
+        c.close(f"gradient_accumulation_steps=2 weight {i}", a, b)
+
+
+def check_custom_loop(c, hvd, keras, tf):
+    """A tf.function loop calling apply_gradients on a DistributedOptimizer with 2 passes per step."""
+    n, r = hvd.size(), hvd.rank()
+    (xs, ys), (xg, yg), global_batch = shard_and_global(n, r, 2)
+    dist, ref = make_model(keras, 100), make_model(keras, 100)
+    dist_opt = hvd.DistributedOptimizer(OPTIMIZERS["SGD momentum"](keras), backward_passes_per_step=2)
+    ref_opt = OPTIMIZERS["SGD momentum"](keras)
+
+    @tf.function
+    def dist_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((dist(x) - y) ** 2)
+        dist_opt.apply_gradients(zip(tape.gradient(loss, dist.trainable_variables), dist.trainable_variables))
+
+    for k in range(STEPS):
+        dist_step(xs[k * BATCH:(k + 1) * BATCH], ys[k * BATCH:(k + 1) * BATCH])
+    for k in range(STEPS // 2):
+        xb, yb = xg[k * global_batch:(k + 1) * global_batch], yg[k * global_batch:(k + 1) * global_batch]
+        with tf.GradientTape() as tape:
+            # Summed passes (average_aggregated_gradients=False): twice the mean gradient.
+            loss = 2.0 * tf.reduce_mean((ref(xb) - yb) ** 2)
+        ref_opt.apply_gradients(zip(tape.gradient(loss, ref.trainable_variables), ref.trainable_variables))
+    for i, (a, b) in enumerate(zip(dist.get_weights(), ref.get_weights())):
+        c.close(f"custom loop passes=2 weight {i}", a, b)
+
+
+class _Recorder:
+    """A Keras callback factory that records the epoch-end logs it sees."""
+
+    @staticmethod
+    def make(keras, seen):
+        class Recorder(keras.callbacks.Callback):
+            def on_epoch_end(self, epoch, logs=None):
+                seen.append(dict(logs))
+        return Recorder()
+
+
+def check_callbacks(c, hvd, keras, tf):
+    n, r = hvd.size(), hvd.rank()
+    (xs, ys), _, _ = shard_and_global(n, r)
+    raw, averaged = [], []
+    model = make_model(keras, 100)
+    base_lr = 0.01
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(base_lr)), loss="mse", metrics=["mae"])
+    model.fit(xs, ys, batch_size=BATCH, epochs=2, shuffle=False, verbose=0, validation_data=(xs, ys),
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                         hvd.callbacks.LearningRateWarmupCallback(base_lr * n, warmup_epochs=2, verbose=0),
+                         _Recorder.make(keras, raw), hvd.callbacks.MetricAverageCallback(),
+                         _Recorder.make(keras, averaged)])
+    import horo_tf
+    everyone = horo_tf.allgather_object(raw)
+    for epoch in range(2):
+        for key in ("loss", "mae", "val_loss", "val_mae"):
+            c.close(f"MetricAverageCallback epoch {epoch} {key}", averaged[epoch][key],
+                    np.mean([logs[epoch][key] for logs in everyone]))
+    c.close("warmup ends at initial_lr", float(model.optimizer.learning_rate.numpy()), base_lr * n)
+    # The last batch of epoch 0 is one epoch into the two-epoch ramp from base_lr to base_lr * n.
+    c.close("warmup halfway after epoch 0", raw[0]["learning_rate"], base_lr * ((n - 1) / 2 + 1))
+    c.same("warmup raises the rate", raw[0]["learning_rate"] < raw[1]["learning_rate"], True)
+
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.2)), loss="mse")
+    seen = []
+    model.fit(xs, ys, batch_size=BATCH, epochs=3, shuffle=False, verbose=0,
+              callbacks=[hvd.callbacks.LearningRateScheduleCallback(0.2, 0.5, start_epoch=1, end_epoch=2),
+                         _Recorder.make(keras, seen)])
+    c.close("schedule: before start_epoch", seen[0]["learning_rate"], 0.2)
+    c.close("schedule: inside", seen[1]["learning_rate"], 0.1)
+    c.close("schedule: after end_epoch keeps the last rate", seen[2]["learning_rate"], 0.1)
+
+
+def check_checkpoint_and_load(c, hvd, keras, tf):
+    import os
+    import tempfile
+    n, r = hvd.size(), hvd.rank()
+    (xs, ys), _, _ = shard_and_global(n, r)
+    model = make_model(keras, 100)
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(0.01)), loss="mse")
+    with tempfile.TemporaryDirectory() as tmp:
+        best = os.path.join(tmp, f"best-rank{r}.keras")
+        model.fit(xs, ys, batch_size=BATCH, epochs=2, shuffle=False, verbose=0, validation_data=(xs, ys),
+                  callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                             hvd.callbacks.BestModelCheckpoint(best, monitor="val_loss")])
+        c.same("BestModelCheckpoint writes on rank 0 only", os.path.exists(best), r == 0)
+        path = os.path.join(tmp, f"model-rank{r}.keras")
+        model.save(path)
+        plain = keras.models.load_model(path)
+        c.same("a saved model loads without Horo, with the plain optimizer", type(plain.optimizer),
+               keras.optimizers.Adam)
+        loaded = hvd.load_model(path)
+    opt = loaded.optimizer
+    c.same("load_model wraps the optimizer", (isinstance(opt, keras.optimizers.Adam),
+                                               "DistributedMixin" in str(type(opt).__mro__)), (True, True))
+    c.same("load_model restores the optimizer state", int(opt.iterations.numpy()),
+           int(model.optimizer.iterations.numpy()))
+    for i, (a, b) in enumerate(zip(loaded.get_weights(), model.get_weights())):
+        c.equal(f"load_model weights {i}", a, b)
+    loaded.fit(xs, ys, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    weights = loaded.get_weights()
+    root = [hvd.broadcast(w, 0, name=f"loaded.{i}") for i, w in enumerate(weights)]
+    for i, (a, b) in enumerate(zip(weights, root)):
+        c.equal(f"training continues in step after load_model {i}", a, b)
+
+
+def check_xla_and_functions(c, hvd, keras, tf):
+    n, r = hvd.size(), hvd.rank()
+    (xs, ys), _, _ = shard_and_global(n, r)
+    model = make_model(keras, 100)
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse", jit_compile=True)
+    c.raises("fit under XLA is refused", [Exception], "jit_compile=False",
+             lambda: model.fit(xs, ys, batch_size=BATCH, epochs=1, verbose=0))
+    c.equal("keras allreduce", hvd.allreduce(np.array([r, 1.0]), op=hvd.Sum), [sum(range(n)), n])
+    c.equal("keras allgather", hvd.allgather(np.array([[r]])), [[s] for s in range(n)])
+    c.equal("keras broadcast", hvd.broadcast(np.array([r]), 1), [1])
+    c.equal("keras reducescatter", hvd.reducescatter(np.ones([n, 2]), op=hvd.Sum), [[n, n]])
+    c.raises("DistributedOptimizer needs a Keras optimizer", [ValueError], "keras.optimizers.Optimizer",
+             lambda: hvd.DistributedOptimizer(object()))
+
+
+GROUPS = [check_fit_equivalence, check_gradient_accumulation, check_custom_loop, check_callbacks,
+          check_checkpoint_and_load, check_xla_and_functions]
+
+
+def run_all_checks():
+    import keras
+    import tensorflow as tf
+
+    import horo_tf.keras as hvd
+    tf.get_logger().setLevel("ERROR")
+    hvd.init()
+    report = run_groups(GROUPS, hvd, keras, tf)
+    hvd.shutdown()
+    return report
+
+
+def test_tf_keras():
+    reports = horo_runner.run(run_all_checks, np=2, env=CHILD_ENV)
+    assert_reports(reports, 2, GROUPS)

@@ -1,0 +1,305 @@
+"""horo_tf's collectives, gradients, tapes and object helpers: real processes over TCP, 2 and 3 ranks.
+
+One ``horo_runner.run`` per world size runs every group of checks on every rank, eagerly and inside
+``tf.function``. A rank contributes values derived from its rank, so every expected value is exact.
+"""
+import numpy as np
+import pytest
+
+import horo_runner
+from tf_checks import CHILD_ENV, assert_reports, run_groups
+
+SIZES = [2, 3]
+
+
+def contribution(rank, shape, dtype):
+    import tensorflow as tf
+    i = np.arange(int(np.prod(shape)), dtype=np.float64).reshape(shape)
+    return tf.constant((rank + 1.0) * (1 + i % 3), dtype=dtype)
+
+
+def expected_reduce(op, ranks, shape):
+    stack = np.stack([(r + 1.0) * (1 + np.arange(int(np.prod(shape))).reshape(shape) % 3) for r in ranks])
+    return {"Sum": stack.sum(0), "Average": stack.sum(0) / len(ranks), "Min": stack.min(0),
+            "Max": stack.max(0)}[op]
+
+
+def both_modes(fn):
+    """fn run eagerly and as a tf.function: [("eager", result), ("graph", result)]."""
+    import tensorflow as tf
+    return [("eager", fn()), ("graph", tf.function(fn)())]
+
+
+def check_topology(c, hvd, tf, env):
+    n, r = hvd.size(), hvd.rank()
+    c.same("rank", r, int(env["HORO_RANK"]))
+    c.same("size", n, int(env["HORO_SIZE"]))
+
+    @tf.function
+    def ops():
+        return hvd.rank_op(), hvd.size_op(), hvd.local_rank_op(), hvd.local_size_op(), hvd.process_set_included_op()
+
+    got = [int(t.numpy()) for t in ops()]
+    c.same("topology ops in tf.function", got, [r, n, hvd.local_rank(), hvd.local_size(), 1])
+    c.equal("rank_op eager", hvd.rank_op(), r)
+
+
+def check_allreduce(c, hvd, tf, env):
+    n, r = hvd.size(), hvd.rank()
+    ranks = list(range(n))
+    for dtype in (tf.float32, tf.float64, tf.float16, tf.bfloat16, tf.int32, tf.int64, tf.uint8):
+        for op in ("Sum", "Min", "Max") + (("Average",) if dtype.is_floating else ()):
+            x = contribution(r, (2, 3), dtype)
+            for mode, got in both_modes(lambda: hvd.allreduce(x, op=getattr(hvd, op))):
+                c.equal(f"allreduce {op} {dtype.name} {mode}", got, expected_reduce(op, ranks, (2, 3)), dtype)
+    v = tf.Variable(contribution(r, (4,), tf.float32))
+    c.equal("allreduce of a variable", hvd.allreduce(v, op=hvd.Sum), expected_reduce("Sum", ranks, (4,)))
+    c.equal("allreduce empty", hvd.allreduce(tf.zeros([0, 2])), np.zeros([0, 2]))
+    c.equal("allreduce scalar", hvd.allreduce(tf.constant(float(r)), op=hvd.Sum), sum(ranks))
+    scaled = hvd.allreduce(contribution(r, (3,), tf.float64), op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.5)
+    c.equal("allreduce scales", scaled, expected_reduce("Sum", ranks, (3,)))
+    for comp in (hvd.Compression.fp16, hvd.Compression.bf16):
+        got = hvd.allreduce(contribution(r, (5,), tf.float32), op=hvd.Sum, compression=comp)
+        c.equal(f"allreduce {comp.__name__}", got, expected_reduce("Sum", ranks, (5,)), tf.float32)
+    ints = [tf.constant([r], tf.int32), contribution(r, (2,), tf.float32)]
+    for mode, got in both_modes(lambda: hvd.grouped_allreduce(ints, op=hvd.Sum)):
+        c.equal(f"grouped_allreduce int {mode}", got[0], [sum(ranks)])
+        c.equal(f"grouped_allreduce float {mode}", got[1], expected_reduce("Sum", ranks, (2,)))
+
+    def named_in_scope():
+        with tf.name_scope("outer"):
+            return hvd.allreduce(tf.constant([1.0]), name="scoped", op=hvd.Sum)
+
+    for mode, got in both_modes(named_in_scope):
+        c.equal(f"named allreduce in a name scope {mode}", got, [float(n)])
+
+
+def check_indexed_slices(c, hvd, tf, env):
+    n, r = hvd.size(), hvd.rank()
+    slices = tf.IndexedSlices(tf.fill([r + 1, 2], float(r + 1)), tf.fill([r + 1], r), tf.constant([n, 2]))
+    values = np.concatenate([np.full([s + 1, 2], float(s + 1)) for s in range(n)])
+    indices = np.concatenate([np.full([s + 1], s) for s in range(n)])
+    for mode, got in both_modes(lambda: hvd.allreduce(slices, op=hvd.Average)):
+        c.same(f"IndexedSlices stays IndexedSlices {mode}", type(got).__name__, "IndexedSlices")
+        c.equal(f"IndexedSlices Average values {mode}", got.values, values / n)
+        c.equal(f"IndexedSlices indices {mode}", got.indices, indices)
+        c.equal(f"IndexedSlices dense result {mode}", tf.convert_to_tensor(got),
+                np.stack([np.full(2, (s + 1.0) ** 2 / n) for s in range(n)]))
+    mixed = hvd.grouped_allreduce([slices, tf.constant([float(r)])], op=hvd.Sum)
+    c.equal("grouped mixed sparse values", mixed[0].values, values)
+    c.equal("grouped mixed dense", mixed[1], [float(sum(range(n)))])
+    c.raises("IndexedSlices with Max", [NotImplementedError, hvd.HoroError], "sparse_as_dense",
+             lambda: hvd.allreduce(slices, op=hvd.Max))
+
+
+def check_allgather_broadcast(c, hvd, tf, env):
+    n, r = hvd.size(), hvd.rank()
+    x = tf.fill([r + 1, 2], r)
+    want = np.concatenate([np.full([s + 1, 2], s) for s in range(n)])
+    for mode, got in both_modes(lambda: hvd.allgather(x)):
+        c.equal(f"allgather uneven {mode}", got, want, tf.int32)
+    got = hvd.grouped_allgather([x, tf.constant([float(r)])])
+    c.equal("grouped_allgather 0", got[0], want)
+    c.equal("grouped_allgather 1", got[1], [float(s) for s in range(n)])
+    root = n - 1
+    for mode, got in both_modes(lambda: hvd.broadcast(contribution(r, (3,), tf.float32), root)):
+        c.equal(f"broadcast {mode}", got, contribution(root, (3,), tf.float32))
+    variables = [tf.Variable(contribution(r, (2,), tf.float32)), tf.Variable(tf.constant([r, r], tf.int64))]
+    hvd.broadcast_(variables, root)
+    c.equal("broadcast_ float variable", variables[0], contribution(root, (2,), tf.float32))
+    c.equal("broadcast_ int variable", variables[1], [root, root])
+    variables = [tf.Variable(float(r)), tf.Variable([r, r + 1])]
+    hvd.broadcast_variables(variables, root_rank=0)
+    c.same("broadcast_variables", [float(variables[0].numpy()), variables[1].numpy().tolist()], [0.0, [0, 1]])
+    c.same("broadcast_object", hvd.broadcast_object({"rank": r, "list": [r] * (r + 1)}, root_rank=root),
+           {"rank": root, "list": [root] * (root + 1)})
+    c.same("allgather_object", hvd.allgather_object(("r", r) * (r + 1)), [("r", s) * (s + 1) for s in range(n)])
+    c.raises("allgather of a scalar", [ValueError], "rank >= 1", lambda: hvd.allgather(tf.constant(1.0)))
+
+
+def check_alltoall_reducescatter(c, hvd, tf, env):
+    n, r = hvd.size(), hvd.rank()
+    # Rank r sends s + 1 rows of value 10 * r + s to rank s.
+    splits = [s + 1 for s in range(n)]
+    x = tf.constant(np.concatenate([np.full([s + 1], 10 * r + s) for s in range(n)]), tf.float32)
+    for mode, (out, received) in both_modes(lambda: hvd.alltoall(x, splits=splits)):
+        c.equal(f"alltoall splits {mode}", out, np.concatenate([np.full([r + 1], 10 * s + r) for s in range(n)]))
+        c.equal(f"alltoall received splits {mode}", received, [r + 1] * n, tf.int32)
+    equal = tf.constant([10 * r + s for s in range(n)], tf.int64)
+    c.equal("alltoall equal", hvd.alltoall(equal), [10 * s + r for s in range(n)])
+    rows = 2 * n + 1
+    full = expected_reduce("Sum", range(n), (rows, 2))
+    start = sum(rows // n + (1 if i < rows % n else 0) for i in range(r))
+    mine = full[start:start + rows // n + (1 if r < rows % n else 0)]
+    for mode, got in both_modes(lambda: hvd.reducescatter(contribution(r, (rows, 2), tf.float32), op=hvd.Sum)):
+        c.equal(f"reducescatter Sum {mode}", got, mine)
+    got = hvd.grouped_reducescatter([contribution(r, (rows, 2), tf.float64)], op=hvd.Average)
+    c.equal("grouped_reducescatter Average", got[0], mine / n)
+
+
+def check_gradients(c, hvd, tf, env):
+    n, r = hvd.size(), hvd.rank()
+    w = tf.constant([1.0, 2.0, 3.0])
+
+    def grad_of(fn, x):
+        def run():
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                y = fn(x)  # 1-D, a multiple of 3 long: weighted by w repeated, times (rank + 1)
+                weights = tf.tile(w, [tf.size(y) // 3]) * float(r + 1)
+                loss = tf.reduce_sum(y * weights)
+            return tape.gradient(loss, x)
+        return both_modes(run)
+
+    x = tf.constant([1.0, 1.0, 1.0])
+    total = sum(s + 1 for s in range(n))
+    for mode, g in grad_of(lambda t: hvd.allreduce(t, op=hvd.Sum), x):
+        c.equal(f"allreduce Sum grad {mode}", g, w.numpy() * total)
+    for mode, g in grad_of(lambda t: hvd.allreduce(t, op=hvd.Average), x):
+        c.close(f"allreduce Average grad {mode}", g, w.numpy() * total / n)
+    for mode, g in grad_of(lambda t: hvd.broadcast(t, 0), x):
+        c.equal(f"broadcast grad {mode}", g, w.numpy() * total if r == 0 else np.zeros(3))
+    xg = tf.ones([3])
+    # allgather output has 3n rows; row block s gets weights w * (r + 1) on rank r: the sum over ranks.
+    for mode, g in grad_of(lambda t: hvd.allgather(t), xg):
+        c.equal(f"allgather grad {mode}", g, np.tile(w.numpy(), n)[3 * r:3 * r + 3] * total)
+    xa = tf.ones([3 * n])
+    for mode, g in grad_of(lambda t: hvd.alltoall(t), xa):
+        c.equal(f"alltoall grad {mode}", g, np.concatenate([np.tile(w.numpy(), n)[3 * r:3 * r + 3] * (s + 1)
+                                                              for s in range(n)]))
+    xr = tf.ones([3 * n])
+    for mode, g in grad_of(lambda t: hvd.reducescatter(t, op=hvd.Sum), xr):
+        c.equal(f"reducescatter grad {mode}", g, np.concatenate([w.numpy() * (s + 1) for s in range(n)]))
+    v = tf.Variable([2.0, 3.0])
+    with tf.GradientTape() as tape:
+        y = hvd.grouped_allreduce([v * 2.0, v * v], op=hvd.Sum)
+        loss = tf.reduce_sum(y[0]) + tf.reduce_sum(y[1])
+    c.equal("grouped_allreduce grad through a variable", tape.gradient(loss, v), (2.0 + 2 * v.numpy()) * n)
+
+
+def check_tape(c, hvd, tf, env):
+    """DistributedGradientTape over N shards equals a plain tape on the whole batch."""
+    import keras
+    n, r = hvd.size(), hvd.rank()
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(6 * n, 4)).astype(np.float32)
+    y = rng.normal(size=(6 * n, 1)).astype(np.float32)
+    shard = slice(6 * r, 6 * r + 6)
+
+    def model():
+        keras.utils.set_random_seed(3)
+        return keras.Sequential([keras.Input((4,)), keras.layers.Dense(5, activation="tanh"), keras.layers.Dense(1)])
+
+    for name, make_opt in (("SGD momentum", lambda: keras.optimizers.SGD(0.1, momentum=0.9)),
+                           ("Adam", lambda: keras.optimizers.Adam(0.01))):
+        for compiled in (False, True):
+            dist, ref = model(), model()
+            dist_opt, ref_opt = make_opt(), make_opt()
+
+            def dist_step(xb, yb):
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_mean((dist(xb) - yb) ** 2)
+                tape = hvd.DistributedGradientTape(tape)
+                dist_opt.apply_gradients(zip(tape.gradient(loss, dist.trainable_variables), dist.trainable_variables))
+
+            def ref_step(xb, yb):
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_mean((ref(xb) - yb) ** 2)
+                ref_opt.apply_gradients(zip(tape.gradient(loss, ref.trainable_variables), ref.trainable_variables))
+
+            step = tf.function(dist_step) if compiled else dist_step
+            for _ in range(3):
+                step(x[shard], y[shard])
+                ref_step(x, y)
+            mode = "tf.function" if compiled else "eager"
+            for i, (a, b) in enumerate(zip(dist.get_weights(), ref.get_weights())):
+                c.close(f"tape {name} {mode} weight {i}", a, b)
+
+    # Partial: the local layer's gradient is this rank's own, divided by size.
+    local_layer = keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")
+    shared = tf.Variable([1.0])
+    local_layer.build((None, 1))
+    with tf.GradientTape() as tape:
+        out = local_layer(tf.constant([[float(r + 1)]])) * shared
+        loss = tf.reduce_sum(out)
+    tape = hvd.PartialDistributedGradientTape(tape, local_layers=[local_layer])
+    g_local, g_shared = tape.gradient(loss, [local_layer.kernel, shared])
+    c.equal("partial tape local gradient", g_local, [[(r + 1.0) / n]])
+    c.close("partial tape shared gradient", g_shared, [sum(s + 1.0 for s in range(n)) / n])
+
+
+def check_errors(c, hvd, tf, env):
+    n, r = hvd.size(), hvd.rank()
+    c.raises("shape mismatch", [hvd.HoroMismatchError, RuntimeError], "shape",
+             lambda: hvd.allreduce(tf.ones([r + 1]), name="mismatch"))
+    c.raises("unsupported dtype", [hvd.HoroInvalidArgument, ValueError], "not supported",
+             lambda: hvd.allreduce(tf.constant([1 + 1j])))
+    c.raises("unregistered process set", [ValueError], "not registered",
+             lambda: hvd.allreduce(tf.ones([1]), process_set=hvd.ProcessSet([0])))
+
+    @tf.function(jit_compile=True)
+    def xla_step(x):
+        return hvd.allreduce(x)
+
+    c.raises("XLA is refused", [Exception], "jit_compile=False", lambda: xla_step(tf.ones([2])))
+    c.equal("a collective still works after the errors", hvd.allreduce(tf.ones([2]), op=hvd.Sum), [n, n])
+
+
+def check_join(c, hvd, tf, env):
+    n, r = hvd.size(), hvd.rank()
+    if r != 0:
+        # Rank 0 has joined: it takes part with zeros.
+        c.equal("allreduce beside a joined rank", hvd.allreduce(tf.constant([float(r)]), op=hvd.Sum, name="late"),
+                [float(sum(range(1, n)))])
+    last = int(hvd.join().numpy())
+    c.same("join returns a rank that joined after rank 0", last in range(1, n), True)
+
+
+def check_process_sets(c, hvd, tf, env):
+    r = hvd.rank()
+    ps = env["process_set"]
+    if r in ps.ranks:
+        c.equal("allreduce on a process set", hvd.allreduce(tf.constant([float(r)]), op=hvd.Sum, process_set=ps),
+                [float(sum(ps.ranks))])
+        c.equal("size_op of the set", hvd.size_op(ps.process_set_id), len(ps.ranks))
+    c.equal("process_set_included_op", hvd.process_set_included_op(ps.process_set_id), int(r in ps.ranks))
+
+
+def check_torch_beside(c, hvd, tf, env):
+    """horo_torch and horo_tf share one initialized runtime."""
+    import torch
+
+    import horo_torch
+    n, r = hvd.size(), hvd.rank()
+    c.same("horo_torch sees the same job", (horo_torch.is_initialized(), horo_torch.rank(), horo_torch.size()),
+           (True, r, n))
+    t = horo_torch.allreduce(torch.tensor([float(r)]), op=horo_torch.Sum)
+    c.same("torch allreduce", t.tolist(), [float(sum(range(n)))])
+    c.equal("tf allreduce after torch", hvd.allreduce(tf.constant([float(r)]), op=hvd.Sum), [float(sum(range(n)))])
+
+
+GROUPS = [check_topology, check_allreduce, check_indexed_slices, check_allgather_broadcast,
+          check_alltoall_reducescatter, check_gradients, check_tape, check_errors, check_join, check_process_sets,
+          check_torch_beside]
+
+
+def run_all_checks():
+    import os
+
+    import tensorflow as tf
+
+    import horo_tf as hvd
+    tf.get_logger().setLevel("ERROR")  # retracing notices: the checks trace on purpose
+    n = int(os.environ["HORO_SIZE"])
+    ps = hvd.ProcessSet([0, n - 1] if n > 2 else [1])
+    hvd.init(process_sets=[ps])
+    env = {**os.environ, "process_set": ps}
+    report = run_groups(GROUPS, hvd, tf, env)
+    hvd.shutdown()
+    return report
+
+
+@pytest.mark.parametrize("size", SIZES, ids=[f"np{n}" for n in SIZES])
+def test_tf_collectives(size):
+    reports = horo_runner.run(run_all_checks, np=size, env=CHILD_ENV)
+    assert_reports(reports, size, GROUPS)

@@ -1,7 +1,7 @@
 """Horovod's TensorFlow API on Horo: ``import horo_tf as hvd``.
 
 Tensors reach Horo's core through NumPy (a view of the host buffer where TensorFlow allows it) and,
-inside ``tf.function``, one ``tf.py_function`` per collective; nothing here is compiled against
+inside ``tf.function``, one ``tf.numpy_function`` per collective; nothing here is compiled against
 TensorFlow, so one install works with every TensorFlow 2.x. XLA-compiled functions
 (``jit_compile=True``) cannot contain these collectives and are rejected with a clear error.
 """

@@ -1,7 +1,7 @@
 """Collective operations on TensorFlow tensors, with Horovod's names, signatures and semantics.
 
 Each function validates its arguments, names the operation (see ``_bridge``) and runs it eagerly or
-as one ``tf.py_function`` inside a ``tf.function``. The results are differentiable with
+as one ``tf.numpy_function`` inside a ``tf.function``. The results are differentiable with
 ``tf.custom_gradient``: the gradient of an allreduce is the allreduce of the gradient with the same
 op, of an allgather the summed allreduce of the gradient sliced to this rank's rows, of a broadcast
 the summed allreduce kept on the root, of an alltoall the reverse alltoall, and of a reducescatter

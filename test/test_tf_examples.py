@@ -31,11 +31,13 @@ def test_keras_digits_reaches_95_percent():
     assert "finished gradual learning rate warmup" in out
 
 
-def test_synthetic_benchmark_with_peer():
-    out = run_example("tensorflow2_synthetic_benchmark.py", "--peer", "--num-iters", "2",
-                      "--num-batches-per-iter", "2", "--num-warmup-batches", "1")
-    assert re.search(r"\[0\]<stdout>:Horo: [0-9.]+ \+-[0-9.]+ img/sec per rank, [0-9.]+ \+-[0-9.]+ img/sec on 2 "
-                     r"ranks", out), out[-3000:]
-    peer = re.search(r"\[0\]<stdout>:Peer(?: \(MultiWorkerMirroredStrategy\): [0-9.]+ \+-[0-9.]+ img/sec per rank"
-                     r"|: MultiWorkerMirroredStrategy cannot run here \(.+\); no comparison made\.)", out)
-    assert peer, out[-3000:]
+def test_synthetic_benchmark_three_modes():
+    out = run_example("tensorflow2_synthetic_benchmark.py", "--num-iters", "3", "--num-batches-per-iter", "2",
+                      "--num-warmup-batches", "1")
+    for mode in ("local", "horo"):
+        assert re.search(rf"\[0\]<stdout>:{mode} +\| +[0-9.]+ ms \| +[0-9.]+ \| +[0-9.]+ \| [+-][0-9.]+ ms", out), \
+            out[-3000:]
+    assert len(re.findall(r"\[0\]<stdout>:Repeat #[0-2]: ", out)) == 3, out[-3000:]
+    mwms = re.search(r"\[0\]<stdout>:(?:Overhead horo / mwms: (?:[0-9.]+|n/a)"
+                     r"|mwms: MultiWorkerMirroredStrategy cannot run here \(.+\); no comparison with it\.)", out)
+    assert mwms, out[-3000:]

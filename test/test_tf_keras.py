@@ -1,4 +1,5 @@
-"""horo_tf.keras on Keras 3: DistributedOptimizer, the callbacks and load_model, in one 2-rank launch.
+"""horo_tf.keras on Keras 3: DistributedOptimizer (mixed precision included), the callbacks and
+load_model, in one 2-rank launch.
 
 The equivalence checks train the same model twice on every rank: distributed on this rank's shard,
 and with the plain optimizer on the concatenation of every rank's batch; the weights must agree
@@ -194,8 +195,60 @@ def check_xla_and_functions(c, hvd, keras, tf):
              lambda: hvd.DistributedOptimizer(object()))
 
 
+def check_mixed_precision(c, hvd, keras, tf):
+    """mixed_float16 with DistributedOptimizer(LossScaleOptimizer(opt)) matches one process on the
+    concatenated batches; a non-finite gradient on rank 1 alone makes every rank skip that step."""
+    from horo_core.errors import HoroUnsupportedError
+    n, r = hvd.size(), hvd.rank()
+    # Well below Keras's 2**15: a rank's gradients are n times the global batch's in float16, and
+    # must not overflow where the reference's do not.
+    SCALE = 2.0 ** 8
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        for inf_step in (None, 1):
+            (xs, ys), (xg, yg), global_batch = shard_and_global(n, r)
+            what = "clean" if inf_step is None else f"inf on rank 1 in batch {inf_step}"
+            if inf_step is not None:
+                rows = slice(inf_step * BATCH, (inf_step + 1) * BATCH)
+                xg[inf_step * global_batch + BATCH:(inf_step + 1) * global_batch] = np.inf  # rank 1's rows
+                if r == 1:
+                    xs[rows] = np.inf
+            dist = make_model(keras, seed=100)
+            dist.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(
+                OPTIMIZERS["SGD momentum"](keras), initial_scale=SCALE)), loss="mse")
+            dist.fit(xs, ys, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+            ref = make_model(keras, seed=100)
+            ref.compile(optimizer=keras.optimizers.LossScaleOptimizer(OPTIMIZERS["SGD momentum"](keras),
+                                                                      initial_scale=SCALE), loss="mse")
+            ref.fit(xg, yg, batch_size=global_batch, epochs=2, shuffle=False, verbose=0)
+            c.same(f"{what}: compile does not wrap a distributed LossScaleOptimizer again",
+                   type(dist.optimizer.inner_optimizer), keras.optimizers.SGD)
+            skipped = 0 if inf_step is None else 2  # the bad batch comes once per epoch
+            c.same(f"{what}: iterations count the applied steps", int(dist.optimizer.iterations.numpy()),
+                   2 * STEPS - skipped)
+            scales = hvd.allgather(np.array([float(dist.optimizer.dynamic_scale.numpy())]), name=f"scale.{what}")
+            c.equal(f"{what}: every rank has the reference's loss scale", scales,
+                    [float(ref.optimizer.dynamic_scale.numpy())] * n)
+            c.same(f"{what}: the scale halves once per skipped step", float(scales[0]), SCALE / 2 ** skipped)
+            for i, (a, b) in enumerate(zip(dist.get_weights(), ref.get_weights())):
+                c.close(f"{what}: weight {i} matches one process", a, b, rtol=2e-3, atol=2e-4)
+                c.equal(f"{what}: weight {i} identical on every rank", a, hvd.broadcast(a, 0, name=f"w.{what}.{i}"))
+        (xs, ys), _, _ = shard_and_global(n, r)
+        for order, make_opt in (
+                ("compile wrapping a DistributedOptimizer", lambda: hvd.DistributedOptimizer(keras.optimizers.SGD())),
+                ("LossScaleOptimizer(DistributedOptimizer)",
+                 lambda: keras.optimizers.LossScaleOptimizer(hvd.DistributedOptimizer(keras.optimizers.SGD())))):
+            model = make_model(keras, seed=100)
+            model.compile(optimizer=make_opt(), loss="mse")
+            c.raises(f"{order} is refused", [HoroUnsupportedError, NotImplementedError],
+                     "hvd.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(optimizer))",
+                     lambda: model.fit(xs, ys, batch_size=BATCH, epochs=1, verbose=0))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
 GROUPS = [check_fit_equivalence, check_gradient_accumulation, check_custom_loop, check_callbacks,
-          check_checkpoint_and_load, check_xla_and_functions]
+          check_checkpoint_and_load, check_xla_and_functions, check_mixed_precision]
 
 
 def run_all_checks():

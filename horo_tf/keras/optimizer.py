@@ -14,11 +14,25 @@ not passes: Adam's bias correction and learning-rate schedules then see what one
 on the N batches at once would see. A wrapped
 optimizer with Keras's own ``gradient_accumulation_steps`` also works: every micro-step's gradients
 are averaged across ranks before Keras accumulates them.
+
+Mixed precision (``mixed_float16``) wraps the loss-scale optimizer, not the other way round::
+
+    opt = hvd.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1)))
+
+The gradients are then averaged before the ``LossScaleOptimizer`` checks them; a non-finite value
+on any rank stays non-finite through the sum, so every rank skips the same steps and lowers its
+scale identically (``compile`` sees a ``LossScaleOptimizer`` and does not wrap it again). The other
+order, ``LossScaleOptimizer(DistributedOptimizer(opt))`` -- which ``compile`` builds by itself when
+it is given a plain DistributedOptimizer under ``mixed_float16`` -- would check each rank's local
+gradients and skip the averaging on some ranks only, so it is refused when the optimizer is built,
+with a message that shows the order above.
 """
+import sys
+
 import keras
 import tensorflow as tf
 
-from horo_core.errors import HoroInvalidArgument
+from horo_core.errors import HoroInvalidArgument, HoroUnsupportedError
 from horo_tf.gradient_reduction import ReductionOptions, reduce_gradients
 
 
@@ -34,12 +48,48 @@ class _AccumulationState:
             self.keys = [id(v) for v in variables]
 
 
+LOSS_SCALE_ORDER_MESSAGE = (
+    "a keras.optimizers.LossScaleOptimizer wraps this DistributedOptimizer (model.compile does so by itself "
+    "under the mixed_float16 policy). It would decide on each rank alone whether the gradients are finite and "
+    "skip the averaging on some ranks only. Wrap the other way round, so that the gradients are averaged "
+    "before the finiteness check and every rank skips the same steps: "
+    "hvd.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(optimizer)).")
+
+
+def _wrapping_loss_scale_optimizer(inner, depth=6):
+    """The LossScaleOptimizer among the nearest callers whose inner_optimizer is inner, or None.
+
+    Keras gives an inner optimizer no reference to its wrapper, and LossScaleOptimizer.build is the
+    one place that calls the inner build, so the callers' frames are where the wrapper shows.
+    """
+    frame = sys._getframe(2)
+    for _ in range(depth):
+        if frame is None:
+            return None
+        caller = frame.f_locals.get("self")
+        if isinstance(caller, keras.optimizers.LossScaleOptimizer) and caller.inner_optimizer is inner:
+            return caller
+        frame = frame.f_back
+    return None
+
+
 class _DistributedMixin:
     """What the distributed optimizer adds to the wrapped class; options live on the class."""
 
     _horo_reduction = ReductionOptions()
     _horo_backward_passes_per_step = 1
     _horo_average_aggregated_gradients = False
+
+    def build(self, variables):
+        """Builds the wrapped optimizer.
+
+        Raises:
+            HoroUnsupportedError: a LossScaleOptimizer wraps this optimizer (LossScaleOptimizer.build
+                builds its inner optimizer, so the wrong order is caught before the first step).
+        """
+        if _wrapping_loss_scale_optimizer(self) is not None:
+            raise HoroUnsupportedError(LOSS_SCALE_ORDER_MESSAGE)
+        return super().build(variables)
 
     def apply(self, grads, trainable_variables=None):
         """Reduces grads across ranks (every backward_passes_per_step calls), then applies them.

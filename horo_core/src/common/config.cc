@@ -67,6 +67,10 @@ std::string FormatDouble(double v) {
   Setting{NAME, Kind::kBool, DOC,                                                               \
           [](const std::string& t, Config* c) { return ParseBool(t, &c->FIELD); },              \
           [](const Config& c) { return std::string(c.FIELD ? "1" : "0"); }}
+#define HORO_STRING_SETTING(NAME, FIELD, DOC)                                                   \
+  Setting{NAME, Kind::kString, DOC,                                                             \
+          [](const std::string& t, Config* c) { c->FIELD = t; return true; },                   \
+          [](const Config& c) { return c.FIELD; }}
 
 const std::vector<Setting>& Table() {
   static const std::vector<Setting> table = {
@@ -90,6 +94,12 @@ const std::vector<Setting>& Table() {
       HORO_INT_SETTING("CHUNK_BYTES", chunk_bytes, "Pipeline chunk of the ring algorithms, in bytes."),
       HORO_BOOL_SETTING("DYNAMIC_PROCESS_SETS", dynamic_process_sets,
                         "Allow add_process_set/remove_process_set after init."),
+      HORO_STRING_SETTING("HOSTNAME", hostname,
+                          "This rank's host name. Ranks with the same name and the same kernel boot id exchange data through shared memory; set different names to make ranks of one machine act as separate hosts (tests). Empty: the system host name."),
+      HORO_BOOL_SETTING("SHM_DISABLE", shm_disable,
+                        "Exchange data between ranks of one host over TCP instead of shared memory."),
+      HORO_INT_SETTING("SHM_RING_BYTES", shm_ring_bytes,
+                       "Bytes of the shared-memory ring per direction between two ranks of one host (a power of two >= 65536)."),
       Setting{"LOG_LEVEL", Kind::kString, "TRACE, DEBUG, INFO, WARNING, ERROR or FATAL.",
               [](const std::string& t, Config* c) { return ParseLogLevel(t, &c->log_level); },
               [](const Config& c) {
@@ -129,6 +139,10 @@ Status LoadConfigFromEnv(Config* config) {
   }
   if (parsed.fusion_threshold_bytes < 0) return Status::InvalidArgument("HORO_FUSION_THRESHOLD must be >= 0");
   if (parsed.chunk_bytes <= 0) return Status::InvalidArgument("HORO_CHUNK_BYTES must be > 0");
+  if (parsed.shm_ring_bytes < (64 << 10) || (parsed.shm_ring_bytes & (parsed.shm_ring_bytes - 1)) != 0 ||
+      parsed.shm_ring_bytes > (int64_t{1} << 40)) {
+    return Status::InvalidArgument("HORO_SHM_RING_BYTES must be a power of two between 65536 and 2^40");
+  }
   if (parsed.peer_timeout_seconds <= 0) return Status::InvalidArgument("HORO_PEER_TIMEOUT_SECONDS must be > 0");
   *config = parsed;
   return Status::OK();

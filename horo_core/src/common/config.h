@@ -24,6 +24,9 @@ struct Config {
   int64_t small_message_bytes = 64 * 1024;  // allreduce: latency-optimal algorithm up to this size
   int64_t chunk_bytes = 1 << 20;        // ring pipeline chunk
   bool dynamic_process_sets = false;
+  std::string hostname;                 // host identity for same-host detection; empty = gethostname()
+  bool shm_disable = false;             // ranks of one host exchange data over TCP, not shared memory
+  int64_t shm_ring_bytes = 4 << 20;     // shared-memory ring per direction and same-host pair
   LogLevel log_level = LogLevel::kWarning;
   bool log_hide_time = false;
 };

@@ -6,6 +6,7 @@
 
 #include "common/logging.h"
 #include "transport/loopback/transport.h"
+#include "transport/shm/transport.h"
 #include "transport/tcp/transport.h"
 
 namespace horo {
@@ -51,9 +52,15 @@ Status Runtime::Create(const horo_init_options_t& options, std::shared_ptr<Loopb
     tcp.data_timeout_seconds = config.peer_timeout_seconds;
     std::unique_ptr<TcpTransport> transport;
     HORO_RETURN_IF_ERROR(TcpTransport::Listen(tcp, &transport));
-    rt->address_ = transport->address();
-    rt->tcp_ = transport.get();
-    rt->transport_ = std::move(transport);
+    // Shared memory carries the data plane between ranks of one host; TCP carries the rest.
+    ShmOptions shm;
+    shm.enabled = !config.shm_disable;
+    shm.host = config.hostname;
+    shm.ring_bytes = static_cast<uint64_t>(config.shm_ring_bytes);
+    auto network = std::make_unique<ShmTransport>(std::move(transport), shm);
+    rt->address_ = network->address();
+    rt->network_ = network.get();
+    rt->transport_ = std::move(network);
   }
   rt->executor_ = std::make_unique<Executor>(config, options.rank, rt->transport_.get(), &rt->sets_, &rt->queue_,
                                              &rt->handles_);
@@ -68,12 +75,12 @@ Runtime::~Runtime() { Shutdown(); }
 
 Status Runtime::Connect(const std::vector<std::string>& addresses) {
   if (started_) return Status::InvalidArgument("runtime is already connected");
-  if (tcp_ != nullptr) {
+  if (network_ != nullptr) {
     if (static_cast<int>(addresses.size()) != size_) {
       return Status::InvalidArgument("connect needs one address per rank: expected " + std::to_string(size_) +
                                      ", got " + std::to_string(addresses.size()));
     }
-    HORO_RETURN_IF_ERROR(tcp_->Connect(addresses));
+    HORO_RETURN_IF_ERROR(network_->Connect(addresses));
   }
   started_ = true;
   thread_ = std::thread([this] { Loop(); });

@@ -26,7 +26,7 @@
 namespace horo {
 
 class LoopbackHub;
-class TcpTransport;
+class ShmTransport;
 
 class Runtime {
  public:
@@ -74,7 +74,7 @@ class Runtime {
   int size_;
   std::string address_;
   std::unique_ptr<Transport> transport_;
-  TcpTransport* tcp_ = nullptr;  // transport_ when it is TCP, for Connect
+  ShmTransport* network_ = nullptr;  // transport_ when ranks are processes (TCP + shared memory), for Connect
   ProcessSetTable sets_;
   ResponseCache cache_;
   TensorQueue queue_;

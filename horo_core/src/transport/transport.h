@@ -8,8 +8,8 @@
 //  * the control plane carries framed negotiation messages between rank 0 (the coordinator) and
 //    every other rank, in both directions. Rank 0 may send to anyone; other ranks send to 0 only.
 //
-// Every implementation lives in its own folder with the same file names (loopback/, tcp/, later
-// shm/), so that a reader who knows one knows them all.
+// Every implementation lives in its own folder with the same file names (loopback/, tcp/, shm/),
+// so that a reader who knows one knows them all.
 #pragma once
 
 #include <cstddef>

@@ -51,6 +51,12 @@ class TcpTransport : public Transport {
 
   int rank() const override { return options_.rank; }
   int size() const override { return options_.size; }
+  const TcpOptions& options() const { return options_; }
+  // For a transport layered on top (shm/): the data connection to peer (null for peer == rank or
+  // before Connect succeeded). Its user must follow the threading rule of the data plane.
+  tcp::Connection* DataConnection(int peer) const {
+    return connected_ && peer >= 0 && peer < options_.size ? data_[peer].get() : nullptr;
+  }
 
   Status Send(int peer, const void* data, size_t len) override;
   Status Recv(int peer, void* data, size_t len) override;

@@ -1,0 +1,69 @@
+// Ring: a single-producer, single-consumer byte ring in shared memory, carrying one direction of
+// the data plane between two ranks of one host.
+//
+// head counts every byte ever written (only the producer stores it), tail every byte ever read
+// (only the consumer stores it); both only grow, so head - tail is the fill level and the buffer
+// index is the count modulo the power-of-two capacity. Each counter has its own cache line, and
+// each side keeps a private copy of the other side's counter that it refreshes only when the copy
+// says the ring is full (producer) or empty (consumer), so the two cores exchange a cache line
+// about once per piece instead of once per call.
+//
+// Large messages are streamed: Write() publishes every kPieceBytes, so the consumer copies piece k
+// out while the producer copies piece k+1 in (a two-stage pipeline through the shared cache), and
+// every publish rings the other side's doorbell in case it sleeps. The closed flags let either
+// side see that the other called Close(): a consumer still reads what was published before.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "transport/shm/doorbell.h"
+
+namespace horo {
+namespace shm {
+
+// Lives in shared memory; zero-initialised by the segment's creator.
+struct RingShared {
+  alignas(64) std::atomic<uint64_t> head;
+  alignas(64) std::atomic<uint64_t> tail;
+  alignas(64) std::atomic<uint32_t> writer_closed;
+  std::atomic<uint32_t> reader_closed;
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "ring counters must be lock-free across processes");
+
+class Ring {
+ public:
+  static constexpr size_t kPieceBytes = size_t{64} << 10;
+
+  Ring() = default;
+  // other_end: the doorbell of the rank at the other end of this ring (producer rings the
+  // consumer's, consumer the producer's).
+  Ring(RingShared* shared, char* data, uint64_t capacity, Doorbell other_end);
+
+  // Producer: copies up to len bytes into free space without waiting; returns the count.
+  size_t Write(const char* source, size_t len);
+  // Consumer: copies up to len published bytes out without waiting; returns the count.
+  size_t Read(char* destination, size_t len);
+
+  // Fresh looks at the other side's counter, for the re-check before sleeping.
+  bool CanWrite();
+  bool CanRead();
+
+  void CloseWriter();
+  void CloseReader();
+  bool writer_closed() const { return shared_->writer_closed.load(std::memory_order_acquire) != 0; }
+  bool reader_closed() const { return shared_->reader_closed.load(std::memory_order_acquire) != 0; }
+
+ private:
+  RingShared* shared_ = nullptr;
+  char* data_ = nullptr;
+  uint64_t capacity_ = 0;
+  uint64_t mask_ = 0;
+  Doorbell other_end_;
+  uint64_t head_ = 0;         // producer: own counter; consumer: last head seen
+  uint64_t tail_ = 0;         // consumer: own counter; producer: last tail seen
+};
+
+}  // namespace shm
+}  // namespace horo

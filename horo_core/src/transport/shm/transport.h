@@ -1,0 +1,99 @@
+// ShmTransport: the data plane through shared memory between ranks of one host, TCP for the rest.
+//
+// It wraps a TcpTransport. The control plane, and the data plane to peers on other hosts, go to
+// TCP unchanged. Connect() builds the TCP mesh and then the shared-memory links (link_builder.h);
+// a Send/Recv/SendRecv that involves a linked peer moves its bytes through that pair's rings
+// (ring.h), and a SendRecv that mixes a linked and a TCP peer progresses both in one loop.
+//
+// Waiting: a transfer that cannot move spins for spin_microseconds (CPU pause), then sleeps on
+// this rank's doorbell (doorbell.h) with a timeout of 1 ms doubling to 8 ms; a peer that moves the
+// ring rings it. While a TCP direction is pending too, it sleeps in ppoll() on the socket for at
+// most 200 us instead. So an oversubscribed host never loses a core to a waiting rank.
+//
+// Failures are those of TCP, with the peer named: a peer that called Close() (closed flag in its
+// rings) or whose process died (its TCP data connection, idle since setup, reports a hang-up; it is
+// checked each time the waiter wakes) yields PeerLost; no progress for data_timeout_seconds yields
+// Timeout; both leave the link broken. Close() sets the closed flags of every ring, rings every
+// doorbell and closes TCP, so waiters here and on every peer return at once.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "transport/shm/link_builder.h"
+#include "transport/shm/options.h"
+#include "transport/tcp/transport.h"
+#include "transport/transport.h"
+
+namespace horo {
+
+class ShmTransport : public Transport {
+ public:
+  ShmTransport(std::unique_ptr<TcpTransport> tcp, const ShmOptions& options);
+  ~ShmTransport() override;
+
+  const std::string& address() const { return tcp_->address(); }
+  // Builds the TCP mesh (see TcpTransport::Connect), then the shared-memory links. Call once.
+  Status Connect(const std::vector<std::string>& addresses);
+  // True when the data plane to peer runs through shared memory.
+  bool SharedMemoryPeer(int peer) const;
+
+  int rank() const override { return tcp_->rank(); }
+  int size() const override { return tcp_->size(); }
+
+  Status Send(int peer, const void* data, size_t len) override;
+  Status Recv(int peer, void* data, size_t len) override;
+  Status SendRecv(int send_peer, const void* send_data, size_t send_len, int recv_peer, void* recv_data,
+                  size_t recv_len) override;
+
+  Status SendControl(int peer, const std::string& payload) override { return tcp_->SendControl(peer, payload); }
+  Status PollControl(int timeout_ms, std::vector<ControlMessage>* messages, std::vector<int>* lost_peers) override {
+    return tcp_->PollControl(timeout_ms, messages, lost_peers);
+  }
+  void Wake() override { tcp_->Wake(); }
+  void Close() override;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  // One direction of a transfer: through link (shared memory) or conn (TCP), or idle.
+  struct Direction {
+    int peer = -1;
+    shm::Link* link = nullptr;
+    tcp::Connection* conn = nullptr;
+    char* data = nullptr;
+    size_t len = 0;
+    size_t done = 0;
+    bool pending() const { return done < len; }
+  };
+
+  Status CheckDataPeer(int peer, const char* what) const;
+  Status Prepare(int peer, const void* data, size_t len, const char* what, Direction* direction) const;
+  Status Transfer(Direction* send, Direction* recv);
+  // Moves what can move now; false with *status set on failure.
+  bool Step(Direction* direction, bool sending, bool* progress, Status* status);
+  // After a pass without progress: closed transport, closed rings.
+  Status CheckClosed(Direction* send, Direction* recv);
+  // Sleeps until something may have changed (or for at most timeout).
+  void Block(Direction* send, Direction* recv, std::chrono::microseconds timeout, int64_t doorbell_ns);
+  // After a sleep: did a linked peer's process go away?
+  Status CheckHangUps(Direction* send, Direction* recv);
+  Status Lost(Direction* direction, const std::string& reason, bool sending);
+  Status TimeoutFailure(Direction* send, Direction* recv);
+  std::string Who() const { return "rank " + std::to_string(rank()); }
+
+  std::unique_ptr<TcpTransport> tcp_;
+  const ShmOptions options_;
+  std::mutex close_mutex_;  // guards installing links_ against Close()
+  std::atomic<bool> closed_{false};
+  std::atomic<bool> connected_{false};
+  bool connect_called_ = false;
+  shm::LinkSet links_;
+};
+
+}  // namespace horo

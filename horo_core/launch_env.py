@@ -18,7 +18,8 @@ Launcher variables beat Slurm's: ``mpirun`` or ``torchrun`` inside an ``sbatch``
 ``SLURM_*`` describing the batch step, not the rank. A family with some but not all of its required
 variables raises :class:`ValueError` naming what is missing.
 
-Modifiers honoured by every family: ``HORO_SECRET`` (then ``HOROVOD_SECRET``), hex; ``HORO_BIND_ADDR``
+Modifiers honoured by every family: ``HORO_HOSTNAME`` (the host this rank reports, for local
+ranks and same-host detection); ``HORO_SECRET`` (then ``HOROVOD_SECRET``), hex; ``HORO_BIND_ADDR``
 (the data-plane bind address); ``HORO_RENDEZVOUS_ADDR``/``HORO_RENDEZVOUS_PORT`` (move the rendezvous
 that rank 0 hosts under torchrun, Slurm and TF_CONFIG).
 """
@@ -682,7 +683,8 @@ def detect(environ: Optional[Mapping[str, str]] = None) -> LaunchInfo:
         local_size=partial.local_size,
         cross_rank=partial.cross_rank,
         cross_size=partial.cross_size,
-        hostname=partial.hostname or socket.gethostname(),
+        # HORO_HOSTNAME overrides every family, as it does for the core's same-host detection.
+        hostname=env.text("HORO_HOSTNAME") or partial.hostname or socket.gethostname(),
         rendezvous=partial.rendezvous,
         rendezvous_protocol=partial.rendezvous_protocol,
         hosts_rendezvous=partial.hosts_rendezvous,

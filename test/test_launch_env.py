@@ -116,6 +116,11 @@ def test_torchrun_rank0_hosts_on_master_port_plus_one():
     assert other.rendezvous == info.rendezvous
 
 
+def test_horo_hostname_overrides_every_family():
+    assert detect({**torchrun_env(rank=1), "HORO_HOSTNAME": "node-b"}).hostname == "node-b"
+    assert detect({"HORO_HOSTNAME": "solo"}).hostname == "solo"
+
+
 def test_torchrun_secret_is_weak_and_shared_by_the_job():
     a, b = detect(torchrun_env(rank=0)), detect(torchrun_env(rank=7))
     assert a.secret == b.secret and len(a.secret) == 32 and a.secret_is_weak

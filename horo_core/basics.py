@@ -127,8 +127,10 @@ def init(comm=None, process_sets=None):
         else:
             host, port, secret, server = _rendezvous(info, mpi_comm)
             _state.kv_server = server
-            kv = KVClient(host, port, secret, timeout=start_timeout)
+            rt = None
+            kv = None
             try:
+                kv = KVClient(host, port, secret, timeout=start_timeout)
                 rt = Runtime(rank, size, secret=secret, bind_host=info.bind_host)
                 prefix = f"{key_prefix}init{generation}/"
                 kv.set(f"{prefix}addr/{rank}", rt.address().encode())
@@ -137,8 +139,17 @@ def init(comm=None, process_sets=None):
                 hostnames = [kv.get(f"{prefix}host/{r}", timeout=start_timeout).decode() for r in range(size)]
                 rt.connect(addresses)
                 kv.set(f"ready/{info.rank}", b"1")
+            except BaseException:
+                # Leave nothing behind, so that a later init() starts clean.
+                if rt is not None:
+                    rt.destroy()
+                if server is not None:
+                    server.stop()
+                _state.kv_server = None
+                raise
             finally:
-                kv.close()
+                if kv is not None:
+                    kv.close()
         topologies = launch_env.local_topologies(hostnames)
         mine = topologies[rank]
         if info.topology_known and comm is None:

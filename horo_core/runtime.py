@@ -4,7 +4,9 @@ Adapters (horo_torch, horo_tf) describe a tensor as ``TensorSpec(name, input_ptr
 dtype_code, shape)`` and nothing else; this module turns specs into ``horo_enqueue`` calls and
 reads results back. All blocking calls release the GIL (cffi does so around every C call).
 """
+import contextlib
 import dataclasses
+import threading
 from typing import List, Optional, Sequence, Tuple
 
 from horo_core._binding import check, ffi, lib
@@ -76,35 +78,58 @@ class Runtime:
         self._rt = out[0]
         self._loopback = loopback  # keeps the hub alive as long as the runtime
         self.rank, self.size = rank, size
+        # Calls in progress, so that destroy() never frees the runtime under another thread.
+        self._calls = 0
+        self._calls_done = threading.Condition()
+
+    @contextlib.contextmanager
+    def _use(self):
+        """The C runtime pointer for one call; refused (HoroShutdownError) once destroy() began."""
+        with self._calls_done:
+            rt = self._rt
+            if rt is None:
+                check(lib.HORO_ERR_SHUT_DOWN)
+            self._calls += 1
+        try:
+            yield rt
+        finally:
+            with self._calls_done:
+                self._calls -= 1
+                self._calls_done.notify_all()
 
     def address(self):
         buf = ffi.new("char[]", 256)
-        check(lib.horo_runtime_address(self._rt, buf, 256))
+        with self._use() as rt:
+            check(lib.horo_runtime_address(rt, buf, 256))
         return ffi.string(buf).decode()
 
     def connect(self, addresses: Sequence[str] = ()):
         """Connects to every peer and starts the background thread."""
         keep = [ffi.new("char[]", a.encode()) for a in addresses]
         arr = ffi.new("char*[]", keep) if keep else ffi.NULL
-        check(lib.horo_runtime_connect(self._rt, arr, len(keep)))
+        with self._use() as rt:
+            check(lib.horo_runtime_connect(rt, arr, len(keep)))
 
     def shutdown(self):
-        if self._rt is not None:
-            check(lib.horo_runtime_shutdown(self._rt))
+        with self._use() as rt:
+            check(lib.horo_runtime_shutdown(rt))
 
     def destroy(self):
-        if self._rt is not None:
-            lib.horo_runtime_shutdown(self._rt)
-            lib.horo_runtime_destroy(self._rt)
-            self._rt = None
+        """Shuts down (failing outstanding handles), waits for other threads' calls to return, frees."""
+        with self._calls_done:
+            rt, self._rt = self._rt, None
+        if rt is None:
+            return
+        lib.horo_runtime_shutdown(rt)
+        with self._calls_done:
+            self._calls_done.wait_for(lambda: self._calls == 0)
+        lib.horo_runtime_destroy(rt)
 
     # Operations ---------------------------------------------------------------------------------
 
     def enqueue(self, op_type, specs: Sequence[TensorSpec], process_set_id=0, reduce_op=None,
                 prescale_factor=1.0, postscale_factor=1.0, root_rank=0, splits=None) -> List[int]:
         """Enqueues one operation over specs (several specs form an atomic group); returns handles."""
-        if self._rt is None:
-            check(lib.HORO_ERR_NOT_INITIALIZED)
         opts = ffi.new("horo_op_options_t*")
         lib.horo_op_options_init(opts)
         opts.process_set_id = process_set_id
@@ -132,21 +157,25 @@ class Runtime:
             t.ndim = len(spec.shape)
             t.shape = shape
         handles = ffi.new("horo_handle_t[]", count)
-        check(lib.horo_enqueue(self._rt, op_type, tensors, len(specs), opts, handles))
+        with self._use() as rt:
+            check(lib.horo_enqueue(rt, op_type, tensors, len(specs), opts, handles))
         return list(handles)
 
     def poll(self, handle) -> bool:
         done = ffi.new("int32_t*")
-        check(lib.horo_poll(self._rt, handle, done))
+        with self._use() as rt:
+            check(lib.horo_poll(rt, handle, done))
         return bool(done[0])
 
     def wait(self, handle, timeout=None):
         """Blocks until the handle completes; raises the operation's error, if any."""
-        check(lib.horo_wait(self._rt, handle, -1.0 if timeout is None else float(timeout)))
+        with self._use() as rt:
+            check(lib.horo_wait(rt, handle, -1.0 if timeout is None else float(timeout)))
 
     def result(self, handle) -> Result:
         r = ffi.new("horo_result_t*")
-        check(lib.horo_handle_result(self._rt, handle, r))
+        with self._use() as rt:
+            check(lib.horo_handle_result(rt, handle, r))
         splits = None
         if r.num_received_splits > 0:
             splits = [r.received_splits[i] for i in range(r.num_received_splits)]
@@ -154,7 +183,8 @@ class Runtime:
         return Result(data, r.nbytes, tuple(r.shape[i] for i in range(r.ndim)), splits, r.join_last_rank)
 
     def release(self, handle):
-        check(lib.horo_release(self._rt, handle))
+        with self._use() as rt:
+            check(lib.horo_release(rt, handle))
 
     def copy_result(self, result: Result, dest_ptr: int):
         """Copies a core-owned result into caller memory of at least result.nbytes bytes."""
@@ -166,15 +196,18 @@ class Runtime:
     def add_process_set(self, ranks) -> int:
         arr = ffi.new("int32_t[]", [int(r) for r in ranks] or [0])
         out = ffi.new("int32_t*")
-        check(lib.horo_process_set_add(self._rt, arr, len(ranks), out))
+        with self._use() as rt:
+            check(lib.horo_process_set_add(rt, arr, len(ranks), out))
         return out[0]
 
     def remove_process_set(self, set_id):
-        check(lib.horo_process_set_remove(self._rt, set_id))
+        with self._use() as rt:
+            check(lib.horo_process_set_remove(rt, set_id))
 
     def process_set_ranks(self, set_id) -> List[int]:
         cap = self.size
         arr = ffi.new("int32_t[]", cap)
         count = ffi.new("int32_t*")
-        check(lib.horo_process_set_ranks(self._rt, set_id, arr, cap, count))
+        with self._use() as rt:
+            check(lib.horo_process_set_ranks(rt, set_id, arr, cap, count))
         return [arr[i] for i in range(count[0])]

@@ -157,7 +157,10 @@ def synchronize(handle):
         return pending.finish(rt, results)
     finally:
         for h in pending.core_handles:
-            rt.release(h)
+            try:
+                rt.release(h)
+            except Exception:  # never mask the operation's own error; after shutdown handles are gone
+                pass
 
 
 def _copy_back(target, computed):

@@ -282,3 +282,73 @@ def test_operation_after_shutdown_raises():
         ops.allreduce(rt, np.ones(2, np.float32), "late")
     rt.destroy()
     hub.close()
+
+
+def test_removing_a_set_fails_its_pending_tensors_instead_of_hanging():
+    from horo_core import dtypes
+    from horo_core.runtime import TensorSpec
+
+    with World(3) as world:
+        set_id = world.run(lambda rt: rt.add_process_set([1, 2]))[0]
+        keep = []
+
+        def body(rt):
+            handle = None
+            if rt.rank == 1:  # rank 2 never submits it; then every rank removes the set
+                a, o = np.ones(4, np.float32), np.zeros(4, np.float32)
+                keep.append((a, o))
+                (handle,) = rt.enqueue(lib.HORO_ALLREDUCE, [TensorSpec("t", a.ctypes.data, o.ctypes.data,
+                                                                       dtypes.FLOAT32, (4,))], process_set_id=set_id)
+            rt.remove_process_set(set_id)
+            if handle is not None:
+                with pytest.raises(HoroInvalidArgument, match="removed while tensor 't' was in flight"):
+                    rt.wait(handle, timeout=30)
+                rt.release(handle)
+            return ops.allreduce(rt, np.ones(2, np.float32), "after.remove")
+
+        assert all(np.all(out == 3) for out in world.run(body))
+
+
+DESTROY_WHILE_POLLING = """
+import sys, threading
+sys.path.insert(0, {test_dir!r})
+import numpy as np
+from horo_core import dtypes
+from horo_core._binding import lib
+from horo_core.runtime import TensorSpec
+from loopback_world import World
+
+for _ in range(5):
+    world = World(2)
+    rt = world.runtimes[1]
+    a, o = np.ones(4, np.float32), np.zeros(4, np.float32)
+    (h,) = rt.enqueue(lib.HORO_ALLREDUCE, [TensorSpec("never", a.ctypes.data, o.ctypes.data, dtypes.FLOAT32, (4,))])
+    stop = threading.Event()
+
+    def poll():
+        while not stop.is_set():
+            try:
+                rt.poll(h)
+                rt.wait(h, timeout=0.001)
+            except Exception:
+                pass
+
+    threads = [threading.Thread(target=poll) for _ in range(4)]
+    for t in threads:
+        t.start()
+    world.close()  # destroys every runtime while the threads are inside the C API
+    stop.set()
+    for t in threads:
+        t.join()
+print("survived")
+"""
+
+
+def test_destroy_while_other_threads_use_the_runtime_does_not_crash(tmp_path):
+    import os
+    import subprocess
+    import sys
+    script = tmp_path / "destroy.py"
+    script.write_text(DESTROY_WHILE_POLLING.format(test_dir=os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "survived" in out.stdout, out.stderr[-3000:]

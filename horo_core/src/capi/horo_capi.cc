@@ -1,6 +1,8 @@
 // The extern "C" surface declared in horo/horo.h. Every body runs inside HORO_API_BEGIN/END so that
 // no C++ exception crosses the boundary; failures set the calling thread's last error.
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <exception>
 #include <memory>
 #include <string>
@@ -12,9 +14,40 @@
 #include "runtime/runtime.h"
 #include "transport/loopback/transport.h"
 
+// The runtime plus a count of API calls in progress on it: horo_runtime_destroy must not free it
+// while another thread is still inside horo_wait or horo_poll (it shuts down first, which
+// completes every handle, then waits for those calls to return).
 struct horo_runtime {
   std::unique_ptr<horo::Runtime> impl;
+  std::mutex mutex;
+  std::condition_variable idle;
+  int in_flight = 0;
+  bool closing = false;
 };
+
+namespace {
+
+// Registers one API call on a runtime for its duration; refused once the runtime is closing.
+class CallGuard {
+ public:
+  explicit CallGuard(horo_runtime* rt) : rt_(rt) {
+    std::lock_guard<std::mutex> lock(rt_->mutex);
+    admitted_ = !rt_->closing;
+    if (admitted_) ++rt_->in_flight;
+  }
+  ~CallGuard() {
+    if (!admitted_) return;
+    std::lock_guard<std::mutex> lock(rt_->mutex);
+    if (--rt_->in_flight == 0) rt_->idle.notify_all();
+  }
+  bool admitted() const { return admitted_; }
+
+ private:
+  horo_runtime* rt_;
+  bool admitted_ = false;
+};
+
+}  // namespace
 
 struct horo_loopback_hub {
   std::shared_ptr<horo::LoopbackHub> impl;
@@ -47,8 +80,10 @@ horo_status_t Fail(horo_status_t code, const std::string& message) {
     return Fail(HORO_ERR_INTERNAL, "internal error: unknown exception");         \
   }
 
-#define HORO_REQUIRE_RUNTIME(rt) \
-  if ((rt) == nullptr || !(rt)->impl) return Fail(HORO_ERR_NOT_INITIALIZED, "Horo runtime is not initialized")
+#define HORO_REQUIRE_RUNTIME(rt)                                                                          \
+  if ((rt) == nullptr || !(rt)->impl) return Fail(HORO_ERR_NOT_INITIALIZED, "Horo runtime is not initialized"); \
+  CallGuard call_guard(rt);                                                                               \
+  if (!call_guard.admitted()) return Fail(HORO_ERR_SHUT_DOWN, "Horo has been shut down: the runtime is being destroyed")
 
 namespace {
 bool MembersOf(horo_runtime_t* rt, int32_t id, std::vector<int32_t>* members) {
@@ -172,6 +207,18 @@ horo_status_t horo_runtime_shutdown(horo_runtime_t* rt) {
 
 horo_status_t horo_runtime_destroy(horo_runtime_t* rt) {
   HORO_API_BEGIN();
+  if (rt == nullptr) return HORO_OK;
+  {
+    std::lock_guard<std::mutex> lock(rt->mutex);
+    rt->closing = true;
+  }
+  // Shutting down completes every handle, so calls blocked in horo_wait return; then wait for
+  // every call still inside the API before freeing.
+  if (rt->impl) rt->impl->Shutdown();
+  {
+    std::unique_lock<std::mutex> lock(rt->mutex);
+    rt->idle.wait(lock, [rt] { return rt->in_flight == 0; });
+  }
   delete rt;
   return HORO_OK;
   HORO_API_END();

@@ -331,6 +331,10 @@ bool Coordinator::BuildResponses(ResponseList* out) {
   std::vector<ResponsePart> parts;
   std::vector<Response> resolved;
   std::vector<std::pair<int32_t, std::string>> deferred;
+  // Set changes take effect when the ranks apply this list, so the table still shows the old sets:
+  // track this round's changes to answer later parts of the same round consistently.
+  std::set<int32_t> removed;
+  std::set<std::vector<int32_t>> added;
   for (const auto& key : ready_) {
     SetState& state = states_[key.first];
     auto pending_it = state.pending.find(key.second);
@@ -343,13 +347,22 @@ bool Coordinator::BuildResponses(ResponseList* out) {
     ResponsePart part;
     if (first.kind != RequestKind::kTensor) {
       part.response = ConstructSetChange(key.second, pending);
-      if (part.response.kind == ResponseKind::kProcessSetRemove) {
-        cache_->EraseProcessSet(part.response.process_set_id, &out->evicted_ids);
+      Response& r = part.response;
+      if (r.kind == ResponseKind::kProcessSetAdd && !added.insert(r.ranks).second) {
+        r = ErrorResponse(0, key.second, HORO_ERR_INVALID_ARGUMENT,
+                          "a process set with ranks " + MembersText(r.ranks) + " is being added already");
+      } else if (r.kind == ResponseKind::kProcessSetRemove && !removed.insert(r.process_set_id).second) {
+        r = ErrorResponse(0, key.second, HORO_ERR_INVALID_ARGUMENT,
+                          "process set " + std::to_string(r.process_set_id) + " is being removed already");
+      } else if (r.kind == ResponseKind::kProcessSetRemove) {
+        cache_->EraseProcessSet(r.process_set_id, &out->evicted_ids);
+        ResolveRemovedSet(r.process_set_id, &parts, &resolved, &deferred);
       }
     } else {
       std::vector<int32_t> members;
-      sets_->Members(key.first, &members);
-      const bool cacheable = cache_->enabled() && IsCacheable(first.op_type) && state.joined.empty();
+      if (!removed.count(key.first)) sets_->Members(key.first, &members);
+      const bool cacheable = !members.empty() && cache_->enabled() && IsCacheable(first.op_type) &&
+                             state.joined.empty();
       std::string signature = cacheable ? Signature(pending, state.joined) : std::string();
       int64_t id = cacheable ? cache_->Lookup(key.first, key.second, signature) : -1;
       if (id >= 0) {
@@ -397,6 +410,27 @@ bool Coordinator::BuildResponses(ResponseList* out) {
     EmitShutdown(HORO_ERR_SHUT_DOWN, os.str(), out);
   }
   return !out->fused.empty() || !out->evicted_ids.empty();
+}
+
+void Coordinator::ResolveRemovedSet(int32_t set_id, std::vector<ResponsePart>* parts,
+                                    std::vector<Response>* resolved,
+                                    std::vector<std::pair<int32_t, std::string>>* deferred) {
+  // Tensors some members submitted to the set before it was removed would wait forever: queue them
+  // for the next round, where the set no longer exists and each gets an error on its ranks.
+  SetState& state = states_[set_id];
+  for (auto& kv : state.pending) {
+    if (kv.second.queued_ready) continue;
+    kv.second.queued_ready = true;
+    deferred->emplace_back(set_id, kv.first);
+  }
+  if (!state.joined.empty()) {
+    ResponsePart part;
+    part.response = ErrorResponse(set_id, "join", HORO_ERR_INVALID_ARGUMENT,
+                                  "process set " + std::to_string(set_id) + " was removed while ranks had joined it");
+    state.joined.clear();
+    resolved->push_back(part.response);
+    parts->push_back(std::move(part));
+  }
 }
 
 void Coordinator::Fuse(std::vector<ResponsePart> parts, const std::vector<Response>& resolved, ResponseList* out) {

@@ -67,6 +67,8 @@ class Coordinator {
                      const std::vector<int32_t>& members, const std::vector<int32_t>& joined);
   Response ConstructSetChange(const std::string& name, const Pending& pending);
   std::string Signature(const Pending& pending, const std::vector<int32_t>& joined) const;
+  void ResolveRemovedSet(int32_t set_id, std::vector<ResponsePart>* parts, std::vector<Response>* resolved,
+                         std::vector<std::pair<int32_t, std::string>>* deferred);
   void Fuse(std::vector<ResponsePart> parts, const std::vector<Response>& resolved, ResponseList* out);
   void EmitShutdown(horo_status_t code, const std::string& message, ResponseList* out);
 

@@ -108,7 +108,18 @@ Status Executor::Execute(const FusedResponse& fused) {
   }
 
   CommGroup group;
-  if (!GroupOf(head.process_set_id, &group)) return Status::OK();  // not a member of this set
+  if (!GroupOf(head.process_set_id, &group)) {
+    // Not a member: nothing to do, unless this rank has an entry, which means the set was removed
+    // while the tensor was in flight.
+    for (const Response& r : fused) {
+      TensorEntry entry;
+      if (queue_->Take(r.process_set_id, r.name, &entry)) {
+        handles_->Complete(entry.handle, Status::InvalidArgument("process set " + std::to_string(r.process_set_id) +
+                                                                 " no longer exists (tensor '" + r.name + "')"));
+      }
+    }
+    return Status::OK();
+  }
 
   if (head.op_type == OpType::kBarrier || head.op_type == OpType::kJoin) {
     TensorEntry entry;

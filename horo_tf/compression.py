@@ -6,29 +6,7 @@ their values compressed.
 """
 import tensorflow as tf
 
-
-class Compressor:
-    """Interface: ``compress(tensor) -> (tensor, ctx)``, ``decompress(tensor, ctx) -> tensor``."""
-
-    @staticmethod
-    def compress(tensor):
-        raise NotImplementedError("Compressor subclasses implement compress")
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        raise NotImplementedError("Compressor subclasses implement decompress")
-
-
-class NoneCompressor(Compressor):
-    """Sends tensors as they are."""
-
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
+from horo_core.compression import Compressor, NoneCompressor  # noqa: F401 (re-exported)
 
 
 def _cast(tensor, dtype):

@@ -17,23 +17,10 @@ from horo_core import basics
 from horo_core._binding import lib
 from horo_core.errors import HoroInvalidArgument, HoroUnsupportedError
 from horo_core.process_sets import global_process_set
+from horo_core.reduce_ops import Adasum, Average, Max, Min, Product, Sum, resolve_op  # noqa: F401 (re-exported)
 from horo_tf import _bridge
 from horo_tf.compression import Compression
 
-Average = lib.HORO_OP_AVERAGE
-Sum = lib.HORO_OP_SUM
-Adasum = lib.HORO_OP_ADASUM
-Min = lib.HORO_OP_MIN
-Max = lib.HORO_OP_MAX
-Product = lib.HORO_OP_PRODUCT
-
-
-def _resolve_op(average, op, default=Average):
-    if average is not None and op is not None:
-        raise ValueError("The op parameter supersedes average. Please provide only one of them.")
-    if op is None:
-        return default if average is None else (Average if average else Sum)
-    return op
 
 
 def _as_tensor(value):
@@ -135,7 +122,7 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
         NotImplementedError: an op other than Sum/Average on IndexedSlices; tracing under XLA.
         HorovodInternalError: the collective failed (e.g. ranks disagree on the shape).
     """
-    op = _resolve_op(average, op)
+    op = resolve_op(average, op)
     base = _bridge.op_name("allreduce", name, process_set, ignore_name_scope)
     return _grouped_allreduce([tensor], base, op, compression, prescale_factor, postscale_factor, process_set)[0]
 
@@ -153,7 +140,7 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
     Raises:
         As allreduce.
     """
-    op = _resolve_op(average, op)
+    op = resolve_op(average, op)
     if not tensors:
         return []
     base = _bridge.op_name("grouped_allreduce", name, process_set, ignore_name_scope)

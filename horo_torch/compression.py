@@ -5,29 +5,7 @@ Only floating-point tensors are compressed; others pass through unchanged.
 """
 import torch
 
-
-class Compressor:
-    """Interface: ``compress(tensor) -> (tensor, ctx)``, ``decompress(tensor, ctx) -> tensor``."""
-
-    @staticmethod
-    def compress(tensor):
-        raise NotImplementedError("Compressor subclasses implement compress")
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        raise NotImplementedError("Compressor subclasses implement decompress")
-
-
-class NoneCompressor(Compressor):
-    """Sends tensors as they are."""
-
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
+from horo_core.compression import Compressor, NoneCompressor  # noqa: F401 (re-exported)
 
 
 class _CastCompressor(Compressor):

@@ -16,15 +16,10 @@ from horo_core import basics, dtypes
 from horo_core._binding import lib
 from horo_core.errors import HoroInvalidArgument
 from horo_core.process_sets import global_process_set
+from horo_core.reduce_ops import Adasum, Average, Max, Min, Product, Sum, resolve_op  # noqa: F401 (re-exported)
 from horo_core.runtime import TensorSpec
 from horo_torch.compression import Compression
 
-Average = lib.HORO_OP_AVERAGE
-Sum = lib.HORO_OP_SUM
-Adasum = lib.HORO_OP_ADASUM
-Min = lib.HORO_OP_MIN
-Max = lib.HORO_OP_MAX
-Product = lib.HORO_OP_PRODUCT
 
 _TORCH_DTYPES = {
     torch.uint8: dtypes.UINT8, torch.int8: dtypes.INT8, torch.int16: dtypes.INT16, torch.int32: dtypes.INT32,
@@ -66,14 +61,6 @@ def _host(tensor):
 
 def _is_host_contiguous(tensor):
     return tensor.device.type == "cpu" and tensor.is_contiguous()
-
-
-def _resolve_op(average, op, default=Average):
-    if average is not None and op is not None:
-        raise ValueError("The op parameter supersedes average. Please provide only one of them.")
-    if op is None:
-        return default if average is None else (Average if average else Sum)
-    return op
 
 
 def _process_set_id(process_set):
@@ -208,7 +195,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     Raises:
         ValueError: invalid arguments (unsupported dtype, both average and op, name in flight...).
     """
-    op = _resolve_op(average, op)
+    op = resolve_op(average, op)
     out = torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
     return _allreduce_async([tensor], [out], name, op, prescale_factor, postscale_factor, process_set, "allreduce")
 
@@ -216,7 +203,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                      process_set=global_process_set):
     """In-place form of allreduce_async: the result overwrites tensor. Returns a handle."""
-    op = _resolve_op(average, op)
+    op = resolve_op(average, op)
     return _allreduce_async([tensor], [tensor], name, op, prescale_factor, postscale_factor, process_set,
                             "allreduce")
 
@@ -253,7 +240,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     Raises:
         ValueError: invalid arguments. HorovodInternalError: the collective failed (e.g. a mismatch).
     """
-    op = _resolve_op(average, op)
+    op = resolve_op(average, op)
     compressed, ctx = compression.compress(tensor)
     reduced = HorovodAllreduce.apply(compressed, name, op, prescale_factor, postscale_factor, process_set)
     return compression.decompress(reduced, ctx)
@@ -269,7 +256,7 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
                             process_set=global_process_set):
     """Starts an allreduce of a list of tensors negotiated and fused as one group. Returns a handle
     whose synchronize() gives the list of reduced tensors."""
-    op = _resolve_op(average, op)
+    op = resolve_op(average, op)
     outs = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in tensors]
     return _allreduce_async(list(tensors), outs, name, op, prescale_factor, postscale_factor, process_set,
                             "grouped_allreduce")
@@ -278,7 +265,7 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set):
     """In-place form of grouped_allreduce_async."""
-    op = _resolve_op(average, op)
+    op = resolve_op(average, op)
     return _allreduce_async(list(tensors), list(tensors), name, op, prescale_factor, postscale_factor, process_set,
                             "grouped_allreduce")
 
@@ -303,7 +290,7 @@ class HorovodGroupedAllreduce(torch.autograd.Function):
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
                       prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """Allreduces a list of tensors as one atomic, fused group; differentiable. Returns a list."""
-    op = _resolve_op(average, op)
+    op = resolve_op(average, op)
     pairs = [compression.compress(t) for t in tensors]
     reduced = HorovodGroupedAllreduce.apply(name, op, prescale_factor, postscale_factor, process_set,
                                             *[p[0] for p in pairs])

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import horo_runner
+import rank_checks
 
 SIZES = [1, 2, 3, 4, 5]
 DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16,
@@ -20,15 +21,8 @@ LARGE = 65537
 OPS = ["Average", "Sum", "Min", "Max", "Product"]
 
 
-class Checks:
-    """Collects the outcome of every check of one group on one rank."""
-
-    def __init__(self):
-        self.count = 0
-        self.failures = []
-
-    def fail(self, what):
-        self.failures.append(what)
+class Checks(rank_checks.Checks):
+    """rank_checks.Checks plus exact comparison of torch tensors."""
 
     def equal(self, what, got, want):
         """got must be a tensor of want's dtype and shape with exactly want's values."""
@@ -38,24 +32,6 @@ class Checks:
         elif got.dtype != want.dtype or got.shape != want.shape or not torch.equal(got, want):
             self.fail(f"{what}: got {got.dtype}{list(got.shape)} {got.flatten()[:8].tolist()}, "
                       f"want {want.dtype}{list(want.shape)} {want.flatten()[:8].tolist()}")
-
-    def same(self, what, got, want):
-        self.count += 1
-        if got != want:
-            self.fail(f"{what}: got {got!r}, want {want!r}")
-
-    def raises(self, what, types, text, fn):
-        """fn() must raise an instance of every class in types whose message contains text."""
-        self.count += 1
-        try:
-            value = fn()
-        except Exception as exc:  # noqa: BLE001 - the type is what is checked
-            if not all(isinstance(exc, t) for t in types) or text not in str(exc):
-                self.fail(f"{what}: raised {type(exc).__name__}: {exc}; want {[t.__name__ for t in types]} "
-                          f"with {text!r}")
-            return exc
-        self.fail(f"{what}: returned {value!r}; want {[t.__name__ for t in types]}")
-        return None
 
 
 # Exact values ------------------------------------------------------------------------------------

@@ -5,19 +5,14 @@ import traceback
 
 import numpy as np
 
+import rank_checks
+
 CHILD_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0", "HORO_PEER_TIMEOUT_SECONDS": "60",
              "KERAS_BACKEND": "tensorflow", "CUDA_VISIBLE_DEVICES": ""}
 
 
-class Checks:
-    """Collects the outcome of every check of one group on one rank."""
-
-    def __init__(self):
-        self.count = 0
-        self.failures = []
-
-    def fail(self, what):
-        self.failures.append(what)
+class Checks(rank_checks.Checks):
+    """rank_checks.Checks plus exact and tolerance comparisons of TF tensors and arrays."""
 
     def equal(self, what, got, want, dtype=None):
         """got (a tensor or array) must have want's shape and exactly want's values (and dtype)."""
@@ -40,23 +35,6 @@ class Checks:
             diff = np.max(np.abs(got_arr - want_arr)) if got_arr.shape == want_arr.shape else "shape"
             self.fail(f"{what}: max difference {diff} (shapes {got_arr.shape} vs {want_arr.shape})")
 
-    def same(self, what, got, want):
-        self.count += 1
-        if got != want:
-            self.fail(f"{what}: got {got!r}, want {want!r}")
-
-    def raises(self, what, types, text, fn):
-        """fn() must raise an instance of every class in types whose message contains text."""
-        self.count += 1
-        try:
-            value = fn()
-        except Exception as exc:  # noqa: BLE001 - the type is what is checked
-            if not all(isinstance(exc, t) for t in types) or text not in str(exc):
-                self.fail(f"{what}: raised {type(exc).__name__}: {str(exc)[:400]}; want "
-                          f"{[t.__name__ for t in types]} with {text!r}")
-            return exc
-        self.fail(f"{what}: returned {value!r}; want {[t.__name__ for t in types]}")
-        return None
 
 
 def run_groups(groups, *args):

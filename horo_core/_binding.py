@@ -14,10 +14,11 @@ def last_error():
     return ffi.string(lib.horo_last_error()).decode("utf-8", "replace")
 
 
-def check(rc):
-    """Raises the matching HoroError subclass unless rc is HORO_OK."""
+def check(rc, message=None):
+    """Raises the matching HoroError subclass unless rc is HORO_OK. message: the error text when
+    the caller read it earlier (a later call replaces the thread's last error)."""
     if rc != lib.HORO_OK:
-        raise error_for(lib, rc, last_error())
+        raise error_for(lib, rc, last_error() if message is None else message)
 
 
 __all__ = ["ffi", "lib", "check", "last_error", "HoroError"]

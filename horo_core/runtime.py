@@ -4,12 +4,11 @@ Adapters (horo_torch, horo_tf) describe a tensor as ``TensorSpec(name, input_ptr
 dtype_code, shape)`` and nothing else; this module turns specs into ``horo_enqueue`` calls and
 reads results back. All blocking calls release the GIL (cffi does so around every C call).
 """
-import contextlib
 import dataclasses
 import threading
 from typing import List, Optional, Sequence, Tuple
 
-from horo_core._binding import check, ffi, lib
+from horo_core._binding import check, ffi, last_error, lib
 
 
 @dataclasses.dataclass
@@ -30,6 +29,43 @@ class Result:
     shape: Tuple[int, ...]
     received_splits: Optional[List[int]]
     value: int             # join: last rank to join
+
+
+_CACHE_LIMIT = 4096  # per cache: unnamed operations get fresh names, so the caches must not grow forever
+
+
+def _cached(cache, key, value):
+    if len(cache) >= _CACHE_LIMIT:
+        cache.clear()
+    cache[key] = value
+    return value
+
+
+class _CallGuard:
+    """Counts a call into the C runtime for its duration (see Runtime._use); cheaper than a
+    generator-based context manager on the per-operation path."""
+
+    __slots__ = ("_owner",)
+
+    def __init__(self, owner):
+        self._owner = owner
+
+    def __enter__(self):
+        owner = self._owner
+        with owner._calls_done:
+            rt = owner._rt
+            if rt is None:
+                check(lib.HORO_ERR_SHUT_DOWN)
+            owner._calls += 1
+        return rt
+
+    def __exit__(self, *exc):
+        owner = self._owner
+        with owner._calls_done:
+            owner._calls -= 1
+            if owner._calls == 0 and owner._rt is None:  # destroy() is waiting
+                owner._calls_done.notify_all()
+        return False
 
 
 class LoopbackHub:
@@ -80,22 +116,17 @@ class Runtime:
         self.rank, self.size = rank, size
         # Calls in progress, so that destroy() never frees the runtime under another thread.
         self._calls = 0
-        self._calls_done = threading.Condition()
+        self._calls_done = threading.Condition(threading.Lock())
+        self._use_guard = _CallGuard(self)
+        # Steady-state steps repeat the same names, shapes and options: their C copies are kept.
+        self._c_names = {}
+        self._c_shapes = {}
+        self._c_options = {}
 
-    @contextlib.contextmanager
     def _use(self):
-        """The C runtime pointer for one call; refused (HoroShutdownError) once destroy() began."""
-        with self._calls_done:
-            rt = self._rt
-            if rt is None:
-                check(lib.HORO_ERR_SHUT_DOWN)
-            self._calls += 1
-        try:
-            yield rt
-        finally:
-            with self._calls_done:
-                self._calls -= 1
-                self._calls_done.notify_all()
+        """A context manager giving the C runtime pointer for one call; refused (HoroShutdownError)
+        once destroy() began."""
+        return self._use_guard
 
     def address(self):
         buf = ffi.new("char[]", 256)
@@ -130,15 +161,14 @@ class Runtime:
     def enqueue(self, op_type, specs: Sequence[TensorSpec], process_set_id=0, reduce_op=None,
                 prescale_factor=1.0, postscale_factor=1.0, root_rank=0, splits=None) -> List[int]:
         """Enqueues one operation over specs (several specs form an atomic group); returns handles."""
-        opts = ffi.new("horo_op_options_t*")
-        lib.horo_op_options_init(opts)
-        opts.process_set_id = process_set_id
-        opts.reduce_op = lib.HORO_OP_SUM if reduce_op is None else reduce_op
-        opts.prescale_factor = float(prescale_factor)
-        opts.postscale_factor = float(postscale_factor)
-        opts.root_rank = root_rank
         keep = []
-        if splits is not None:
+        if splits is None:
+            key = (process_set_id, reduce_op, prescale_factor, postscale_factor, root_rank)
+            opts = self._c_options.get(key)
+            if opts is None:
+                opts = _cached(self._c_options, key, self._options(*key))
+        else:
+            opts = self._options(process_set_id, reduce_op, prescale_factor, postscale_factor, root_rank)
             split_arr = ffi.new("int64_t[]", [int(s) for s in splits])
             keep.append(split_arr)
             opts.splits = split_arr
@@ -146,8 +176,12 @@ class Runtime:
         count = max(1, len(specs))
         tensors = ffi.new("horo_tensor_t[]", count)
         for i, spec in enumerate(specs):
-            name = ffi.new("char[]", spec.name.encode())
-            shape = ffi.new("int64_t[]", list(spec.shape) or [0])
+            name = self._c_names.get(spec.name)
+            if name is None:
+                name = _cached(self._c_names, spec.name, ffi.new("char[]", spec.name.encode()))
+            shape = self._c_shapes.get(spec.shape)
+            if shape is None:
+                shape = _cached(self._c_shapes, spec.shape, ffi.new("int64_t[]", list(spec.shape) or [0]))
             keep += [name, shape]
             t = tensors[i]
             t.name = name
@@ -161,6 +195,17 @@ class Runtime:
             check(lib.horo_enqueue(rt, op_type, tensors, len(specs), opts, handles))
         return list(handles)
 
+    @staticmethod
+    def _options(process_set_id, reduce_op, prescale_factor, postscale_factor, root_rank):
+        opts = ffi.new("horo_op_options_t*")
+        lib.horo_op_options_init(opts)
+        opts.process_set_id = process_set_id
+        opts.reduce_op = lib.HORO_OP_SUM if reduce_op is None else reduce_op
+        opts.prescale_factor = float(prescale_factor)
+        opts.postscale_factor = float(postscale_factor)
+        opts.root_rank = root_rank
+        return opts
+
     def poll(self, handle) -> bool:
         done = ffi.new("int32_t*")
         with self._use() as rt:
@@ -171,6 +216,15 @@ class Runtime:
         """Blocks until the handle completes; raises the operation's error, if any."""
         with self._use() as rt:
             check(lib.horo_wait(rt, handle, -1.0 if timeout is None else float(timeout)))
+
+    def wait_release(self, handle):
+        """wait() then release() in one call, for operations whose outputs the caller gave. The
+        handle is released even when the operation failed; its error is raised afterwards."""
+        with self._use() as rt:
+            status = lib.horo_wait(rt, handle, -1.0)
+            message = last_error() if status != lib.HORO_OK else ""
+            lib.horo_release(rt, handle)
+        check(status, message)
 
     def result(self, handle) -> Result:
         r = ffi.new("horo_result_t*")

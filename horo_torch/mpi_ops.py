@@ -29,12 +29,14 @@ _TORCH_DTYPES = {
 
 
 class _Pending:
-    """What synchronize() needs: the core handles, the tensors to keep alive, and how to finish."""
+    """What synchronize() needs: the core handles, the tensors to keep alive, how to finish, and
+    whether finishing reads core-owned results (else each handle is waited on and released at once)."""
 
-    __slots__ = ("runtime", "core_handles", "keep", "finish")
+    __slots__ = ("runtime", "core_handles", "keep", "finish", "needs_result")
 
-    def __init__(self, runtime, core_handles, keep, finish):
+    def __init__(self, runtime, core_handles, keep, finish, needs_result=True):
         self.runtime, self.core_handles, self.keep, self.finish = runtime, core_handles, keep, finish
+        self.needs_result = needs_result
 
 
 _handle_map = {}
@@ -77,10 +79,10 @@ def _op_name(kind, name, process_set_id):
     return f"{kind}.{name}"
 
 
-def _register(runtime, core_handles, keep, finish):
+def _register(runtime, core_handles, keep, finish, needs_result=True):
     with _handle_lock:
         handle = next(_handle_ids)
-        _handle_map[handle] = _Pending(runtime, core_handles, keep, finish)
+        _handle_map[handle] = _Pending(runtime, core_handles, keep, finish, needs_result)
     return handle
 
 
@@ -95,7 +97,8 @@ def _enqueue(op_type, kind, name, inputs, outputs, process_set, finish, **option
         specs.append(TensorSpec(n, src.data_ptr(), 0 if dst is None else dst.data_ptr(), _dtype_code(src, n),
                                 tuple(src.shape)))
     core_handles = runtime.enqueue(op_type, specs, process_set_id=set_id, **options)
-    return _register(runtime, core_handles, (inputs, outputs), finish)
+    needs_result = any(dst is None for dst in outputs)
+    return _register(runtime, core_handles, (inputs, outputs), finish, needs_result)
 
 
 def poll(handle):
@@ -130,6 +133,17 @@ def synchronize(handle):
     if pending is None:
         return None
     rt = pending.runtime
+    if not pending.needs_result:
+        # The outputs are the caller's tensors: wait for and release each handle in one call.
+        error = None
+        for h in pending.core_handles:
+            try:
+                rt.wait_release(h)
+            except Exception as exc:  # keep waiting so that no buffer is freed while still in use
+                error = error or exc
+        if error is not None:
+            raise error
+        return pending.finish(rt, None)
     error = None
     results = []
     for h in pending.core_handles:

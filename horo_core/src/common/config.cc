@@ -100,6 +100,8 @@ const std::vector<Setting>& Table() {
                         "Exchange data between ranks of one host over TCP instead of shared memory."),
       HORO_INT_SETTING("SHM_RING_BYTES", shm_ring_bytes,
                        "Bytes of the shared-memory ring per direction between two ranks of one host (a power of two >= 65536)."),
+      HORO_FLOAT_SETTING("SPIN_MICROSECONDS", spin_microseconds,
+                         "How long a waiting thread (the background thread waiting for a same-host peer, a caller in synchronize()) spins, yielding its core, before it sleeps. Short waits then cost microseconds; 0 always sleeps at once."),
       Setting{"LOG_LEVEL", Kind::kString, "TRACE, DEBUG, INFO, WARNING, ERROR or FATAL.",
               [](const std::string& t, Config* c) { return ParseLogLevel(t, &c->log_level); },
               [](const Config& c) {
@@ -144,6 +146,9 @@ Status LoadConfigFromEnv(Config* config) {
     return Status::InvalidArgument("HORO_SHM_RING_BYTES must be a power of two between 65536 and 2^40");
   }
   if (parsed.peer_timeout_seconds <= 0) return Status::InvalidArgument("HORO_PEER_TIMEOUT_SECONDS must be > 0");
+  if (parsed.spin_microseconds < 0 || parsed.spin_microseconds > 1e6) {
+    return Status::InvalidArgument("HORO_SPIN_MICROSECONDS must be between 0 and 1000000");
+  }
   *config = parsed;
   return Status::OK();
 }

@@ -27,6 +27,7 @@ struct Config {
   std::string hostname;                 // host identity for same-host detection; empty = gethostname()
   bool shm_disable = false;             // ranks of one host exchange data over TCP, not shared memory
   int64_t shm_ring_bytes = 4 << 20;     // shared-memory ring per direction and same-host pair
+  double spin_microseconds = 50.0;      // a waiting thread spins (yielding) this long before it sleeps
   LogLevel log_level = LogLevel::kWarning;
   bool log_hide_time = false;
 };

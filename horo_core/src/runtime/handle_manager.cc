@@ -1,7 +1,10 @@
 #include "runtime/handle_manager.h"
 
+#include <algorithm>
 #include <chrono>
 #include <string>
+
+#include "common/spin.h"
 
 namespace horo {
 
@@ -17,9 +20,9 @@ void HandleManager::Complete(int64_t handle, const Status& status, HandleResult*
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = states_.find(handle);
     if (it == states_.end() || it->second->done) return;
-    it->second->done = true;
     it->second->status = status;
     if (result != nullptr) it->second->result = std::move(*result);
+    it->second->done.store(true, std::memory_order_release);
   }
   done_cv_.notify_all();
 }
@@ -29,8 +32,8 @@ void HandleManager::FailAll(const Status& status) {
     std::lock_guard<std::mutex> lock(mutex_);
     for (auto& kv : states_) {
       if (!kv.second->done) {
-        kv.second->done = true;
         kv.second->status = status;
+        kv.second->done.store(true, std::memory_order_release);
       }
     }
   }
@@ -50,10 +53,22 @@ Status HandleManager::Wait(int64_t handle, double timeout_seconds) {
   auto it = states_.find(handle);
   if (it == states_.end()) return Status::InvalidArgument("unknown handle " + std::to_string(handle));
   State* state = it->second.get();
+  if (!state->done && spin_ns_ > 0 && timeout_seconds != 0) {
+    // The state stays allocated: only the owner of the handle releases it, after waiting.
+    lock.unlock();
+    const auto spin = std::chrono::nanoseconds(timeout_seconds < 0 ? spin_ns_
+                                                                    : std::min<int64_t>(spin_ns_, timeout_seconds * 1e9));
+    const auto until = std::chrono::steady_clock::now() + spin;
+    int round = 0;
+    while (!state->done.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until) {
+      SpinRound(&round);
+    }
+    lock.lock();
+  }
   if (timeout_seconds < 0) {
-    done_cv_.wait(lock, [state] { return state->done; });
+    done_cv_.wait(lock, [state] { return state->done.load(); });
   } else if (!done_cv_.wait_for(lock, std::chrono::duration<double>(timeout_seconds),
-                                [state] { return state->done; })) {
+                                [state] { return state->done.load(); })) {
     return Status(HORO_ERR_IN_PROGRESS, "operation still in progress");
   }
   return state->status;

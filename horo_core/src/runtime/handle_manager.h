@@ -1,8 +1,10 @@
-// HandleManager: integer handles for asynchronous operations. A user thread waits on a condition
-// variable (never spinning) until the background thread completes the handle with a Status and,
-// for outputs the core allocates, the result bytes and shape.
+// HandleManager: integer handles for asynchronous operations. A user thread waits until the
+// background thread completes the handle with a Status and, for outputs the core allocates, the
+// result bytes and shape: it spins for spin_microseconds first (yielding its core, common/spin.h),
+// because a small collective often completes within that, then sleeps on a condition variable.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -25,6 +27,8 @@ struct HandleResult {
 
 class HandleManager {
  public:
+  explicit HandleManager(double spin_microseconds = 0) : spin_ns_(static_cast<int64_t>(spin_microseconds * 1e3)) {}
+
   int64_t Allocate();
   // Completes the handle; result may be null. Completing twice keeps the first outcome.
   void Complete(int64_t handle, const Status& status, HandleResult* result = nullptr);
@@ -41,10 +45,11 @@ class HandleManager {
 
  private:
   struct State {
-    bool done = false;
+    std::atomic<bool> done{false};  // written under mutex_; read without it by a spinning waiter
     Status status;
     HandleResult result;
   };
+  const int64_t spin_ns_;
   std::mutex mutex_;
   std::condition_variable done_cv_;
   int64_t next_handle_ = 1;

@@ -19,7 +19,8 @@ std::string TensorLabel(OpType op, const char* name) {
 }  // namespace
 
 Runtime::Runtime(const Config& config, int rank, int size)
-    : config_(config), rank_(rank), size_(size), sets_(size), cache_(config.cache_capacity) {}
+    : config_(config), rank_(rank), size_(size), sets_(size), cache_(config.cache_capacity),
+      handles_(config.spin_microseconds) {}
 
 Status Runtime::Create(const horo_init_options_t& options, std::shared_ptr<LoopbackHub> hub,
                        std::unique_ptr<Runtime>* out) {
@@ -57,6 +58,7 @@ Status Runtime::Create(const horo_init_options_t& options, std::shared_ptr<Loopb
     shm.enabled = !config.shm_disable;
     shm.host = config.hostname;
     shm.ring_bytes = static_cast<uint64_t>(config.shm_ring_bytes);
+    shm.spin_microseconds = config.spin_microseconds;
     auto network = std::make_unique<ShmTransport>(std::move(transport), shm);
     rt->address_ = network->address();
     rt->network_ = network.get();
@@ -300,7 +302,9 @@ void Runtime::Loop() {
         const std::string bytes = SerializeResponseList(list);
         for (int peer = 1; peer < size_; ++peer) {
           Status sent = transport_->SendControl(peer, bytes);
-          if (!sent.ok()) HORO_LOG(kDebug, rank_) << "could not send responses to rank " << peer << ": " << sent.message();
+          if (!sent.ok()) {
+            HORO_LOG(kDebug, rank_) << "could not send responses to rank " << peer << ": " << sent.message();
+          }
         }
         if (!Apply(list, false)) return;
       }
@@ -418,7 +422,9 @@ void Runtime::Stop(const Status& reason, bool failure) {
     stop_reason_ = reason;
   }
   stopped_ = true;
-  if (failure) HORO_LOG(kError, rank_) << reason.message();
+  if (failure) {
+    HORO_LOG(kError, rank_) << reason.message();
+  }
   Status handle_status(reason.code(), reason.code() == HORO_ERR_SHUT_DOWN ? reason.message()
                                                                            : "Horo has been shut down: " + reason.message());
   for (int64_t h : queue_.TakeAllHandles()) handles_.Complete(h, handle_status);

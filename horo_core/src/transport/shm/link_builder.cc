@@ -153,6 +153,11 @@ Status LinkBuilder::Run(LinkSet* result) {
                      theirs->ring_bytes(), theirs->doorbell());
     link->in = Ring(own->ring_shared(static_cast<uint32_t>(slot)), own->ring_data(static_cast<uint32_t>(slot)),
                     own->ring_bytes(), theirs->doorbell());
+    link->control_out = Ring(theirs->control_shared(their_slot[peer]), theirs->control_data(their_slot[peer]),
+                             Segment::kControlRingBytes, theirs->doorbell());
+    link->control_in = Ring(own->control_shared(static_cast<uint32_t>(slot)),
+                            own->control_data(static_cast<uint32_t>(slot)), Segment::kControlRingBytes,
+                            theirs->doorbell());
     result->links[peer] = std::move(link);
     ++linked;
   }

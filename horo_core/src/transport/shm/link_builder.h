@@ -17,6 +17,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "common/status.h"
@@ -35,6 +36,16 @@ struct Link {
   Ring out;
   Ring in;
   Status broken;  // once set, the byte streams are out of step and every later call fails so
+
+  // The control plane between this pair (rank 0 and a worker), framed as on TCP: an 8-byte
+  // little-endian length, then the payload. A frame may be larger than the ring; it streams.
+  Ring control_out;
+  Ring control_in;
+  // The frame being read from control_in: its header bytes, then its payload.
+  char control_header[8] = {};
+  size_t control_header_have = 0;
+  std::string control_frame;
+  size_t control_frame_have = 0;
 };
 
 struct LinkSet {

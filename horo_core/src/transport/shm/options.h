@@ -16,8 +16,8 @@ struct ShmOptions {
   std::string host;
   // Bytes of each inbound ring (one per same-host peer); a power of two >= 64 KiB.
   uint64_t ring_bytes = uint64_t{4} << 20;
-  // A waiting rank spins this long before it sleeps on its doorbell.
-  double spin_microseconds = 20;
+  // A waiting rank spins this long before it sleeps on its doorbell (HORO_SPIN_MICROSECONDS).
+  double spin_microseconds = 50;
 };
 
 }  // namespace horo

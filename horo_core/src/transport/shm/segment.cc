@@ -16,7 +16,7 @@ namespace shm {
 namespace {
 
 constexpr uint64_t kMagic = 0x314d485354524f48ULL;  // "HORTSHM1" little-endian
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: a control ring after each data ring
 constexpr uint64_t kPage = 4096;
 
 struct Header {
@@ -49,7 +49,7 @@ bool Segment::SizeFor(uint32_t slots, uint64_t ring_bytes, uint64_t* size) {
   if (ring_bytes < kMinRingBytes || (ring_bytes & (ring_bytes - 1)) != 0 || ring_bytes > (uint64_t{1} << 40)) {
     return false;
   }
-  *size = kPage + uint64_t{slots} * (kPage + ring_bytes);
+  *size = kPage + uint64_t{slots} * SlotBytes(ring_bytes);
   return true;
 }
 
@@ -90,7 +90,10 @@ Status Segment::Create(uint32_t slots, uint64_t ring_bytes, std::unique_ptr<Segm
   header->ring_bytes = ring_bytes;
   header->slots = slots;
   header->version = kVersion;
-  for (uint32_t slot = 0; slot < slots; ++slot) new (segment->ring_shared(slot)) RingShared();
+  for (uint32_t slot = 0; slot < slots; ++slot) {
+    new (segment->ring_shared(slot)) RingShared();
+    new (segment->control_shared(slot)) RingShared();
+  }
   header->magic = kMagic;
   *out = std::move(segment);
   return Status::OK();
@@ -136,13 +139,19 @@ void Segment::Unlink() {
 
 Doorbell Segment::doorbell() const { return Doorbell(&reinterpret_cast<Header*>(base_)->doorbell); }
 
-RingShared* Segment::ring_shared(uint32_t slot) const {
-  return reinterpret_cast<RingShared*>(base_ + kPage + uint64_t{slot} * (kPage + ring_bytes_));
+uint64_t Segment::SlotBytes(uint64_t ring_bytes) { return kPage + ring_bytes + kPage + kControlRingBytes; }
+
+char* Segment::slot_base(uint32_t slot) const { return base_ + kPage + uint64_t{slot} * SlotBytes(ring_bytes_); }
+
+RingShared* Segment::ring_shared(uint32_t slot) const { return reinterpret_cast<RingShared*>(slot_base(slot)); }
+
+char* Segment::ring_data(uint32_t slot) const { return slot_base(slot) + kPage; }
+
+RingShared* Segment::control_shared(uint32_t slot) const {
+  return reinterpret_cast<RingShared*>(slot_base(slot) + kPage + ring_bytes_);
 }
 
-char* Segment::ring_data(uint32_t slot) const {
-  return base_ + kPage + uint64_t{slot} * (kPage + ring_bytes_) + kPage;
-}
+char* Segment::control_data(uint32_t slot) const { return slot_base(slot) + kPage + ring_bytes_ + kPage; }
 
 }  // namespace shm
 }  // namespace horo

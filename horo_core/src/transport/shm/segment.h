@@ -3,7 +3,8 @@
 //
 // Layout (every part starts on a page):
 //   [header: magic, version, token, ring_bytes, slots | DoorbellShared]   4 KiB
-//   slots x ( [RingShared] 4 KiB | ring data, ring_bytes )
+//   slots x ( [RingShared] 4 KiB | ring data, ring_bytes |                 data plane
+//             [RingShared] 4 KiB | control ring data, kControlRingBytes )  control plane
 //
 // Lifecycle: the owner creates it under an unguessable name (/horo-<pid>-<128 random bits>,
 // O_CREAT|O_EXCL, mode 0600) and reserves its memory with posix_fallocate, so that a full /dev/shm
@@ -30,6 +31,8 @@ class Segment {
  public:
   static constexpr uint64_t kMinRingBytes = uint64_t{64} << 10;
   static constexpr uint32_t kMaxSlots = 4096;
+  // Control messages (request and response lists) are small; a larger one streams through.
+  static constexpr uint64_t kControlRingBytes = uint64_t{256} << 10;
 
   static Status Create(uint32_t slots, uint64_t ring_bytes, std::unique_ptr<Segment>* out);
   // Maps a peer's segment; fails unless the header's token equals token.
@@ -49,10 +52,15 @@ class Segment {
   // The shared state and data of slot's ring; slot < slots().
   RingShared* ring_shared(uint32_t slot) const;
   char* ring_data(uint32_t slot) const;
+  // The same for the slot's control ring (capacity kControlRingBytes).
+  RingShared* control_shared(uint32_t slot) const;
+  char* control_data(uint32_t slot) const;
 
  private:
   Segment() = default;
   static bool SizeFor(uint32_t slots, uint64_t ring_bytes, uint64_t* size);
+  static uint64_t SlotBytes(uint64_t ring_bytes);
+  char* slot_base(uint32_t slot) const;
 
   std::string name_;
   bool owner_ = false;

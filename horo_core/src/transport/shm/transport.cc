@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "common/logging.h"
+#include "common/spin.h"
 
 namespace horo {
 namespace {
@@ -18,16 +19,6 @@ namespace {
 constexpr int64_t kFirstSleepNs = 1000000;    // doorbell sleeps start at 1 ms ...
 constexpr int64_t kLongestSleepNs = 8000000;  // ... and double up to 8 ms while nothing moves
 constexpr int64_t kMixedSleepNs = 200000;     // with a TCP direction pending: ppoll() for 200 us
-
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield" ::: "memory");
-#else
-  std::this_thread::yield();
-#endif
-}
 
 std::string Progress(size_t done, size_t total, bool sending) {
   return std::to_string(done) + " of " + std::to_string(total) + " bytes " + (sending ? "sent" : "received");
@@ -62,6 +53,11 @@ Status ShmTransport::Connect(const std::vector<std::string>& addresses) {
   std::lock_guard<std::mutex> lock(close_mutex_);
   if (closed_) return Status::ShutDown(Who() + ": transport closed while connecting");
   links_ = std::move(links);
+  // Control peers: rank 0 talks to every rank, a worker to rank 0 only.
+  for (int peer = 0; peer < size(); ++peer) {
+    if (peer == rank() || (rank() != 0 && peer != 0)) continue;
+    (links_.links[peer] ? control_links_ : tcp_control_peers_) = true;
+  }
   connected_ = true;
   return Status::OK();
 }
@@ -143,7 +139,8 @@ Status ShmTransport::Transfer(Direction* send, Direction* recv) {
     if (direction->conn && direction->pending() && direction->conn->broken()) return direction->conn->broken_status();
   }
   const auto timeout = std::chrono::microseconds(static_cast<int64_t>(tcp_->options().data_timeout_seconds * 1e6));
-  const auto spin = std::chrono::nanoseconds(static_cast<int64_t>(options_.spin_microseconds * 1e3));
+  const auto spin = std::chrono::nanoseconds(SpinNanos());
+  int round = 0;
   Clock::time_point last_progress = Clock::now();
   Clock::time_point spin_until;
   bool spinning = false;
@@ -162,12 +159,13 @@ Status ShmTransport::Transfer(Direction* send, Direction* recv) {
       continue;
     }
     HORO_RETURN_IF_ERROR(CheckClosed(send, recv));
+    if (control_links_) DrainControlWhileWaiting();
     if (!spinning) {
       spinning = true;
       spin_until = now + spin;
     }
     if (now < spin_until) {
-      CpuRelax();
+      SpinRound(&round);
       continue;
     }
     auto left = std::chrono::duration_cast<std::chrono::microseconds>(timeout - (now - last_progress));

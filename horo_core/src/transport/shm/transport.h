@@ -5,10 +5,18 @@
 // a Send/Recv/SendRecv that involves a linked peer moves its bytes through that pair's rings
 // (ring.h), and a SendRecv that mixes a linked and a TCP peer progresses both in one loop.
 //
-// Waiting: a transfer that cannot move spins for spin_microseconds (CPU pause), then sleeps on
+// Waiting: a transfer that cannot move spins for spin_microseconds (common/spin.h), then sleeps on
 // this rank's doorbell (doorbell.h) with a timeout of 1 ms doubling to 8 ms; a peer that moves the
 // ring rings it. While a TCP direction is pending too, it sleeps in ppoll() on the socket for at
 // most 200 us instead. So an oversubscribed host never loses a core to a waiting rank.
+//
+// Control plane: between rank 0 and a worker that share a host, control messages travel through
+// the pair's control rings (control.cc) instead of the TCP control connection, and the waiting
+// thread spins (yielding the core) before it sleeps on the same doorbell, so that a request and its
+// response cost microseconds. Every wait of the background thread (PollControl, a blocked
+// SendControl, a data transfer) drains the inbound control rings into a queue, so that two ranks
+// sending to each other never wait for each other. Peers without a link use TCP as before; the
+// idle TCP control connection of a linked peer still reports its process's death.
 //
 // Failures are those of TCP, with the peer named: a peer that called Close() (closed flag in its
 // rings) or whose process died (its TCP data connection, idle since setup, reports a hang-up; it is
@@ -51,11 +59,9 @@ class ShmTransport : public Transport {
   Status SendRecv(int send_peer, const void* send_data, size_t send_len, int recv_peer, void* recv_data,
                   size_t recv_len) override;
 
-  Status SendControl(int peer, const std::string& payload) override { return tcp_->SendControl(peer, payload); }
-  Status PollControl(int timeout_ms, std::vector<ControlMessage>* messages, std::vector<int>* lost_peers) override {
-    return tcp_->PollControl(timeout_ms, messages, lost_peers);
-  }
-  void Wake() override { tcp_->Wake(); }
+  Status SendControl(int peer, const std::string& payload) override;
+  Status PollControl(int timeout_ms, std::vector<ControlMessage>* messages, std::vector<int>* lost_peers) override;
+  void Wake() override;
   void Close() override;
 
  private:
@@ -85,6 +91,17 @@ class ShmTransport : public Transport {
   Status CheckHangUps(Direction* send, Direction* recv);
   Status Lost(Direction* direction, const std::string& reason, bool sending);
   Status TimeoutFailure(Direction* send, Direction* recv);
+
+  int64_t SpinNanos() const { return static_cast<int64_t>(options_.spin_microseconds * 1e3); }
+
+  // Control plane (control.cc).
+  // The link carrying control messages to or from peer, or null (TCP).
+  shm::Link* ControlLink(int peer) const;
+  // Moves every complete inbound control frame into *out; an error names a corrupt frame.
+  Status DrainControlLocked(std::vector<ControlMessage>* out);
+  // From a wait that is not PollControl: drains into pending_control_ unless another thread reads.
+  void DrainControlWhileWaiting();
+  Status WaitControlSpace(shm::Link* link, int peer, size_t done, size_t total, Clock::time_point* last_progress);
   std::string Who() const { return "rank " + std::to_string(rank()); }
 
   std::unique_ptr<TcpTransport> tcp_;
@@ -94,6 +111,15 @@ class ShmTransport : public Transport {
   std::atomic<bool> connected_{false};
   bool connect_called_ = false;
   shm::LinkSet links_;
+
+  // Control plane state (control.cc).
+  bool control_links_ = false;      // some control peer uses shared memory
+  bool tcp_control_peers_ = false;  // some control peer uses TCP
+  std::atomic<bool> wake_requested_{false};
+  std::mutex control_read_mutex_;                // the one reader of the inbound control rings
+  std::vector<ControlMessage> pending_control_;  // drained outside PollControl, returned by it
+  std::mutex control_send_mutex_;                // senders of control frames, one at a time
+  Clock::time_point last_tcp_check_;             // PollControl's last look at the TCP control plane
 };
 
 }  // namespace horo

@@ -1,0 +1,211 @@
+// The control plane of ShmTransport: request and response lists between rank 0 and the workers
+// that share its host, through the pair's control rings (see transport.h).
+//
+// Waiting is what makes negotiation cost microseconds or milliseconds. A waiter first spins for
+// spin_microseconds (common/spin.h), then sleeps on its doorbell, which a peer rings when it
+// publishes to one of this rank's rings and Wake() rings for a local enqueue.
+#include <algorithm>
+#include <cstring>
+
+#include "common/logging.h"
+#include "common/spin.h"
+#include "transport/shm/transport.h"
+
+namespace horo {
+namespace {
+
+constexpr size_t kHeaderBytes = tcp::Connection::kControlHeaderSize;
+constexpr int64_t kFirstSleepNs = 1000000;     // ... then sleep 1 ms ...
+constexpr int64_t kLongestSleepNs = 8000000;   // ... doubling up to 8 ms, checking TCP in between
+constexpr int64_t kTcpPollNs = 1000000;        // with TCP control peers too: poll() them for 1 ms
+
+int64_t NanosBetween(std::chrono::steady_clock::time_point from, std::chrono::steady_clock::time_point to) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(to - from).count();
+}
+
+}  // namespace
+
+shm::Link* ShmTransport::ControlLink(int peer) const {
+  if (!connected_ || peer < 0 || peer >= size() || peer == rank()) return nullptr;
+  if (rank() != 0 && peer != 0) return nullptr;  // not a control pair: TCP refuses it with a message
+  return links_.links[peer].get();
+}
+
+void ShmTransport::Wake() {
+  wake_requested_.store(true, std::memory_order_release);
+  if (connected_ && control_links_ && links_.own) links_.own->doorbell().Ring();
+  if (!connected_ || tcp_control_peers_) tcp_->Wake();
+}
+
+Status ShmTransport::SendControl(int peer, const std::string& payload) {
+  shm::Link* link = ControlLink(peer);
+  if (link == nullptr) return tcp_->SendControl(peer, payload);
+  if (closed_) return Status::ShutDown(Who() + ": SendControl on a closed transport");
+  if (payload.size() > tcp::Connection::kMaxControlFrame) {
+    return Status::InvalidArgument(Who() + ": control message of " + std::to_string(payload.size()) +
+                                   " bytes exceeds the limit of " + std::to_string(tcp::Connection::kMaxControlFrame));
+  }
+  std::lock_guard<std::mutex> lock(control_send_mutex_);
+  char header[kHeaderBytes];
+  const uint64_t length = payload.size();
+  for (size_t i = 0; i < kHeaderBytes; ++i) header[i] = static_cast<char>(length >> (8 * i));
+  const size_t total = kHeaderBytes + payload.size();
+  size_t done = 0;
+  Clock::time_point last_progress = Clock::now();
+  while (done < total) {
+    size_t moved = 0;
+    if (done < kHeaderBytes) {
+      moved = link->control_out.Write(header + done, kHeaderBytes - done);
+    } else {
+      moved = link->control_out.Write(payload.data() + (done - kHeaderBytes), total - done);
+    }
+    done += moved;
+    if (moved > 0) {
+      last_progress = Clock::now();
+      continue;
+    }
+    HORO_RETURN_IF_ERROR(WaitControlSpace(link, peer, done, total, &last_progress));
+  }
+  return Status::OK();
+}
+
+// The control ring to peer is full: the peer reads it whenever its background thread waits, so
+// this only waits for that thread to get there (or for the peer to go away).
+Status ShmTransport::WaitControlSpace(shm::Link* link, int peer, size_t done, size_t total,
+                                      Clock::time_point* last_progress) {
+  const std::string progress = std::to_string(done) + " of " + std::to_string(total) + " bytes sent";
+  if (closed_) return Status::ShutDown(Who() + ": transport closed while sending a control message");
+  if (link->control_out.reader_closed()) {
+    return Status::PeerLost(Who() + ": rank " + std::to_string(peer) + " closed its transport while a control " +
+                            "message to it was being sent (" + progress + ")");
+  }
+  DrainControlWhileWaiting();
+  const Clock::time_point now = Clock::now();
+  const double waited = std::chrono::duration<double>(now - *last_progress).count();
+  if (waited > tcp_->options().data_timeout_seconds) {
+    return Status::Timeout(Who() + ": rank " + std::to_string(peer) + " read nothing of a control message for " +
+                           std::to_string(waited) + " s (" + progress + ")");
+  }
+  if (NanosBetween(*last_progress, now) < SpinNanos()) {
+    int round = 0;
+    SpinRound(&round);
+    return Status::OK();
+  }
+  shm::Doorbell doorbell = links_.own->doorbell();
+  const uint32_t armed = doorbell.Arm();
+  if (link->control_out.CanWrite() || link->control_out.reader_closed() || closed_) {
+    doorbell.Disarm();
+    return Status::OK();
+  }
+  doorbell.Wait(armed, kFirstSleepNs);
+  pollfd fd = {tcp_->DataConnection(peer)->fd(), POLLIN | POLLRDHUP, 0};
+  if (::poll(&fd, 1, 0) > 0 && fd.revents != 0) {
+    return Status::PeerLost(Who() + ": rank " + std::to_string(peer) + " exited while a control message to it " +
+                            "was being sent (" + progress + ")");
+  }
+  return Status::OK();
+}
+
+Status ShmTransport::DrainControlLocked(std::vector<ControlMessage>* out) {
+  for (const auto& owned : links_.links) {
+    shm::Link* link = owned.get();
+    if (link == nullptr || ControlLink(link->peer) != link) continue;
+    while (true) {
+      if (link->control_header_have < kHeaderBytes) {
+        link->control_header_have += link->control_in.Read(link->control_header + link->control_header_have,
+                                                           kHeaderBytes - link->control_header_have);
+        if (link->control_header_have < kHeaderBytes) break;
+        uint64_t length = 0;
+        for (size_t i = 0; i < kHeaderBytes; ++i) {
+          length |= static_cast<uint64_t>(static_cast<uint8_t>(link->control_header[i])) << (8 * i);
+        }
+        if (length > tcp::Connection::kMaxControlFrame) {
+          return Status::Internal(Who() + ": corrupt control frame from rank " + std::to_string(link->peer) +
+                                  " (length " + std::to_string(length) + ")");
+        }
+        link->control_frame.resize(length);
+        link->control_frame_have = 0;
+      }
+      const size_t length = link->control_frame.size();
+      if (link->control_frame_have < length) {
+        link->control_frame_have +=
+            link->control_in.Read(&link->control_frame[link->control_frame_have], length - link->control_frame_have);
+        if (link->control_frame_have < length) break;
+      }
+      ControlMessage message;
+      message.peer = link->peer;
+      message.payload.swap(link->control_frame);
+      out->push_back(std::move(message));
+      link->control_header_have = 0;
+      link->control_frame_have = 0;
+    }
+  }
+  return Status::OK();
+}
+
+void ShmTransport::DrainControlWhileWaiting() {
+  std::unique_lock<std::mutex> lock(control_read_mutex_, std::try_to_lock);
+  if (!lock.owns_lock()) return;
+  Status status = DrainControlLocked(&pending_control_);
+  // A corrupt frame is reported by the next PollControl, which drains again and fails there.
+  (void)status;
+}
+
+Status ShmTransport::PollControl(int timeout_ms, std::vector<ControlMessage>* messages,
+                                 std::vector<int>* lost_peers) {
+  if (!connected_ || !control_links_) return tcp_->PollControl(timeout_ms, messages, lost_peers);
+  std::lock_guard<std::mutex> lock(control_read_mutex_);
+  const size_t first = messages->size();
+  const Clock::time_point start = Clock::now();
+  const bool forever = timeout_ms < 0;
+  const Clock::time_point deadline = start + std::chrono::milliseconds(forever ? 0 : timeout_ms);
+  Clock::time_point spin_until = start + std::chrono::nanoseconds(SpinNanos());
+  int64_t sleep_ns = kFirstSleepNs;
+  int round = 0;
+  while (true) {
+    if (closed_) return Status::ShutDown(Who() + ": transport closed during PollControl");
+    for (ControlMessage& m : pending_control_) messages->push_back(std::move(m));
+    pending_control_.clear();
+    HORO_RETURN_IF_ERROR(DrainControlLocked(messages));
+    const bool woken = wake_requested_.exchange(false, std::memory_order_acq_rel);
+    Clock::time_point now = Clock::now();
+    // TCP holds the messages of unlinked peers and tells of lost ones: look at it when it may
+    // matter, without a system call on every pass of the fast path.
+    if (tcp_control_peers_ || now - last_tcp_check_ >= std::chrono::nanoseconds(kFirstSleepNs) ||
+        (now >= spin_until && !woken && messages->size() == first)) {
+      last_tcp_check_ = now;
+      HORO_RETURN_IF_ERROR(tcp_->PollControl(0, messages, lost_peers));
+    }
+    if (woken || messages->size() > first || !lost_peers->empty()) return Status::OK();
+    if (now < spin_until) {
+      SpinRound(&round);
+      continue;
+    }
+    if (!forever && now >= deadline) return Status::OK();
+    int64_t wait_ns = forever ? sleep_ns : std::min(sleep_ns, NanosBetween(now, deadline));
+    if (tcp_control_peers_) {
+      // Linked peers ring the doorbell, TCP peers wake poll(): poll TCP briefly, look again.
+      const int ms = static_cast<int>(std::max<int64_t>(1, std::min(wait_ns, kTcpPollNs) / 1000000));
+      HORO_RETURN_IF_ERROR(tcp_->PollControl(ms, messages, lost_peers));
+      if (messages->size() > first || !lost_peers->empty()) return Status::OK();
+    } else {
+      shm::Doorbell doorbell = links_.own->doorbell();
+      const uint32_t armed = doorbell.Arm();
+      bool ready = closed_ || wake_requested_.load(std::memory_order_acquire);
+      for (const auto& owned : links_.links) {
+        if (ready) break;
+        ready = owned && ControlLink(owned->peer) == owned.get() && owned->control_in.CanRead();
+      }
+      if (ready) {
+        doorbell.Disarm();
+      } else {
+        doorbell.Wait(armed, wait_ns);
+        sleep_ns = std::min(sleep_ns * 2, kLongestSleepNs);
+      }
+    }
+    // Whatever woke this thread is likely followed by more: spin again before the next sleep.
+    spin_until = Clock::now() + std::chrono::nanoseconds(SpinNanos());
+  }
+}
+
+}  // namespace horo

@@ -6,8 +6,9 @@
 // (wrap-around), ring SendRecv on 2-4 ranks at once, a mesh mixing shared-memory and TCP pairs
 // (host names overridden) including SendRecv with one direction of each kind, shared memory
 // disabled on one rank, fallback to TCP when a segment cannot be created, no segment left in
-// /dev/shm, a peer that Close()s, Close() from another thread, data timeouts, and forked children
-// that are SIGKILLed or exit mid-transfer. Prints one line per check and exits 1 on the first
+// /dev/shm, a peer that Close()s, Close() from another thread, data timeouts, forked children
+// that are SIGKILLed or exit mid-transfer, and the control plane (in order, larger than its ring,
+// both ways at once, Wake, a closed worker). Prints one line per check and exits 1 on the first
 // failure. Timings are printed, never asserted.
 #include <dirent.h>
 #include <signal.h>
@@ -340,6 +341,97 @@ void TestForkedPeerDies(ChildDeath how) {
   Pass(std::string("forked ") + name + ": parent gets PeerLost naming rank 1, no hang");
 }
 
+// Receives control messages until want arrive (or fails after a deadline), in arrival order.
+std::vector<ControlMessage> ReceiveControl(ShmTransport* t, size_t want, const std::string& what) {
+  std::vector<ControlMessage> got;
+  std::vector<int> lost;
+  auto start = Clock::now();
+  while (got.size() < want) {
+    ExpectOk(t->PollControl(100, &got, &lost), what + ": PollControl");
+    Check(lost.empty(), what + ": a peer was reported lost");
+    Check(SecondsSince(start) < 20, what + ": only " + std::to_string(got.size()) + " of " + std::to_string(want) +
+                                        " control messages arrived");
+  }
+  Check(got.size() == want, what + ": more control messages than sent");
+  return got;
+}
+
+std::string ControlPayload(size_t size, int src, int index) {
+  std::string payload(size, '\0');
+  for (size_t i = 0; i < size; ++i) payload[i] = static_cast<char>(PatternByte(i, src, index, size));
+  return payload;
+}
+
+// Control messages between rank 0 and the workers: through the control rings for same-host pairs
+// (TCP for the others), in order, of every size up to several times the ring; both ends sending
+// large messages to each other at once (each must drain the other while it waits); Wake(); and a
+// worker that closes is reported lost.
+void TestControlPlane(bool mixed) {
+  const int n = 3;
+  const std::string tag = mixed ? "[control, rank 2 on another host] " : "[control, one host] ";
+  Mesh mesh = BuildMesh(n, [&](RankSetup* s) {
+    if (mixed) s->shm.host = s->tcp.rank == 2 ? "host-b" : "host-a";
+  });
+  const size_t ring = shm::Segment::kControlRingBytes;
+  const std::vector<size_t> sizes = {0, 1, 1000, ring - 8, ring + 12345, size_t{3} << 20};
+  RunRanks(n, [&](int rank) {
+    ShmTransport* t = mesh[rank].get();
+    if (rank == 0) {
+      // Send to every worker while receiving theirs: the big messages exceed the rings both ways.
+      for (int peer = 1; peer < n; ++peer) {
+        for (size_t i = 0; i < sizes.size(); ++i) {
+          ExpectOk(t->SendControl(peer, ControlPayload(sizes[i], 0, static_cast<int>(i))), tag + "rank 0 SendControl");
+        }
+      }
+      std::vector<ControlMessage> got = ReceiveControl(t, sizes.size() * (n - 1), tag + "rank 0");
+      std::vector<size_t> next(n, 0);
+      for (const ControlMessage& m : got) {
+        Check(m.peer > 0 && m.peer < n, tag + "message from an unexpected peer");
+        const size_t i = next[m.peer]++;
+        Check(m.payload == ControlPayload(sizes[i], m.peer, static_cast<int>(i)),
+              tag + "message " + std::to_string(i) + " from rank " + std::to_string(m.peer) + " out of order or corrupt");
+      }
+    } else {
+      // Over TCP, two ends that both send more than the socket buffers hold would wait for each
+      // other (TCP's SendControl does not read meanwhile): that pair receives first.
+      const bool tcp_pair = !t->SharedMemoryPeer(0);
+      std::vector<ControlMessage> got;
+      if (tcp_pair) got = ReceiveControl(t, sizes.size(), tag + "rank " + std::to_string(rank));
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        ExpectOk(t->SendControl(0, ControlPayload(sizes[i], rank, static_cast<int>(i))), tag + "worker SendControl");
+      }
+      if (!tcp_pair) got = ReceiveControl(t, sizes.size(), tag + "rank " + std::to_string(rank));
+      for (size_t i = 0; i < got.size(); ++i) {
+        Check(got[i].peer == 0 && got[i].payload == ControlPayload(sizes[i], 0, static_cast<int>(i)),
+              tag + "message " + std::to_string(i) + " to rank " + std::to_string(rank) + " out of order or corrupt");
+      }
+    }
+  });
+  Check(mesh[1]->SharedMemoryPeer(0) && mesh[0]->SharedMemoryPeer(1), tag + "rank 0 and 1 should share memory");
+  Pass(tag + "control messages of 0 B to 3 MB in order, both directions at once");
+
+  // Wake() ends a PollControl that would otherwise wait for a second.
+  std::thread waker([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    mesh[1]->Wake();
+  });
+  std::vector<ControlMessage> none;
+  std::vector<int> lost;
+  auto start = Clock::now();
+  ExpectOk(mesh[1]->PollControl(1000, &none, &lost), tag + "PollControl with Wake");
+  const double waited = SecondsSince(start);
+  waker.join();
+  Check(none.empty() && waited < 0.9, tag + "Wake() did not end PollControl early");
+  Pass(tag + "Wake() ends PollControl after " + std::to_string(static_cast<int>(waited * 1000)) + " ms");
+
+  // A worker that closes: rank 0 reports it lost (through its idle TCP control connection).
+  mesh[1]->Close();
+  start = Clock::now();
+  while (lost.empty() && SecondsSince(start) < 10) ExpectOk(mesh[0]->PollControl(100, &none, &lost), tag + "poll");
+  Check(lost.size() == 1 && lost[0] == 1, tag + "rank 0 did not report rank 1 lost");
+  Pass(tag + "a closed worker is reported lost");
+}
+
 // One-way and ring bandwidth of 64 MB, shared memory against TCP on the same ranks (printed only).
 void Measure() {
   for (bool enabled : {true, false}) {
@@ -375,6 +467,8 @@ int main() {
   TestFallbacks();
   TestPeerClose();
   TestDataTimeout();
+  TestControlPlane(false);
+  TestControlPlane(true);
   Measure();
   Check(LeftoverSegments().empty(), "segments left in /dev/shm at the end");
   std::printf("all shared-memory transport checks passed in %.1f s\n", SecondsSince(start));

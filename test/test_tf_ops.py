@@ -252,6 +252,16 @@ def check_join(c, hvd, tf, env):
         # Rank 0 has joined: it takes part with zeros.
         c.equal("allreduce beside a joined rank", hvd.allreduce(tf.constant([float(r)]), op=hvd.Sum, name="late"),
                 [float(sum(range(1, n)))])
+        slices = tf.IndexedSlices(tf.ones([1, 2]), tf.constant([r]), tf.constant([n, 2]))
+        c.raises("IndexedSlices beside a joined rank", [hvd.HoroMismatchError], "sparse_as_dense=True",
+                 lambda: hvd.allreduce(slices, name="late.sparse"))
+        # The same gradient densified: rank s's row holds s + 1, the joined rank's row zeros.
+        table = tf.Variable(tf.zeros([n, 2]))
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.gather(table, [r])) * (r + 1.0)
+        grad = hvd.DistributedGradientTape(tape, sparse_as_dense=True, op=hvd.Sum).gradient(loss, table)
+        c.equal("sparse_as_dense gradient beside a joined rank", grad,
+                [[0.0, 0.0]] + [[s + 1.0, s + 1.0] for s in range(1, n)])
     last = int(hvd.join().numpy())
     c.same("join returns a rank that joined after rank 0", last in range(1, n), True)
 

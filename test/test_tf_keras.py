@@ -277,8 +277,6 @@ def check_sync_batch_norm_fit(c, hvd, keras, tf):
         # get_weights lists the moving mean and variance too.
         for i, (a, b) in enumerate(zip(dist.get_weights(), ref.get_weights())):
             c.close(f"SyncBatchNormalization fit, {label}: weight {i}", a, b, rtol=1e-4, atol=1e-5)
-        c.close(f"SyncBatchNormalization fit, {label}: predictions", dist.predict(x[:8], verbose=0),
-                ref.predict(x[:8], verbose=0), rtol=1e-4, atol=1e-5)
     import os
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
@@ -286,7 +284,8 @@ def check_sync_batch_norm_fit(c, hvd, keras, tf):
         dist.save(path)
         loaded = keras.models.load_model(path)  # registered: no custom_objects needed
     c.same("a saved SyncBatchNormalization loads as itself", type(loaded.layers[1]), horo_tf.SyncBatchNormalization)
-    c.close("the loaded model predicts the same", loaded.predict(x[:8], verbose=0), dist.predict(x[:8], verbose=0))
+    for i, (a, b) in enumerate(zip(loaded.get_weights(), dist.get_weights())):
+        c.equal(f"the loaded SyncBatchNormalization model's weight {i}", a, b)
 
 
 class _GradientTypes:
@@ -322,23 +321,22 @@ def check_sparse_embedding_fit(c, hvd, keras, tf):
         return keras.Sequential([keras.Input((3,), dtype="int32"), keras.layers.Embedding(12, 4),
                                  keras.layers.Flatten(), keras.layers.Dense(1)])
 
-    for sparse_as_dense in (False, True):
-        for name, make_opt in OPTIMIZERS.items():
-            seen, ref_seen = [], []
-            config = make_opt(keras).get_config()
-            dist_opt = _GradientTypes.make(keras, tf, type(make_opt(keras)), seen).from_config(config)
-            ref_opt = _GradientTypes.make(keras, tf, type(make_opt(keras)), ref_seen,
-                                          densify=sparse_as_dense).from_config(config)
-            dist, ref = model(), model()
-            dist.compile(optimizer=hvd.DistributedOptimizer(dist_opt, sparse_as_dense=sparse_as_dense), loss="mse")
-            dist.fit(ids[shards[r]], target[shards[r]], batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
-            ref.compile(optimizer=ref_opt, loss="mse")
-            ref.fit(ids[order], target[order], batch_size=n * BATCH, epochs=2, shuffle=False, verbose=0)
-            what = f"Embedding fit {name} sparse_as_dense={sparse_as_dense}"
-            c.same(f"{what}: Keras computes the embedding gradient as IndexedSlices", ref_seen[0][0], "IndexedSlices")
-            c.same(f"{what}: the reduced embedding gradient type", seen[0][0] == "IndexedSlices", not sparse_as_dense)
-            for i, (a, b) in enumerate(zip(dist.get_weights(), ref.get_weights())):
-                c.close(f"{what}: weight {i}", a, b)
+    for sparse_as_dense, name in ((False, "SGD momentum"), (False, "Adam"), (True, "Adam")):
+        seen, ref_seen = [], []
+        optimizer = OPTIMIZERS[name](keras)
+        dist_opt = _GradientTypes.make(keras, tf, type(optimizer), seen).from_config(optimizer.get_config())
+        ref_opt = _GradientTypes.make(keras, tf, type(optimizer), ref_seen,
+                                      densify=sparse_as_dense).from_config(optimizer.get_config())
+        dist, ref = model(), model()
+        dist.compile(optimizer=hvd.DistributedOptimizer(dist_opt, sparse_as_dense=sparse_as_dense), loss="mse")
+        dist.fit(ids[shards[r]], target[shards[r]], batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+        ref.compile(optimizer=ref_opt, loss="mse")
+        ref.fit(ids[order], target[order], batch_size=n * BATCH, epochs=2, shuffle=False, verbose=0)
+        what = f"Embedding fit {name} sparse_as_dense={sparse_as_dense}"
+        c.same(f"{what}: Keras computes the embedding gradient as IndexedSlices", ref_seen[0][0], "IndexedSlices")
+        c.same(f"{what}: the reduced embedding gradient type", seen[0][0] == "IndexedSlices", not sparse_as_dense)
+        for i, (a, b) in enumerate(zip(dist.get_weights(), ref.get_weights())):
+            c.close(f"{what}: weight {i}", a, b)
 
 
 GROUPS = [check_fit_equivalence, check_gradient_accumulation, check_custom_loop, check_callbacks,

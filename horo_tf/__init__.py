@@ -20,3 +20,4 @@ from horo_tf.mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather,
                              broadcast_, grouped_allgather, grouped_allreduce, grouped_reducescatter, join,
                              local_rank_op, local_size_op, process_set_included_op, rank_op, reducescatter,
                              size_op)
+from horo_tf.sync_batch_norm import SyncBatchNormalization

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from horo_core import basics
 from horo_core._binding import lib
-from horo_core.errors import HoroInvalidArgument, HoroUnsupportedError
+from horo_core.errors import HoroInvalidArgument, HoroMismatchError, HoroUnsupportedError
 from horo_core.process_sets import global_process_set
 from horo_core.reduce_ops import Adasum, Average, Max, Min, Product, Sum, resolve_op  # noqa: F401 (re-exported)
 from horo_tf import _bridge
@@ -64,13 +64,18 @@ def _allreduce_dense(tensors, base, op, prescale_factor, postscale_factor, proce
     return list(reduce(*tensors))
 
 
+SPARSE_JOIN_HINT = ("IndexedSlices (e.g. embedding gradients) are reduced by allgathering their values and "
+                    "indices; to reduce them while ranks have joined, densify them: sparse_as_dense=True in "
+                    "DistributedOptimizer / DistributedGradientTape, or tf.convert_to_tensor before allreduce")
+
+
 def _allreduce_sparse(slices, base, op, prescale_factor, postscale_factor, process_set):
     """Allreduce of IndexedSlices as one grouped allgather of values and indices."""
     if op not in (Sum, Average):
         raise HoroUnsupportedError("IndexedSlices can only be summed or averaged; pass sparse_as_dense=True to "
                                    "reduce them with another op")
     gathered = _allgather([s.values for s in slices] + [s.indices for s in slices], base, process_set,
-                          differentiable=False)
+                          differentiable=False, join_hint=SPARSE_JOIN_HINT)
     scale = prescale_factor * postscale_factor / (process_set.size() if op == Average else 1)
     out = []
     for i, s in enumerate(slices):
@@ -155,7 +160,8 @@ def _check_rank_at_least_one(tensors, kind):
             raise HoroInvalidArgument(f"{kind} needs tensors of rank >= 1, got a scalar")
 
 
-def _allgather(tensors, base, process_set, differentiable=True):
+def _allgather(tensors, base, process_set, differentiable=True, join_hint=None):
+    """join_hint: appended to the error when the allgather fails because ranks have joined."""
     tensors = [_as_tensor(t) for t in tensors]
     _check_rank_at_least_one(tensors, "allgather")
     names = _bridge.member_names(base, len(tensors))
@@ -163,7 +169,12 @@ def _allgather(tensors, base, process_set, differentiable=True):
     set_id = _bridge.process_set_id(process_set)
 
     def body(*arrays):
-        return _bridge.execute(lib.HORO_ALLGATHER, names, arrays, codes, [None] * len(arrays), set_id)[0]
+        try:
+            return _bridge.execute(lib.HORO_ALLGATHER, names, arrays, codes, [None] * len(arrays), set_id)[0]
+        except HoroMismatchError as exc:
+            if join_hint and "have joined" in str(exc):
+                raise HoroMismatchError(f"{exc}. {join_hint}") from None
+            raise
 
     def forward(*xs):
         return _bridge.call(body, xs, [x.dtype for x in xs], [[None] + x.shape[1:].as_list()

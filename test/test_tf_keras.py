@@ -1,5 +1,5 @@
-"""horo_tf.keras on Keras 3: DistributedOptimizer (mixed precision included), the callbacks and
-load_model, in one 2-rank launch.
+"""horo_tf.keras on Keras 3: DistributedOptimizer (mixed precision and sparse embedding gradients
+included), the callbacks, load_model and SyncBatchNormalization in model.fit, in one 2-rank launch.
 
 The equivalence checks train the same model twice on every rank: distributed on this rank's shard,
 and with the plain optimizer on the concatenation of every rank's batch; the weights must agree
@@ -247,8 +247,101 @@ def check_mixed_precision(c, hvd, keras, tf):
         keras.mixed_precision.set_global_policy("float32")
 
 
+def check_sync_batch_norm_fit(c, hvd, keras, tf):
+    """model.fit with SyncBatchNormalization on every rank's batch equals one process fitting plain
+    BatchNormalization on their concatenation: equal batches (mean loss, Average), and uneven
+    batches (summed loss, Sum, so that every sample weighs the same)."""
+    import horo_tf
+    n, r = hvd.size(), hvd.rank()
+
+    def model(norm):
+        keras.utils.set_random_seed(100)
+        return keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(6), norm(momentum=0.8),
+                                 keras.layers.Activation("tanh"), keras.layers.Dense(1)])
+
+    x, y = data(n)
+    for label, rows, op, loss in (("equal batches", [BATCH] * n, hvd.Average, "mse"),
+                                  ("uneven batches", [2 + 3 * s for s in range(n)], hvd.Sum,
+                                   keras.losses.MeanSquaredError(reduction="sum"))):
+        per_step = sum(rows)
+        # Step k takes rows[s] consecutive rows of x for rank s, in rank order.
+        steps = len(x) // per_step
+        mine = np.concatenate([np.arange(k * per_step + sum(rows[:r]), k * per_step + sum(rows[:r + 1]))
+                               for k in range(steps)])
+        dist, ref = model(horo_tf.SyncBatchNormalization), model(keras.layers.BatchNormalization)
+        ref.set_weights(dist.get_weights())
+        dist.compile(optimizer=hvd.DistributedOptimizer(OPTIMIZERS["SGD momentum"](keras), op=op), loss=loss)
+        dist.fit(x[mine], y[mine], batch_size=rows[r], epochs=2, shuffle=False, verbose=0)
+        ref.compile(optimizer=OPTIMIZERS["SGD momentum"](keras), loss=loss)
+        ref.fit(x[:steps * per_step], y[:steps * per_step], batch_size=per_step, epochs=2, shuffle=False, verbose=0)
+        # get_weights lists the moving mean and variance too.
+        for i, (a, b) in enumerate(zip(dist.get_weights(), ref.get_weights())):
+            c.close(f"SyncBatchNormalization fit, {label}: weight {i}", a, b, rtol=1e-4, atol=1e-5)
+    import os
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, f"sync-bn-rank{r}.keras")
+        dist.save(path)
+        loaded = keras.models.load_model(path)  # registered: no custom_objects needed
+    c.same("a saved SyncBatchNormalization loads as itself", type(loaded.layers[1]), horo_tf.SyncBatchNormalization)
+    for i, (a, b) in enumerate(zip(loaded.get_weights(), dist.get_weights())):
+        c.equal(f"the loaded SyncBatchNormalization model's weight {i}", a, b)
+
+
+class _GradientTypes:
+    """A Keras optimizer class factory whose apply records the gradient types it is given, and
+    densifies IndexedSlices first if asked (Keras's Adam updates its moments lazily for
+    IndexedSlices, so a sparse_as_dense run must be compared with dense gradients)."""
+
+    @staticmethod
+    def make(keras, tf, base, seen, densify=False):
+        class Recording(base):
+            def apply(self, grads, trainable_variables=None):
+                seen.append([type(g).__name__ for g in grads])
+                if densify:
+                    grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+                return super().apply(grads, trainable_variables)
+        return Recording
+
+
+def check_sparse_embedding_fit(c, hvd, keras, tf):
+    """Keras 3 hands the optimizer an Embedding's gradient as IndexedSlices; the DistributedOptimizer
+    allgathers them (or densifies them with sparse_as_dense) and fit equals one process on the
+    concatenated batches."""
+    n, r = hvd.size(), hvd.rank()
+    rng = np.random.default_rng(4)
+    ids = rng.integers(0, 12, size=(n * BATCH * STEPS, 3)).astype(np.int32)
+    target = rng.normal(size=(len(ids), 1)).astype(np.float32)
+    shards = [np.arange(len(ids))[s::n] for s in range(n)]
+    order = np.concatenate([np.concatenate([shards[s][k:k + BATCH] for s in range(n)])
+                            for k in range(0, len(shards[0]), BATCH)])
+
+    def model():
+        keras.utils.set_random_seed(100)
+        return keras.Sequential([keras.Input((3,), dtype="int32"), keras.layers.Embedding(12, 4),
+                                 keras.layers.Flatten(), keras.layers.Dense(1)])
+
+    for sparse_as_dense, name in ((False, "SGD momentum"), (False, "Adam"), (True, "Adam")):
+        seen, ref_seen = [], []
+        optimizer = OPTIMIZERS[name](keras)
+        dist_opt = _GradientTypes.make(keras, tf, type(optimizer), seen).from_config(optimizer.get_config())
+        ref_opt = _GradientTypes.make(keras, tf, type(optimizer), ref_seen,
+                                      densify=sparse_as_dense).from_config(optimizer.get_config())
+        dist, ref = model(), model()
+        dist.compile(optimizer=hvd.DistributedOptimizer(dist_opt, sparse_as_dense=sparse_as_dense), loss="mse")
+        dist.fit(ids[shards[r]], target[shards[r]], batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+        ref.compile(optimizer=ref_opt, loss="mse")
+        ref.fit(ids[order], target[order], batch_size=n * BATCH, epochs=2, shuffle=False, verbose=0)
+        what = f"Embedding fit {name} sparse_as_dense={sparse_as_dense}"
+        c.same(f"{what}: Keras computes the embedding gradient as IndexedSlices", ref_seen[0][0], "IndexedSlices")
+        c.same(f"{what}: the reduced embedding gradient type", seen[0][0] == "IndexedSlices", not sparse_as_dense)
+        for i, (a, b) in enumerate(zip(dist.get_weights(), ref.get_weights())):
+            c.close(f"{what}: weight {i}", a, b)
+
+
 GROUPS = [check_fit_equivalence, check_gradient_accumulation, check_custom_loop, check_callbacks,
-          check_checkpoint_and_load, check_xla_and_functions, check_mixed_precision]
+          check_checkpoint_and_load, check_xla_and_functions, check_mixed_precision, check_sync_batch_norm_fit,
+          check_sparse_embedding_fit]
 
 
 def run_all_checks():

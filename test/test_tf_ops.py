@@ -1,4 +1,5 @@
-"""horo_tf's collectives, gradients, tapes and object helpers: real processes over TCP, 2 and 3 ranks.
+"""horo_tf's collectives, gradients, tapes, join, SyncBatchNormalization and object helpers: real
+processes over TCP, 2 and 3 ranks.
 
 One ``horo_runner.run`` per world size runs every group of checks on every rank, eagerly and inside
 ``tf.function``. A rank contributes values derived from its rank, so every expected value is exact.
@@ -251,8 +252,145 @@ def check_join(c, hvd, tf, env):
         # Rank 0 has joined: it takes part with zeros.
         c.equal("allreduce beside a joined rank", hvd.allreduce(tf.constant([float(r)]), op=hvd.Sum, name="late"),
                 [float(sum(range(1, n)))])
+        slices = tf.IndexedSlices(tf.ones([1, 2]), tf.constant([r]), tf.constant([n, 2]))
+        c.raises("IndexedSlices beside a joined rank", [hvd.HoroMismatchError], "sparse_as_dense=True",
+                 lambda: hvd.allreduce(slices, name="late.sparse"))
+        # The same gradient densified: rank s's row holds s + 1, the joined rank's row zeros.
+        table = tf.Variable(tf.zeros([n, 2]))
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.gather(table, [r])) * (r + 1.0)
+        grad = hvd.DistributedGradientTape(tape, sparse_as_dense=True, op=hvd.Sum).gradient(loss, table)
+        c.equal("sparse_as_dense gradient beside a joined rank", grad,
+                [[0.0, 0.0]] + [[s + 1.0, s + 1.0] for s in range(1, n)])
     last = int(hvd.join().numpy())
     c.same("join returns a rank that joined after rank 0", last in range(1, n), True)
+
+
+def check_join_uneven_steps(c, hvd, tf, env):
+    """Rank r runs r + 1 training steps (a tf.function with a SyncBatchNormalization and a
+    DistributedGradientTape), then joins: inside a tf.function in round 0, eagerly in round 1.
+    Joined ranks count as zeros, and for nothing in the batch statistics."""
+    n, r = hvd.size(), hvd.rank()
+    v = tf.Variable([0.0, 0.0])
+    bn = hvd.SyncBatchNormalization(momentum=0.0, center=False, scale=False)
+    bn.build((None, 1))
+
+    @tf.function
+    def step(x):
+        bn(x[:1, tf.newaxis], training=True)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(v * x)
+        grad = hvd.DistributedGradientTape(tape, op=hvd.Sum).gradient(loss, v)
+        v.assign_sub(grad)
+        return grad
+
+    join_in_function = tf.function(hvd.join)
+    for mode, join in (("tf.function", join_in_function), ("eager", hvd.join)):
+        for k in range(r + 1):
+            # At step k the ranks s >= k are still training.
+            got = step(tf.constant([float(r + 1), 1.0]))
+            c.equal(f"{mode} join: step {k} sums the ranks still training", got,
+                    [float(sum(s + 1 for s in range(k, n))), float(n - k)])
+            c.close(f"{mode} join: step {k} batch mean over the ranks still training", bn.moving_mean.numpy(),
+                    [np.mean([s + 1.0 for s in range(k, n)])])
+        c.same(f"{mode} join: the rank with the most steps joins last", int(join().numpy()), n - 1)
+        c.equal(f"{mode} join: collectives go on after the join",
+                hvd.allreduce(tf.constant([1.0]), op=hvd.Sum, name=f"after.join.{mode}"), [float(n)])
+
+
+def sync_bn_cases(n):
+    """(label, per-row shape, axis, masked, rows per rank): uneven batches; with 3+ ranks the last
+    rank's batch is empty."""
+    rows = [3 + 2 * s for s in range(n)]
+    if n > 2:
+        rows[-1] = 0
+    return [("features", (3,), -1, False, rows), ("channels_first", (2, 3, 3), 1, False, rows),
+            ("masked sequence", (4, 3), -1, True, rows)]
+
+
+def check_sync_batch_norm(c, hvd, tf, env):
+    """SyncBatchNormalization over uneven per-rank batches equals BatchNormalization over their
+    concatenation: outputs, input and weight gradients, moving statistics; eagerly and in
+    tf.function, two steps each; inference unchanged."""
+    import keras
+    n, r = hvd.size(), hvd.rank()
+    for label, shape, axis, masked, rows in sync_bn_cases(n):
+        rng = np.random.default_rng(21)
+        x_all = (rng.normal(size=(sum(rows),) + shape) * 3.0 + 1.0).astype(np.float32)
+        w_all = rng.normal(size=x_all.shape).astype(np.float32)
+        mask_all = rng.random(x_all.shape[:-1]) < 0.7 if masked else None
+        mine = slice(sum(rows[:r]), sum(rows[:r + 1]))
+        channels = ((None,) + shape)[axis]
+        gamma, beta = rng.normal(size=channels).astype(np.float32), rng.normal(size=channels).astype(np.float32)
+        for mode in ("eager", "tf.function"):
+            def make(cls):
+                layer = cls(axis=axis, momentum=0.5)
+                layer.build((None,) + shape)
+                layer.set_weights([gamma, beta, np.zeros(channels, np.float32), np.ones(channels, np.float32)])
+                return layer
+
+            dist, ref = make(hvd.SyncBatchNormalization), make(keras.layers.BatchNormalization)
+
+            def run(layer, x, w, mask):
+                with tf.GradientTape() as tape:
+                    tape.watch(x)
+                    y = layer(x, training=True, mask=mask)
+                    loss = tf.reduce_sum(y * w)
+                dx, dgamma, dbeta = tape.gradient(loss, [x, layer.gamma, layer.beta])
+                return y, dx, dgamma, dbeta
+
+            dist_run, ref_run = (run, run) if mode == "eager" else (tf.function(run), tf.function(run))
+            mask_mine = None if mask_all is None else tf.constant(mask_all[mine])
+            mask_ref = None if mask_all is None else tf.constant(mask_all)
+            for step in range(2):
+                y, dx, dgamma, dbeta = dist_run(dist, tf.constant(x_all[mine]), tf.constant(w_all[mine]), mask_mine)
+                ry, rdx, rdgamma, rdbeta = ref_run(ref, tf.constant(x_all), tf.constant(w_all), mask_ref)
+                what = f"SyncBatchNormalization {label} {mode} step {step}"
+                c.close(f"{what}: output", y, ry.numpy()[mine], rtol=1e-4, atol=1e-5)
+                c.close(f"{what}: input gradient", dx, rdx.numpy()[mine], rtol=1e-4, atol=1e-4)
+                summed = hvd.grouped_allreduce([dgamma, dbeta], op=hvd.Sum, name=f"sbn.{label}.{mode}.{step}")
+                c.close(f"{what}: gamma gradient summed over ranks", summed[0], rdgamma, rtol=1e-4, atol=1e-4)
+                c.close(f"{what}: beta gradient summed over ranks", summed[1], rdbeta, rtol=1e-4, atol=1e-4)
+            for got, want, name in ((dist.moving_mean, ref.moving_mean, "moving mean"),
+                                    (dist.moving_variance, ref.moving_variance, "moving variance")):
+                c.close(f"SyncBatchNormalization {label} {mode}: {name}", got.numpy(), want.numpy(), rtol=1e-5,
+                        atol=1e-5)
+            c.close(f"SyncBatchNormalization {label} {mode}: inference uses the moving statistics",
+                    dist(tf.constant(x_all[mine]), training=False), ref(tf.constant(x_all[mine]), training=False))
+
+    # Inference issues no collective (a rank may evaluate alone); training issues one.
+    layer = hvd.SyncBatchNormalization()
+    layer.build((None, 3))
+
+    def op_types(training):
+        fn = tf.function(lambda x: layer(x, training=training))
+        return {op.type for op in fn.get_concrete_function(tf.TensorSpec([None, 3])).graph.get_operations()}
+
+    c.same("no collective in inference mode", "PyFunc" in op_types(False), False)
+    c.same("one collective in training mode", "PyFunc" in op_types(True), True)
+
+    # mixed_float16: float16 inputs whose squares overflow float16 once summed; statistics in float32.
+    rows = [4 + s for s in range(n)]
+    x_all = (np.random.default_rng(3).normal(size=(sum(rows), 2)) * 20.0 + 200.0).astype(np.float16)
+    mine = slice(sum(rows[:r]), sum(rows[:r + 1]))
+    dist = hvd.SyncBatchNormalization(dtype="mixed_float16", momentum=0.5)
+    ref = keras.layers.BatchNormalization(dtype="mixed_float16", momentum=0.5)
+    y = dist(tf.constant(x_all[mine]), training=True)
+    ry = ref(tf.constant(x_all), training=True)
+    c.same("mixed_float16: output dtype and statistics' dtype", (y.dtype, dist.moving_mean.dtype),
+           (tf.float16, tf.float32))
+    c.close("mixed_float16: output", y.numpy().astype(np.float32), ry.numpy()[mine].astype(np.float32), rtol=1e-2,
+            atol=1e-2)
+    c.close("mixed_float16: moving mean", dist.moving_mean.numpy(), ref.moving_mean.numpy(), rtol=1e-3)
+    c.close("mixed_float16: moving variance", dist.moving_variance.numpy(), ref.moving_variance.numpy(), rtol=1e-3)
+
+    c.raises("fused=True is refused", [ValueError], "fused", lambda: hvd.SyncBatchNormalization(fused=True))
+    c.raises("synchronized=True is refused", [ValueError], "synchronized",
+             lambda: hvd.SyncBatchNormalization(synchronized=True))
+    config = hvd.SyncBatchNormalization(axis=1, momentum=0.9, epsilon=1e-4).get_config()
+    clone = keras.layers.deserialize(keras.layers.serialize(hvd.SyncBatchNormalization.from_config(config)))
+    c.same("SyncBatchNormalization round-trips through Keras serialization",
+           (type(clone), clone.axis, clone.momentum, clone.epsilon), (hvd.SyncBatchNormalization, 1, 0.9, 1e-4))
 
 
 def check_process_sets(c, hvd, tf, env):
@@ -279,8 +417,8 @@ def check_torch_beside(c, hvd, tf, env):
 
 
 GROUPS = [check_topology, check_allreduce, check_indexed_slices, check_allgather_broadcast,
-          check_alltoall_reducescatter, check_gradients, check_tape, check_errors, check_join, check_process_sets,
-          check_torch_beside]
+          check_alltoall_reducescatter, check_gradients, check_tape, check_errors, check_join, check_join_uneven_steps,
+          check_sync_batch_norm, check_process_sets, check_torch_beside]
 
 
 def run_all_checks():

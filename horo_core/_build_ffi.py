@@ -40,7 +40,7 @@ ffibuilder.set_source(
     language="c++",
     # Portable optimised build: no -march=native; kernels dispatch to AVX2/AVX-512 at run time.
     extra_compile_args=["-std=c++17", "-O3", "-g0", "-Wno-unused-parameter"],
-    extra_link_args=["-pthread", "-Wl,--version-script=" + os.path.join("horo_core", "horo.map")],
+    extra_link_args=["-pthread", "-ldl", "-Wl,--version-script=" + os.path.join("horo_core", "horo.map")],
 )
 
 if __name__ == "__main__":

@@ -290,8 +290,10 @@ def gloo_built():
 
 
 def nccl_built():
-    """NCCL version code, 0 when NCCL is not used (Horovod returns an int here)."""
-    return 0
+    """Version code of the NCCL that CUDA collectives use (e.g. 22907 for 2.29.7), 0 when no NCCL
+    library loads (Horovod returns an int here). NCCL is found at run time, see horo_core.nccl."""
+    from horo_core import nccl
+    return nccl.version()
 
 
 def ddl_built():
@@ -303,7 +305,14 @@ def ccl_built():
 
 
 def cuda_built():
-    return False
+    """Whether CUDA tensors are supported: the core loads the CUDA driver (libcuda.so.1) at run
+    time, so this is whether that driver is present, not a build option."""
+    import ctypes
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
 
 
 def rocm_built():

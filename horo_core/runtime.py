@@ -19,6 +19,7 @@ class TensorSpec:
     output_ptr: int  # 0: the core allocates the output (allgather, alltoall, reducescatter)
     dtype: int
     shape: Tuple[int, ...]
+    device: int = 0  # lib.HORO_DEVICE_HOST, or lib.HORO_DEVICE_CUDA_BASE + CUDA ordinal
 
 
 @dataclasses.dataclass
@@ -158,17 +159,35 @@ class Runtime:
 
     # Operations ---------------------------------------------------------------------------------
 
+    def enable_cuda(self, nccl_path: Optional[str]) -> int:
+        """Lets this runtime take CUDA tensors (allreduce, broadcast): loads the CUDA driver and,
+        if nccl_path is given, NCCL. Returns the loaded NCCL version, 0 when the core stages CUDA
+        tensors through host memory instead. Idempotent.
+
+        Raises:
+            HoroUnsupportedError: the CUDA driver or the NCCL library does not load (the message
+                names the library and the reason).
+        """
+        version = ffi.new("int32_t*")
+        path = ffi.new("char[]", nccl_path.encode()) if nccl_path else ffi.NULL
+        with self._use() as rt:
+            check(lib.horo_cuda_enable(rt, path, version))
+        return version[0]
+
     def enqueue(self, op_type, specs: Sequence[TensorSpec], process_set_id=0, reduce_op=None,
-                prescale_factor=1.0, postscale_factor=1.0, root_rank=0, splits=None) -> List[int]:
-        """Enqueues one operation over specs (several specs form an atomic group); returns handles."""
+                prescale_factor=1.0, postscale_factor=1.0, root_rank=0, splits=None, ready_event=0) -> List[int]:
+        """Enqueues one operation over specs (several specs form an atomic group); returns handles.
+        ready_event: for CUDA specs, a CUevent handle (int) the core's device work waits on."""
         keep = []
-        if splits is None:
+        if splits is None and not ready_event:
             key = (process_set_id, reduce_op, prescale_factor, postscale_factor, root_rank)
             opts = self._c_options.get(key)
             if opts is None:
                 opts = _cached(self._c_options, key, self._options(*key))
         else:
             opts = self._options(process_set_id, reduce_op, prescale_factor, postscale_factor, root_rank)
+            opts.ready_event = ffi.cast("void*", ready_event)
+        if splits is not None:
             split_arr = ffi.new("int64_t[]", [int(s) for s in splits])
             keep.append(split_arr)
             opts.splits = split_arr
@@ -190,6 +209,7 @@ class Runtime:
             t.dtype = spec.dtype
             t.ndim = len(spec.shape)
             t.shape = shape
+            t.device = spec.device
         handles = ffi.new("horo_handle_t[]", count)
         with self._use() as rt:
             check(lib.horo_enqueue(rt, op_type, tensors, len(specs), opts, handles))

@@ -1,8 +1,9 @@
 """Collective operations on torch tensors, with Horovod's names, signatures and semantics.
 
-Each function validates its arguments, describes the tensors to the core as (pointer, dtype, shape)
-and returns a handle or waits for it. Tensors that do not live in contiguous host memory are staged
-through a contiguous CPU copy. The synchronous forms are autograd functions: the gradient of an
+Each function validates its arguments, describes the tensors to the core as (pointer, dtype, shape,
+device) and returns a handle or waits for it. CUDA tensors go to the core as they are for allreduce
+and broadcast, and are staged through pooled pinned host buffers otherwise (horo_torch/device.py);
+other tensors that do not live in contiguous host memory are staged through a contiguous CPU copy. The synchronous forms are autograd functions: the gradient of an
 allreduce is an allreduce, of an allgather an averaged allreduce sliced to this rank's rows, of a
 broadcast an averaged allreduce kept on the root, of an alltoall the reverse alltoall, and of a
 reducescatter an allgather.
@@ -18,6 +19,7 @@ from horo_core.errors import HoroInvalidArgument
 from horo_core.process_sets import global_process_set
 from horo_core.reduce_ops import Adasum, Average, Max, Min, Product, Sum, resolve_op  # noqa: F401 (re-exported)
 from horo_core.runtime import TensorSpec
+from horo_torch import device
 from horo_torch.compression import Compression
 
 
@@ -29,13 +31,15 @@ _TORCH_DTYPES = {
 
 
 class _Pending:
-    """What synchronize() needs: the core handles, the tensors to keep alive, how to finish, and
-    whether finishing reads core-owned results (else each handle is waited on and released at once)."""
+    """What synchronize() needs: the core handles, the tensors (and CUDA event) to keep alive, how
+    to finish, the staging buffers to give back however it ends, and whether finishing reads
+    core-owned results (else each handle is waited on and released at once)."""
 
-    __slots__ = ("runtime", "core_handles", "keep", "finish", "needs_result")
+    __slots__ = ("runtime", "core_handles", "keep", "finish", "staging", "needs_result")
 
-    def __init__(self, runtime, core_handles, keep, finish, needs_result=True):
+    def __init__(self, runtime, core_handles, keep, finish, staging=None, needs_result=True):
         self.runtime, self.core_handles, self.keep, self.finish = runtime, core_handles, keep, finish
+        self.staging = staging
         self.needs_result = needs_result
 
 
@@ -51,14 +55,6 @@ def _dtype_code(tensor, name):
         supported = ", ".join(str(d).replace("torch.", "") for d in _TORCH_DTYPES)
         raise HoroInvalidArgument(f"tensor '{name}': dtype {tensor.dtype} is not supported (supported: {supported})") \
             from None
-
-
-def _host(tensor):
-    """A contiguous CPU tensor with tensor's values (tensor itself when it already is one)."""
-    t = tensor.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    return t.contiguous()
 
 
 def _is_host_contiguous(tensor):
@@ -79,15 +75,16 @@ def _op_name(kind, name, process_set_id):
     return f"{kind}.{name}"
 
 
-def _register(runtime, core_handles, keep, finish, needs_result=True):
+def _register(runtime, core_handles, keep, finish, staging=None, needs_result=True):
     with _handle_lock:
         handle = next(_handle_ids)
-        _handle_map[handle] = _Pending(runtime, core_handles, keep, finish, needs_result)
+        _handle_map[handle] = _Pending(runtime, core_handles, keep, finish, staging, needs_result)
     return handle
 
 
-def _enqueue(op_type, kind, name, inputs, outputs, process_set, finish, **options):
-    """Enqueues one operation over inputs (host tensors); returns a Python-level handle."""
+def _enqueue(op_type, kind, name, inputs, outputs, process_set, finish, staging=None, event=None, **options):
+    """Enqueues one operation over inputs (contiguous host tensors, or CUDA tensors on the core
+    path, whose producers event follows); returns a Python-level handle."""
     runtime = basics.runtime()
     set_id = _process_set_id(process_set)
     base = _op_name(kind, name, set_id)
@@ -95,10 +92,18 @@ def _enqueue(op_type, kind, name, inputs, outputs, process_set, finish, **option
     specs = []
     for n, src, dst in zip(names, inputs, outputs):
         specs.append(TensorSpec(n, src.data_ptr(), 0 if dst is None else dst.data_ptr(), _dtype_code(src, n),
-                                tuple(src.shape)))
-    core_handles = runtime.enqueue(op_type, specs, process_set_id=set_id, **options)
+                                tuple(src.shape), device.device_code(src)))
+    try:
+        if staging is not None:
+            staging.ready()
+        core_handles = runtime.enqueue(op_type, specs, process_set_id=set_id,
+                                       ready_event=0 if event is None else event.cuda_event, **options)
+    except BaseException:
+        if staging is not None:
+            staging.release()
+        raise
     needs_result = any(dst is None for dst in outputs)
-    return _register(runtime, core_handles, (inputs, outputs), finish, needs_result)
+    return _register(runtime, core_handles, (inputs, outputs, event), finish, staging, needs_result)
 
 
 def poll(handle):
@@ -118,7 +123,7 @@ def poll(handle):
 
 
 def synchronize(handle):
-    """Waits (without spinning, GIL released) for an asynchronous operation and returns its result.
+    """Waits (GIL released; a brief spin, then asleep) for an asynchronous operation and returns its result.
 
     Args:
         handle: a handle returned by an ``*_async`` function.
@@ -141,9 +146,13 @@ def synchronize(handle):
                 rt.wait_release(h)
             except Exception as exc:  # keep waiting so that no buffer is freed while still in use
                 error = error or exc
-        if error is not None:
-            raise error
-        return pending.finish(rt, None)
+        try:
+            if error is not None:
+                raise error
+            return pending.finish(rt, None)
+        finally:
+            if pending.staging is not None:
+                pending.staging.done()
     error = None
     results = []
     for h in pending.core_handles:
@@ -157,6 +166,8 @@ def synchronize(handle):
             raise error
         return pending.finish(rt, results)
     finally:
+        if pending.staging is not None:
+            pending.staging.done()
         for h in pending.core_handles:
             try:
                 rt.release(h)
@@ -164,32 +175,73 @@ def synchronize(handle):
                 pass
 
 
-def _copy_back(target, computed):
-    """Finishes an operation whose result landed in `computed` but belongs in `target`."""
+def _copy_back(target, computed, staging=None):
+    """Finishes an operation whose result landed in `computed` but belongs in `target` (for a CUDA
+    target, on the operation's stream; synchronize() waits for that copy)."""
     if computed is not target:
-        with torch.no_grad():
-            target.copy_(computed)
+        if staging is not None:
+            staging.copy(target, computed)
+        else:
+            with torch.no_grad():
+                target.copy_(computed)
     return target
 
 
-def _from_result(rt, result, like):
+def _from_result(rt, result, like, staging):
+    """The core-allocated result as a tensor on like's device."""
+    if device.is_cuda(like):
+        host = staging.host_empty(result.shape, like.dtype)
+        if result.nbytes:
+            rt.copy_result(result, host.data_ptr())
+        return staging.to_device(host, like)
     out = torch.empty(result.shape, dtype=like.dtype)
     if result.nbytes:
         rt.copy_result(result, out.data_ptr())
     return out.to(like.device) if like.device.type != "cpu" else out
 
 
+def _host_output(output, src, staging):
+    """Where the core writes a result that belongs in output: output itself when it is contiguous
+    host memory, the staged input when output is that same tensor (in place), else a new buffer."""
+    if _is_host_contiguous(output):
+        return output
+    if device.is_cuda(output):
+        return staging.host_empty(src.shape, src.dtype)
+    return torch.empty_like(src)
+
+
 # Allreduce ---------------------------------------------------------------------------------------
 
 def _allreduce_async(tensors, output_tensors, name, op, prescale_factor, postscale_factor, process_set, kind):
-    srcs = [_host(t) for t in tensors]
-    outs = [o if _is_host_contiguous(o) else torch.empty_like(s) for o, s in zip(output_tensors, srcs)]
+    if device.core_takes(basics.runtime(), list(tensors) + list(output_tensors)):
+        return _allreduce_on_device(tensors, output_tensors, name, op, prescale_factor, postscale_factor,
+                                    process_set, kind)
+    staging = device.Staging()
+    srcs = [staging.to_host(t) for t in tensors]
+    outs = [s if o is t and not _is_host_contiguous(o) else _host_output(o, s, staging)
+            for o, s, t in zip(output_tensors, srcs, tensors)]
 
     def finish(rt, results):
-        done = [_copy_back(o, c) for o, c in zip(output_tensors, outs)]
+        done = [_copy_back(o, c, staging) for o, c in zip(output_tensors, outs)]
         return done if kind.startswith("grouped") else done[0]
 
-    return _enqueue(lib.HORO_ALLREDUCE, kind, name, srcs, outs, process_set, finish, reduce_op=op,
+    return _enqueue(lib.HORO_ALLREDUCE, kind, name, srcs, outs, process_set, finish, staging, reduce_op=op,
+                    prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+
+
+def _allreduce_on_device(tensors, output_tensors, name, op, prescale_factor, postscale_factor, process_set, kind):
+    """The core reduces the CUDA tensors in place on the GPU; scaling happens here (device.py)."""
+    srcs = [device.prescaled(t, prescale_factor) for t in tensors]
+    outs = [o if o.is_contiguous() else torch.empty_like(s) for o, s in zip(output_tensors, srcs)]
+    event = device.ready_event(srcs)
+    members = process_set.size()
+
+    def finish(rt, results):
+        done = [_copy_back(o, device.postscale_(c, op, postscale_factor, members))
+                for o, c in zip(output_tensors, outs)]
+        return done if kind.startswith("grouped") else done[0]
+
+    return _enqueue(lib.HORO_ALLREDUCE, kind, name, srcs, outs, process_set, finish, event=event, reduce_op=op,
                     prescale_factor=prescale_factor, postscale_factor=postscale_factor)
 
 
@@ -321,13 +373,14 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 # Allgather ---------------------------------------------------------------------------------------
 
 def _allgather_async(tensors, name, process_set, kind):
-    srcs = [_host(t) for t in tensors]
+    staging = device.Staging()
+    srcs = [staging.to_host(t) for t in tensors]
 
     def finish(rt, results):
-        outs = [_from_result(rt, r, t) for r, t in zip(results, tensors)]
+        outs = [_from_result(rt, r, t, staging) for r, t in zip(results, tensors)]
         return outs if kind.startswith("grouped") else outs[0]
 
-    return _enqueue(lib.HORO_ALLGATHER, kind, name, srcs, [None] * len(srcs), process_set, finish)
+    return _enqueue(lib.HORO_ALLGATHER, kind, name, srcs, [None] * len(srcs), process_set, finish, staging)
 
 
 def allgather_async(tensor, name=None, process_set=global_process_set):
@@ -381,10 +434,17 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
 # Broadcast ---------------------------------------------------------------------------------------
 
 def _broadcast_async(tensor, output, root_rank, name, process_set):
-    src = _host(tensor)
-    out = output if _is_host_contiguous(output) else torch.empty_like(src)
+    if device.core_takes(basics.runtime(), [tensor, output]):
+        src = tensor.detach().contiguous()
+        out = output if output.is_contiguous() else torch.empty_like(src)
+        return _enqueue(lib.HORO_BROADCAST, "broadcast", name, [src], [out], process_set,
+                        lambda rt, results: _copy_back(output, out), event=device.ready_event([src]),
+                        root_rank=root_rank)
+    staging = device.Staging()
+    src = staging.to_host(tensor)
+    out = src if output is tensor and not _is_host_contiguous(output) else _host_output(output, src, staging)
     return _enqueue(lib.HORO_BROADCAST, "broadcast", name, [src], [out], process_set,
-                    lambda rt, results: _copy_back(output, out), root_rank=root_rank)
+                    lambda rt, results: _copy_back(output, out, staging), staging, root_rank=root_rank)
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
@@ -449,13 +509,14 @@ def _splits_list(splits):
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
     """Starts an alltoall: rows splits[j] of tensor go to rank j of the set (equal parts if splits is
     None). Returns a handle whose synchronize() gives (output, received_splits)."""
-    src = _host(tensor)
+    staging = device.Staging()
+    src = staging.to_host(tensor)
 
     def finish(rt, results):
-        out = _from_result(rt, results[0], tensor)
+        out = _from_result(rt, results[0], tensor, staging)
         return out, torch.tensor(results[0].received_splits or [], dtype=torch.int32)
 
-    return _enqueue(lib.HORO_ALLTOALL, "alltoall", name, [src], [None], process_set, finish,
+    return _enqueue(lib.HORO_ALLTOALL, "alltoall", name, [src], [None], process_set, finish, staging,
                     splits=_splits_list(splits))
 
 
@@ -496,13 +557,14 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
 # Reducescatter -----------------------------------------------------------------------------------
 
 def _reducescatter_async(tensors, name, op, process_set, prescale_factor, postscale_factor, kind):
-    srcs = [_host(t) for t in tensors]
+    staging = device.Staging()
+    srcs = [staging.to_host(t) for t in tensors]
 
     def finish(rt, results):
-        outs = [_from_result(rt, r, t) for r, t in zip(results, tensors)]
+        outs = [_from_result(rt, r, t, staging) for r, t in zip(results, tensors)]
         return outs if kind.startswith("grouped") else outs[0]
 
-    return _enqueue(lib.HORO_REDUCESCATTER, kind, name, srcs, [None] * len(srcs), process_set, finish,
+    return _enqueue(lib.HORO_REDUCESCATTER, kind, name, srcs, [None] * len(srcs), process_set, finish, staging,
                     reduce_op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor)
 
 

@@ -82,6 +82,13 @@ enum horo_limits {
   HORO_GLOBAL_PROCESS_SET = 0
 };
 
+/* horo_tensor_t.device: where input and output live. Zero (what a zero-filled struct holds) is host
+ * memory; HORO_DEVICE_CUDA_BASE + d is the memory of CUDA device d of this process. */
+enum horo_device {
+  HORO_DEVICE_HOST = 0,
+  HORO_DEVICE_CUDA_BASE = 1
+};
+
 typedef int64_t horo_handle_t;
 typedef struct horo_runtime horo_runtime_t;
 typedef struct horo_loopback_hub horo_loopback_hub_t;
@@ -108,6 +115,7 @@ typedef struct horo_tensor {
   int32_t dtype;
   int32_t ndim;
   const int64_t* shape;
+  int32_t device;           /* HORO_DEVICE_HOST (0) or HORO_DEVICE_CUDA_BASE + CUDA ordinal */
 } horo_tensor_t;
 
 /* Options of one enqueue call; horo_op_options_init() fills the defaults. */
@@ -119,6 +127,8 @@ typedef struct horo_op_options {
   int32_t root_rank;        /* broadcast: global rank of the root; default 0 */
   const int64_t* splits;    /* alltoall: rows sent to each member of the set, in set order */
   int32_t num_splits;       /* 0: equal splits */
+  void* ready_event;        /* CUDA tensors: a CUevent recorded after the inputs were written, which the
+                               core's device work waits on; NULL: the inputs are ready now */
 } horo_op_options_t;
 
 /* What a finished handle produced, for outputs the core allocated. */
@@ -160,6 +170,16 @@ horo_status_t horo_runtime_destroy(horo_runtime_t* rt);
 
 horo_status_t horo_runtime_rank(horo_runtime_t* rt, int32_t* rank);
 horo_status_t horo_runtime_size(horo_runtime_t* rt, int32_t* size);
+
+/* CUDA tensors. horo_nccl_library_version loads the NCCL library at path (a file, or a bare name
+ * such as "libnccl.so.2" that the dynamic linker searches) and gives its version code (22907 for
+ * 2.29.7); it needs no GPU and fails with a message naming the path and the reason.
+ * horo_cuda_enable loads the CUDA driver (libcuda.so.1) and, when nccl_path is not NULL or empty,
+ * NCCL, and from then on accepts tensors with device != 0 for allreduce and broadcast. Every
+ * member of a set must enable it before passing CUDA tensors; nccl_version gets the loaded NCCL
+ * version, 0 when CUDA tensors will be staged through host memory by the core. */
+horo_status_t horo_nccl_library_version(const char* path, int32_t* version);
+horo_status_t horo_cuda_enable(horo_runtime_t* rt, const char* nccl_path, int32_t* nccl_version);
 
 /* Process sets. Adding and removing are collective over all ranks of the global set. */
 horo_status_t horo_process_set_add(horo_runtime_t* rt, const int32_t* ranks, int32_t count, int32_t* id);

@@ -10,6 +10,7 @@
 
 #include "collectives/reduce_kernels.h"
 #include "common/config.h"
+#include "device/nccl_library.h"
 #include "horo/horo.h"
 #include "runtime/runtime.h"
 #include "transport/loopback/transport.h"
@@ -300,6 +301,25 @@ horo_status_t horo_process_set_ranks(horo_runtime_t* rt, int32_t id, int32_t* ra
   HORO_API_END();
 }
 
+horo_status_t horo_nccl_library_version(const char* path, int32_t* version) {
+  HORO_API_BEGIN();
+  if (version == nullptr) return Fail(HORO_ERR_INVALID_ARGUMENT, "version pointer is null");
+  horo::NcclLibrary library;
+  horo::Status st = horo::NcclLibrary::Load(path ? path : "", &library);
+  *version = st.ok() ? library.version() : 0;
+  return SetError(st);
+  HORO_API_END();
+}
+
+horo_status_t horo_cuda_enable(horo_runtime_t* rt, const char* nccl_path, int32_t* nccl_version) {
+  HORO_API_BEGIN();
+  HORO_REQUIRE_RUNTIME(rt);
+  if (nccl_version == nullptr) return Fail(HORO_ERR_INVALID_ARGUMENT, "nccl_version pointer is null");
+  *nccl_version = 0;
+  return SetError(rt->impl->EnableCuda(nccl_path ? nccl_path : "", nccl_version));
+  HORO_API_END();
+}
+
 void horo_op_options_init(horo_op_options_t* options) {
   options->process_set_id = HORO_GLOBAL_PROCESS_SET;
   options->reduce_op = HORO_OP_SUM;
@@ -308,6 +328,7 @@ void horo_op_options_init(horo_op_options_t* options) {
   options->root_rank = 0;
   options->splits = nullptr;
   options->num_splits = 0;
+  options->ready_event = nullptr;
 }
 
 horo_status_t horo_enqueue(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t* tensors, int32_t count,

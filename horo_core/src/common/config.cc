@@ -98,6 +98,8 @@ const std::vector<Setting>& Table() {
                           "This rank's host name. Ranks with the same name and the same kernel boot id exchange data through shared memory; set different names to make ranks of one machine act as separate hosts (tests). Empty: the system host name."),
       HORO_BOOL_SETTING("SHM_DISABLE", shm_disable,
                         "Exchange data between ranks of one host over TCP instead of shared memory."),
+      HORO_STRING_SETTING("NCCL_LIBRARY", nccl_library,
+                          "Path of the NCCL library used for CUDA tensors. Empty: the nvidia/nccl/lib folder of an installed nvidia-nccl-cu13/cu12 wheel, then the system libnccl.so.2. A path that does not load is an error, not a fallback."),
       HORO_INT_SETTING("SHM_RING_BYTES", shm_ring_bytes,
                        "Bytes of the shared-memory ring per direction between two ranks of one host (a power of two >= 65536)."),
       HORO_FLOAT_SETTING("SPIN_MICROSECONDS", spin_microseconds,

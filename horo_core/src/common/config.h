@@ -28,6 +28,7 @@ struct Config {
   bool shm_disable = false;             // ranks of one host exchange data over TCP, not shared memory
   int64_t shm_ring_bytes = 4 << 20;     // shared-memory ring per direction and same-host pair
   double spin_microseconds = 50.0;      // a waiting thread spins (yielding) this long before it sleeps
+  std::string nccl_library;             // NCCL for CUDA tensors; empty: wheel, then system (horo_core/nccl.py)
   LogLevel log_level = LogLevel::kWarning;
   bool log_hide_time = false;
 };

@@ -207,10 +207,17 @@ Response Coordinator::Construct(int32_t set_id, const std::string& name, const P
   if (FindMismatch(pending.by_rank, "operations", [](const Request& r) { return std::string(OpTypeName(r.op_type)); },
                    &message) ||
       FindMismatch(pending.by_rank, "data types", [](const Request& r) { return std::string(DataTypeName(r.dtype)); },
-                   &message)) {
+                   &message) ||
+      FindMismatch(pending.by_rank, "CPU/GPU device selection",
+                   [](const Request& r) { return std::string(r.device == 0 ? "CPU" : "GPU"); }, &message)) {
     return ErrorResponse(set_id, name, HORO_ERR_MISMATCH, message);
   }
   const OpType op = first.op_type;
+  if (!joined.empty() && first.device != 0) {
+    return ErrorResponse(set_id, name, HORO_ERR_UNSUPPORTED,
+                         "allreduce of CUDA tensor " + Quote(name) + " is not supported while ranks have joined process set " +
+                             std::to_string(set_id) + "; pass host tensors (or let horo_torch stage them) with join");
+  }
   if (!joined.empty() && op != OpType::kAllreduce && op != OpType::kBarrier) {
     std::ostringstream os;
     os << OpTypeName(op) << " of tensor " << Quote(name) << " is not supported while ranks have joined (rank";
@@ -266,6 +273,7 @@ Response Coordinator::Construct(int32_t set_id, const std::string& name, const P
   r.root_rank = first.root_rank;
   r.shape = first.shape;
   r.joined_ranks = joined;
+  r.on_device = first.device != 0;
   if (op == OpType::kAllgather) {
     for (int32_t m : members) r.member_dims.push_back(pending.by_rank.at(m).shape[0]);
   } else if (op == OpType::kAlltoall) {
@@ -445,6 +453,7 @@ void Coordinator::Fuse(std::vector<ResponsePart> parts, const std::vector<Respon
                              r.prescale_factor == group_head->prescale_factor &&
                              r.postscale_factor == group_head->postscale_factor &&
                              r.joined_ranks == group_head->joined_ranks &&
+                             r.on_device == group_head->on_device &&
                              group_bytes + bytes <= config_.fusion_threshold_bytes;
     if (joins_group) {
       out->fused.back().push_back(std::move(parts[i]));

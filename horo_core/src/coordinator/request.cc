@@ -26,6 +26,7 @@ void WriteRequest(WireWriter& w, const Request& r) {
   w.Str(r.group_leader);
   w.I32(r.group_size);
   w.I32Vec(r.ranks);
+  w.I32(r.device);
 }
 
 std::string SerializeRequestList(const RequestList& list) {
@@ -63,6 +64,7 @@ Status ParseRequestList(const std::string& bytes, RequestList* out) {
     r.group_leader = rd.Str();
     r.group_size = rd.I32();
     r.ranks = rd.I32Vec();
+    r.device = rd.I32();
     if (!rd.ok() || !IsValidOpType(op) || !IsValidDataType(dtype) || !IsValidReduceOp(reduce_op)) {
       return Status::Internal("malformed request in request list");
     }

@@ -33,6 +33,7 @@ struct Request {
   std::string group_leader;     // name of the first tensor of a grouped call; empty if none
   int32_t group_size = 1;
   std::vector<int32_t> ranks;   // process set add
+  int32_t device = 0;           // where the tensor lives: 0 host, d + 1 CUDA device d
 
   int64_t NumElements() const;
 };

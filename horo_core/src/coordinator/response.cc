@@ -29,6 +29,7 @@ void WriteResponse(WireWriter& w, const Response& r) {
   w.I32(r.last_joined_rank);
   w.I32Vec(r.ranks);
   w.I32Vec(r.joined_ranks);
+  w.U8(r.on_device ? 1 : 0);
 }
 
 bool ReadResponse(WireReader& rd, Response* r) {
@@ -48,6 +49,7 @@ bool ReadResponse(WireReader& rd, Response* r) {
   r->last_joined_rank = rd.I32();
   r->ranks = rd.I32Vec();
   r->joined_ranks = rd.I32Vec();
+  r->on_device = rd.U8() != 0;
   if (!rd.ok() || kind < 0 || kind > static_cast<int32_t>(ResponseKind::kShutdown) || !IsValidOpType(op) ||
       !IsValidDataType(dtype) || !IsValidReduceOp(reduce_op)) {
     return false;

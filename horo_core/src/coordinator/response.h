@@ -40,6 +40,7 @@ struct Response {
   int32_t last_joined_rank = -1;
   std::vector<int32_t> ranks;  // process set add: the members
   std::vector<int32_t> joined_ranks;  // global ranks that had joined when this response was made
+  bool on_device = false;  // the tensors live in CUDA memory on every member (device/device_executor.h)
 
   int64_t NumElements() const;
 };

@@ -19,6 +19,7 @@ struct TensorEntry {
   Request request;
   const void* input = nullptr;
   void* output = nullptr;
+  void* ready_event = nullptr;  // CUDA tensors: CUevent the device work waits on (may be null)
   int64_t handle = 0;
 };
 

@@ -133,6 +133,7 @@ Status Executor::Execute(const FusedResponse& fused) {
 
   std::vector<Slot> slots(fused.size());
   for (size_t i = 0; i < fused.size(); ++i) HORO_RETURN_IF_ERROR(TakeSlot(fused[i], &slots[i]));
+  if (head.on_device) return RunOnDevice(group, slots);
 
   Status status;
   switch (head.op_type) {

@@ -7,7 +7,11 @@
 // sent, and the runtime must stop.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
 #include <vector>
 
 #include "collectives/collectives.h"
@@ -15,6 +19,7 @@
 #include "coordinator/process_set_table.h"
 #include "coordinator/response.h"
 #include "coordinator/tensor_queue.h"
+#include "device/device_executor.h"
 #include "runtime/handle_manager.h"
 #include "transport/transport.h"
 
@@ -25,7 +30,15 @@ class Executor {
   Executor(const Config& config, int rank, Transport* transport, ProcessSetTable* sets, TensorQueue* queue,
            HandleManager* handles);
 
+  ~Executor();
+
   Status Execute(const FusedResponse& fused);
+
+  // CUDA tensors (horo_tensor_t.device != 0), see device/device_executor.h; defined in
+  // runtime/executor_device.cc. EnableCuda runs on a user thread, once; later calls report the
+  // NCCL version already loaded.
+  Status EnableCuda(const std::string& nccl_path, int32_t* nccl_version);
+  Status CheckDeviceTensor(OpType op, const horo_tensor_t& tensor, const std::string& label) const;
 
  private:
   // One tensor of a response as this rank sees it. A rank that joined the set and never
@@ -47,6 +60,8 @@ class Executor {
   Status RunAlltoall(const CommGroup& group, Slot& slot);
   Status RunReducescatter(const CommGroup& group, Slot& slot);
 
+  Status RunOnDevice(const CommGroup& group, std::vector<Slot>& slots);
+
   uint8_t* FusionBuffer(int64_t bytes);
 
   Config config_;
@@ -57,6 +72,9 @@ class Executor {
   HandleManager* handles_;
   AllreduceOptions allreduce_options_;
   std::vector<uint8_t> fusion_buffer_;
+  std::mutex device_mutex_;                  // serialises EnableCuda
+  std::unique_ptr<DeviceExecutor> device_owner_;
+  std::atomic<DeviceExecutor*> device_{nullptr};  // published once enabled; read by both threads
 };
 
 }  // namespace horo

@@ -108,6 +108,7 @@ Status Runtime::ValidateTensor(OpType op, const horo_tensor_t& t, const horo_op_
     count *= t.shape[i];
   }
   const DataType dtype = static_cast<DataType>(t.dtype);
+  if (t.device != HORO_DEVICE_HOST) HORO_RETURN_IF_ERROR(executor_->CheckDeviceTensor(op, t, label));
   if (count > 0 && t.input == nullptr) return Status::InvalidArgument(label + ": input pointer is null");
   switch (op) {
     case OpType::kAllreduce:
@@ -203,6 +204,8 @@ Status Runtime::Enqueue(OpType op, const horo_tensor_t* tensors, int32_t count, 
       }
       e.input = t.input;
       e.output = t.output;
+      r.device = t.device;
+      if (t.device != HORO_DEVICE_HOST) e.ready_event = options.ready_event;
       entries.push_back(std::move(e));
     }
   }

@@ -50,6 +50,11 @@ class Runtime {
   // Starts adding (ranks) or removing (id) a process set; the handle's result value is the id.
   Status ChangeProcessSet(bool add, const std::vector<int32_t>& ranks, int32_t id, horo_handle_t* handle);
 
+  // CUDA tensors: see horo_cuda_enable in horo.h and device/device_executor.h.
+  Status EnableCuda(const std::string& nccl_path, int32_t* nccl_version) {
+    return executor_->EnableCuda(nccl_path, nccl_version);
+  }
+
   // Asks every rank to shut down, waits for the background thread and closes the transport.
   Status Shutdown();
 

@@ -1,0 +1,67 @@
+#include "device/cuda_driver.h"
+
+#include <dlfcn.h>
+
+namespace horo {
+namespace {
+
+// Resolves one symbol; versioned names (cuMemcpyDtoHAsync_v2) are the ABI the driver keeps for
+// the unversioned prototypes of today's headers.
+template <typename Fn>
+bool Resolve(void* library, const char* symbol, Fn* out, std::string* missing) {
+  *out = reinterpret_cast<Fn>(dlsym(library, symbol));
+  if (*out == nullptr && missing->empty()) *missing = symbol;
+  return *out != nullptr;
+}
+
+}  // namespace
+
+Status CudaDriver::Load(const std::string& path, CudaDriver* out) {
+  dlerror();
+  void* library = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (library == nullptr) {
+    const char* why = dlerror();
+    return Status::Unsupported("cannot load the CUDA driver library " + path + ": " + (why ? why : "unknown error"));
+  }
+  CudaDriver d;
+  d.path_ = path;
+  std::string missing;
+  Resolve(library, "cuInit", &d.cuInit, &missing);
+  Resolve(library, "cuDeviceGet", &d.cuDeviceGet, &missing);
+  Resolve(library, "cuDeviceGetCount", &d.cuDeviceGetCount, &missing);
+  Resolve(library, "cuDeviceGetUuid", &d.cuDeviceGetUuid, &missing);
+  Resolve(library, "cuDevicePrimaryCtxRetain", &d.cuDevicePrimaryCtxRetain, &missing);
+  Resolve(library, "cuCtxSetCurrent", &d.cuCtxSetCurrent, &missing);
+  Resolve(library, "cuStreamCreate", &d.cuStreamCreate, &missing);
+  Resolve(library, "cuStreamWaitEvent", &d.cuStreamWaitEvent, &missing);
+  Resolve(library, "cuStreamQuery", &d.cuStreamQuery, &missing);
+  Resolve(library, "cuMemcpyDtoHAsync_v2", &d.cuMemcpyDtoHAsync, &missing);
+  Resolve(library, "cuMemcpyHtoDAsync_v2", &d.cuMemcpyHtoDAsync, &missing);
+  Resolve(library, "cuMemHostAlloc", &d.cuMemHostAlloc, &missing);
+  Resolve(library, "cuMemFreeHost", &d.cuMemFreeHost, &missing);
+  Resolve(library, "cuGetErrorName", &d.cuGetErrorName, &missing);
+  Resolve(library, "cuGetErrorString", &d.cuGetErrorString, &missing);
+  if (!missing.empty()) {
+    dlclose(library);
+    return Status::Unsupported(path + " is not a usable CUDA driver library: symbol " + missing + " is missing");
+  }
+  // The library stays loaded for the life of the process: the driver is never unloaded safely
+  // while contexts exist, and the handle is shared with the framework's own copy.
+  const CuResult init = d.cuInit(0);
+  if (init != kCudaSuccess) return Status::Unsupported(d.Describe("cuInit", init));
+  *out = d;
+  return Status::OK();
+}
+
+std::string CudaDriver::Describe(const char* call, CuResult result) const {
+  const char* name = nullptr;
+  const char* text = nullptr;
+  if (cuGetErrorName == nullptr || cuGetErrorName(result, &name) != kCudaSuccess) name = nullptr;
+  if (cuGetErrorString == nullptr || cuGetErrorString(result, &text) != kCudaSuccess) text = nullptr;
+  std::string out = std::string(call) + " failed with CUDA error " + std::to_string(result);
+  if (name != nullptr) out += std::string(" ") + name;
+  if (text != nullptr) out += std::string(" (") + text + ")";
+  return out + " [driver " + path_ + "]";
+}
+
+}  // namespace horo

@@ -1,0 +1,137 @@
+"""The core's CUDA path on ranks that are threads, against stand-ins for the CUDA driver and NCCL.
+
+Run by test_device_executor.py in a subprocess whose LD_LIBRARY_PATH finds the stand-in
+libcuda.so.1 (test/device_doubles/fake_cuda.c: "device memory" is host memory); argv[1] is the
+stand-in NCCL. Exercises what a GPU run would, except the GPU: the per-set decision (shared GPU or
+NCCL missing: staged by the core; own GPUs and NCCL: NCCL), communicator creation with the id
+sent over Horo's transport, fused responses as one NCCL group, dtypes NCCL lacks staged, the
+ready event waited on, and the errors. Exits non-zero with the failing check's message.
+"""
+import ctypes
+import sys
+
+from loopback_world import World
+
+from horo_core._binding import lib
+from horo_core.errors import HoroInvalidArgument, HoroMismatchError, HoroUnsupportedError
+from horo_core.runtime import TensorSpec
+
+NCCL_PATH = sys.argv[1]
+fake_nccl = ctypes.CDLL(NCCL_PATH)
+fake_cuda = ctypes.CDLL("libcuda.so.1")
+CTYPES = {lib.HORO_FLOAT32: ctypes.c_float, lib.HORO_INT16: ctypes.c_int16, lib.HORO_BOOL: ctypes.c_uint8,
+          lib.HORO_INT64: ctypes.c_int64}
+checks = 0
+
+
+def expect(what, got, want):
+    global checks
+    checks += 1
+    if got != want:
+        raise AssertionError(f"{what}: got {got}, want {want}")
+
+
+def spec(name, arr, dtype, ordinal, out=None):
+    out = arr if out is None else out
+    device = lib.HORO_DEVICE_HOST if ordinal is None else lib.HORO_DEVICE_CUDA_BASE + ordinal
+    return TensorSpec(name, ctypes.addressof(arr), ctypes.addressof(out), dtype, (len(arr),), device)
+
+
+def run_op(rt, op_type, specs, **options):
+    handles = rt.enqueue(op_type, specs, **options)
+    for h in handles:
+        rt.wait(h)
+        rt.release(h)
+
+
+def collectives(ordinal_of, enable_nccl, tag):
+    """Allreduce (alone, fused, in place or not, Average, int16, bool) and broadcast on 2 ranks."""
+    with World(2) as world:
+        def body(rt):
+            r = rt.rank
+            version = rt.enable_cuda(NCCL_PATH if enable_nccl else None)
+            expect(f"{tag}: NCCL version", version, 22907 if enable_nccl else 0)
+            dev = ordinal_of(r)
+            a = (ctypes.c_float * 5)(*[r + 1.0] * 5)
+            out = (ctypes.c_float * 5)()
+            run_op(rt, lib.HORO_ALLREDUCE, [spec("a", a, lib.HORO_FLOAT32, dev, out)], reduce_op=lib.HORO_OP_SUM,
+                   ready_event=0x1234)
+            expect(f"{tag}: allreduce sum", list(out), [3.0] * 5)
+            expect(f"{tag}: input untouched", list(a), [r + 1.0] * 5)
+            # Average: the core sums, the adapter divides (and scales) on the device.
+            run_op(rt, lib.HORO_ALLREDUCE, [spec("avg", a, lib.HORO_FLOAT32, dev)], reduce_op=lib.HORO_OP_AVERAGE,
+                   prescale_factor=3.0)
+            expect(f"{tag}: average leaves the division to the adapter", list(a), [3.0] * 5)
+            xs = [(ctypes.c_float * (3 + i))(*[(r + 1.0) * (i + 1)] * (3 + i)) for i in range(3)]
+            run_op(rt, lib.HORO_ALLREDUCE, [spec(f"g{i}", x, lib.HORO_FLOAT32, dev) for i, x in enumerate(xs)],
+                   reduce_op=lib.HORO_OP_MAX)
+            for i, x in enumerate(xs):
+                expect(f"{tag}: fused max [{i}]", list(x), [2.0 * (i + 1)] * (3 + i))
+            s = (ctypes.c_int16 * 4)(*[1000 * (r + 1)] * 4)
+            run_op(rt, lib.HORO_ALLREDUCE, [spec("i16", s, lib.HORO_INT16, dev)], reduce_op=lib.HORO_OP_SUM)
+            expect(f"{tag}: int16 sum (no NCCL type: staged)", list(s), [3000] * 4)
+            b = (ctypes.c_uint8 * 3)(*[1, r, 0])
+            run_op(rt, lib.HORO_ALLREDUCE, [spec("bool", b, lib.HORO_BOOL, dev)], reduce_op=lib.HORO_OP_SUM)
+            expect(f"{tag}: bool sum is or", list(b), [1, 1, 0])
+            b = (ctypes.c_uint8 * 3)(*[1, r, 0])
+            run_op(rt, lib.HORO_ALLREDUCE, [spec("bool.p", b, lib.HORO_BOOL, dev)], reduce_op=lib.HORO_OP_PRODUCT)
+            expect(f"{tag}: bool product is and", list(b), [1, 0, 0])
+            v = (ctypes.c_int64 * 6)(*[10 * r + i for i in range(6)])
+            w = (ctypes.c_int64 * 6)()
+            run_op(rt, lib.HORO_BROADCAST, [spec("bc", v, lib.HORO_INT64, dev, w)], root_rank=1)
+            expect(f"{tag}: broadcast from rank 1", list(w), [10 + i for i in range(6)])
+            empty = (ctypes.c_float * 0)()
+            run_op(rt, lib.HORO_ALLREDUCE, [spec("empty", empty, lib.HORO_FLOAT32, dev)])
+            return True
+
+        before = (fake_nccl.fake_nccl_allreduce_calls(), fake_nccl.fake_nccl_broadcast_calls(),
+                  fake_nccl.fake_nccl_groups(), fake_cuda.fake_cuda_event_waits())
+        world.run(body, timeout=60)
+        after = (fake_nccl.fake_nccl_allreduce_calls(), fake_nccl.fake_nccl_broadcast_calls(),
+                 fake_nccl.fake_nccl_groups(), fake_cuda.fake_cuda_event_waits())
+        return [a - b for a, b in zip(after, before)]
+
+
+def main():
+    # Two ranks on one GPU: NCCL is loaded but the core stages (NCCL refuses duplicate GPUs).
+    calls, bcasts, groups, waits = collectives(lambda r: 0, True, "shared GPU")
+    expect("shared GPU: no NCCL allreduce", (calls, bcasts), (0, 0))
+    expect("shared GPU: the ready event is waited on by each rank", waits, 2)
+    # One GPU each and NCCL everywhere: NCCL, except int16 (staged). Per rank: a, avg, 3 fused
+    # (one group), bool, bool.p = 7 allreduces in 6 groups, 1 broadcast.
+    calls, bcasts, groups, waits = collectives(lambda r: r, True, "own GPUs")
+    expect("own GPUs: NCCL allreduces (2 ranks)", calls, 14)
+    expect("own GPUs: NCCL broadcasts", bcasts, 2)
+    expect("own GPUs: NCCL groups (fused response = one group)", groups, 12)
+    # Own GPUs but no NCCL: staged.
+    calls, bcasts, _, _ = collectives(lambda r: r, False, "no NCCL")
+    expect("no NCCL: nothing through NCCL", (calls, bcasts), (0, 0))
+
+    with World(2) as world:
+        def errors(rt):
+            r = rt.rank
+            rt.enable_cuda(NCCL_PATH)
+            a = (ctypes.c_float * 2)(1, 2)
+            try:
+                rt.enqueue(lib.HORO_ALLGATHER, [spec("ag", a, lib.HORO_FLOAT32, r)])
+                raise AssertionError("allgather of device memory was accepted")
+            except HoroUnsupportedError as exc:
+                expect("allgather refused", "allreduce and broadcast only" in str(exc), True)
+            try:
+                rt.enqueue(lib.HORO_ALLREDUCE, [spec("far", a, lib.HORO_FLOAT32, 5)])
+                raise AssertionError("device 5 was accepted")
+            except HoroInvalidArgument as exc:
+                expect("missing device", f"CUDA device 5 does not exist on rank {r}" in str(exc), True)
+            try:
+                run_op(rt, lib.HORO_ALLREDUCE, [spec("mixed", a, lib.HORO_FLOAT32, None if r == 0 else r)])
+                raise AssertionError("host/device mismatch was accepted")
+            except HoroMismatchError as exc:
+                expect("mismatch names it", "Mismatched CPU/GPU device selection for allreduce tensor 'mixed': "
+                                            "rank 0 has CPU, rank 1 has GPU" in str(exc), True)
+            return True
+        world.run(errors, timeout=60)
+    print(f"device world checks passed: {checks}")
+
+
+if __name__ == "__main__":
+    main()

@@ -57,6 +57,8 @@ class ShmTransport : public Transport {
   }
   void Wake() override { tcp_->Wake(); }
   void Close() override;
+  // From the host digests exchanged while connecting (link_builder.h).
+  std::vector<int> HostIds() const override;
 
  private:
   using Clock = std::chrono::steady_clock;

@@ -266,6 +266,8 @@ Response Coordinator::Construct(int32_t set_id, const std::string& name, const P
   r.root_rank = first.root_rank;
   r.shape = first.shape;
   r.joined_ranks = joined;
+  r.hierarchical_allreduce = config_.hierarchical_allreduce;
+  r.small_message_bytes = config_.small_message_bytes;
   if (op == OpType::kAllgather) {
     for (int32_t m : members) r.member_dims.push_back(pending.by_rank.at(m).shape[0]);
   } else if (op == OpType::kAlltoall) {
@@ -445,6 +447,8 @@ void Coordinator::Fuse(std::vector<ResponsePart> parts, const std::vector<Respon
                              r.prescale_factor == group_head->prescale_factor &&
                              r.postscale_factor == group_head->postscale_factor &&
                              r.joined_ranks == group_head->joined_ranks &&
+                             r.hierarchical_allreduce == group_head->hierarchical_allreduce &&
+                             r.small_message_bytes == group_head->small_message_bytes &&
                              group_bytes + bytes <= config_.fusion_threshold_bytes;
     if (joins_group) {
       out->fused.back().push_back(std::move(parts[i]));

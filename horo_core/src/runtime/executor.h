@@ -7,18 +7,28 @@
 // sent, and the runtime must stop.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <map>
 #include <vector>
 
 #include "collectives/collectives.h"
+#include "collectives/host_topology.h"
 #include "common/config.h"
 #include "coordinator/process_set_table.h"
 #include "coordinator/response.h"
 #include "coordinator/tensor_queue.h"
 #include "runtime/handle_manager.h"
+#include "transport/counting/transport.h"
 #include "transport/transport.h"
 
 namespace horo {
+
+// What this rank's executor has done so far, for tests and monitoring.
+struct ExecutorStats {
+  int64_t allreduce_runs[3] = {0, 0, 0};  // collectives run, indexed by AllreduceAlgorithm
+  SentBytes sent;                         // data-plane bytes this rank sent
+};
 
 class Executor {
  public:
@@ -26,6 +36,8 @@ class Executor {
            HandleManager* handles);
 
   Status Execute(const FusedResponse& fused);
+  // Safe to call from any thread.
+  ExecutorStats Stats() const;
 
  private:
   // One tensor of a response as this rank sees it. A rank that joined the set and never
@@ -38,6 +50,10 @@ class Executor {
   };
 
   bool GroupOf(int32_t set_id, CommGroup* group);
+  // The hosts of a set's members, computed once per set from the transport's host map.
+  Status TopologyOf(int32_t set_id, const CommGroup& group, const HostTopology** topology);
+  // Allreduce with the algorithm settings of the response, counted in the stats.
+  Status ReduceAcrossGroup(const CommGroup& group, const Response& head, void* buffer, int64_t count);
   Status TakeSlot(const Response& response, Slot* slot);
   void Finish(Slot& slot, const Status& status, HandleResult* result = nullptr);
 
@@ -49,14 +65,23 @@ class Executor {
 
   uint8_t* FusionBuffer(int64_t bytes);
 
+  struct SetTopology {
+    std::vector<int> ranks;  // the members it was computed for
+    HostTopology topology;
+  };
+
   Config config_;
   int rank_;
-  Transport* transport_;
+  CountingTransport transport_;  // the collectives' view of the transport
   ProcessSetTable* sets_;
   TensorQueue* queue_;
   HandleManager* handles_;
   AllreduceOptions allreduce_options_;
   std::vector<uint8_t> fusion_buffer_;
+  std::vector<int> host_ids_;  // the transport's host map, fetched before the first topology
+  bool host_ids_fetched_ = false;
+  std::map<int32_t, SetTopology> topologies_;
+  std::atomic<int64_t> allreduce_runs_[3] = {};
 };
 
 }  // namespace horo

@@ -168,6 +168,28 @@ def test_process_sets(layout):
                     (0, 1, 1), (members, d)
 
 
+def test_joined_rank_contributes_neutral_values(layout):
+    world, hosts = layout
+    last = world.size - 1  # a rank of the second host
+
+    def body(rt):
+        if rt.rank == last:
+            return None, ops.join(rt)
+        before = rt.stats()
+        outs = [ops.allreduce(rt, np.full(count, rt.rank + 1.0, np.float32), f"joined.{count}", op=op)
+                for count in (7, 65537) for op in (lib.HORO_OP_SUM, lib.HORO_OP_MIN)]
+        return (outs, delta(before, rt.stats())), ops.join(rt)
+
+    others = range(world.size - 1)
+    for values, _ in world.run(body):
+        if values is None:
+            continue
+        outs, d = values
+        for out, want in zip(outs, [sum(r + 1 for r in others), 1.0] * 2):
+            assert np.all(out == want)
+        assert d["allreduce_hierarchical"] == 4, "the joined rank takes part with neutral values"
+
+
 @pytest.mark.parametrize("coordinator, others, path", [
     ("0", "1", "flat"),
     ("1", "0", "hierarchical"),

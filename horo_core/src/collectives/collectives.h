@@ -39,7 +39,8 @@ struct AllreduceOptions {
   Toggle hierarchical = Toggle::kAuto;
 };
 
-enum class AllreduceAlgorithm { kRecursiveDoubling, kRing, kHierarchical };
+enum class AllreduceAlgorithm { kRecursiveDoubling = 0, kRing = 1, kHierarchical = 2 };
+constexpr int kAllreduceAlgorithmCount = 3;
 const char* AllreduceAlgorithmName(AllreduceAlgorithm algorithm);
 
 // The algorithm Allreduce runs for a message of `bytes` bytes (allreduce.cc): a pure function of

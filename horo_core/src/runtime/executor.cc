@@ -92,7 +92,7 @@ Status Executor::ReduceAcrossGroup(const CommGroup& group, const Response& head,
 
 ExecutorStats Executor::Stats() const {
   ExecutorStats stats;
-  for (int a = 0; a < 3; ++a) stats.allreduce_runs[a] = allreduce_runs_[a].load(std::memory_order_relaxed);
+  for (int a = 0; a < kAllreduceAlgorithmCount; ++a) stats.allreduce_runs[a] = allreduce_runs_[a].load(std::memory_order_relaxed);
   stats.sent = transport_.sent();
   return stats;
 }

@@ -26,7 +26,7 @@ namespace horo {
 
 // What this rank's executor has done so far, for tests and monitoring.
 struct ExecutorStats {
-  int64_t allreduce_runs[3] = {0, 0, 0};  // collectives run, indexed by AllreduceAlgorithm
+  int64_t allreduce_runs[kAllreduceAlgorithmCount] = {};  // collectives run, indexed by AllreduceAlgorithm
   SentBytes sent;                         // data-plane bytes this rank sent
 };
 
@@ -81,7 +81,7 @@ class Executor {
   std::vector<int> host_ids_;  // the transport's host map, fetched before the first topology
   bool host_ids_fetched_ = false;
   std::map<int32_t, SetTopology> topologies_;
-  std::atomic<int64_t> allreduce_runs_[3] = {};
+  std::atomic<int64_t> allreduce_runs_[kAllreduceAlgorithmCount] = {};
 };
 
 }  // namespace horo

@@ -6,6 +6,8 @@
 //  * Groups that span hosts with several members on some host: the hierarchical algorithm, which
 //    sends across hosts only what the hosts must exchange, split over several members of each
 //    host, and makes its own size-based choice for every phase (allreduce_hierarchical.cc).
+// There is one channel: splitting large messages over two rings on separate meshes and threads
+// was measured slower on shared memory (docs/benchmarks.md; examples/benchmarks/allreduce_variants.cc).
 //
 // The choice depends only on the message size, the options and the topology, which the executor
 // takes from the coordinator's response and from the transport's host map: every member chooses

@@ -120,7 +120,13 @@ def run_jobs(args, sizes):
 
 
 def run_variants(args):
-    exe = os.path.join(tempfile.mkdtemp(prefix="horo-variants-"), "allreduce_variants")
+    with tempfile.TemporaryDirectory(prefix="horo-variants-") as workdir:
+        exe = os.path.join(workdir, "allreduce_variants")
+        build_variants(exe)
+        subprocess.run([exe, str(args.variants_max_mb), str(args.seconds)], check=True)
+
+
+def build_variants(exe):
     src = os.path.join(ROOT, "horo_core", "src")
     sources = [os.path.join(HERE, "allreduce_variants.cc")]
     for folder in ("collectives", "transport/tcp", "transport/shm"):
@@ -129,7 +135,6 @@ def run_variants(args):
     sources += [os.path.join(src, "common", f) for f in ("sha256.cc", "hmac.cc", "logging.cc", "dtype.cc")]
     subprocess.run(["g++", "-std=c++17", "-O3", "-pthread", "-I", src, "-I", os.path.join(ROOT, "horo_core", "include"),
                     *sources, "-o", exe], check=True)
-    subprocess.run([exe, str(args.variants_max_mb), str(args.seconds)], check=True)
 
 
 def main():

@@ -69,12 +69,40 @@ class _CallGuard:
         return False
 
 
-class LoopbackHub:
-    """In-process transport shared by the runtimes of one process (tests, single-rank jobs)."""
+@dataclasses.dataclass
+class Stats:
+    """What one rank's runtime has done since it was created (``horo_runtime_stats_t``).
 
-    def __init__(self, size):
+    Allreduce counts are collectives run (fused tensors count once), by algorithm; the byte counts
+    are data-plane bytes this rank sent to peers on its own host and on other hosts.
+    """
+    allreduce_recursive_doubling: int
+    allreduce_ring: int
+    allreduce_hierarchical: int
+    bytes_sent_same_host: int
+    bytes_sent_other_hosts: int
+
+
+class LoopbackHub:
+    """In-process transport shared by the runtimes of one process (tests, single-rank jobs).
+
+    Args:
+        size: number of ranks.
+        hosts: optional host of every rank (any hashable values, equal for ranks that share a
+            host) to emulate ranks spread over hosts; by default all ranks share one host.
+    """
+
+    def __init__(self, size, hosts=None):
         out = ffi.new("horo_loopback_hub_t**")
-        check(lib.horo_loopback_hub_create(size, out))
+        if hosts is None:
+            check(lib.horo_loopback_hub_create(size, out))
+        else:
+            hosts = list(hosts)
+            if len(hosts) != size:
+                raise ValueError(f"hosts names {len(hosts)} hosts for a hub of {size} ranks")
+            ids = {}
+            host_ids = ffi.new("int32_t[]", [ids.setdefault(h, len(ids)) for h in hosts] or [0])
+            check(lib.horo_loopback_hub_create_on_hosts(size, host_ids, out))
         self._hub = out[0]
         self.size = size
 
@@ -145,6 +173,13 @@ class Runtime:
     def shutdown(self):
         with self._use() as rt:
             check(lib.horo_runtime_shutdown(rt))
+
+    def stats(self) -> Stats:
+        """This rank's allreduce algorithm counts and data-plane bytes sent so far."""
+        out = ffi.new("horo_runtime_stats_t*")
+        with self._use() as rt:
+            check(lib.horo_runtime_stats(rt, out))
+        return Stats(*(getattr(out, f.name) for f in dataclasses.fields(Stats)))
 
     def destroy(self):
         """Shuts down (failing outstanding handles), waits for other threads' calls to return, frees."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from typing import Callable, Optional, Sequence
 
 __all__ = ["main", "parse_args", "settings_env", "SETTINGS_FLAGS"]
@@ -35,13 +36,14 @@ SETTINGS_FLAGS: tuple[tuple[str, str, Callable[[object], Optional[str]]], ...] =
     ("stall_check_shutdown_time_seconds", "HORO_STALL_SHUTDOWN_TIME_SECONDS", str),
     ("log_level", "HORO_LOG_LEVEL", str),
     ("log_without_timestamp", "HORO_LOG_HIDE_TIME", _flag),
+    ("hierarchical_allreduce", "HORO_HIERARCHICAL_ALLREDUCE", _flag),
+    ("no_hierarchical_allreduce", "HORO_HIERARCHICAL_ALLREDUCE", lambda value: "0" if value else None),
 )
 
 # Horovod flags that do not apply here: (option strings, takes a value).
 _IGNORED_FLAGS = (
     (("--gloo",), False), (("--mpi",), False), (("--jsrun",), False),
     (("--disable-cache",), False), (("--tcp",), False), (("--mpi-threads-disable",), False),
-    (("--hierarchical-allreduce",), False), (("--no-hierarchical-allreduce",), False),
     (("--hierarchical-allgather",), False), (("--no-hierarchical-allgather",), False),
     (("--torus-allreduce",), False), (("--no-torus-allreduce",), False),
     (("--autotune",), False), (("--timeline-mark-cycles",), False),
@@ -62,13 +64,21 @@ _REFUSED_FLAGS = (
 )
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Wraps group descriptions (the lists of Horovod flags) without cutting a flag at a hyphen."""
+
+    def _fill_text(self, text, width, indent):
+        return textwrap.fill(" ".join(text.split()), width, initial_indent=indent, subsequent_indent=indent,
+                             break_on_hyphens=False, break_long_words=False)
+
+
 def _dest(option_strings: Sequence[str]) -> str:
     return option_strings[-1].lstrip("-").replace("-", "_")
 
 
 def _build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="hororun", allow_abbrev=False,
+        prog="hororun", allow_abbrev=False, formatter_class=_HelpFormatter,
         description="Launch a Horo job: run COMMAND as NP ranks with a shared, authenticated "
                     "rendezvous. Output lines are prefixed [<rank>]<stdout>: / [<rank>]<stderr>:.",
         epilog="Example: hororun -np 4 python train.py")
@@ -98,6 +108,14 @@ def _build_parser() -> argparse.ArgumentParser:
                         help="background cycle time in milliseconds (HORO_CYCLE_TIME)")
     tuning.add_argument("--cache-capacity", type=int, metavar="N",
                         help="response cache entries; 0 disables it (HORO_CACHE_CAPACITY)")
+    hierarchical = tuning.add_mutually_exclusive_group()
+    hierarchical.add_argument("--hierarchical-allreduce", action="store_true",
+                              help="reduce inside each host first, then across hosts "
+                                   "(HORO_HIERARCHICAL_ALLREDUCE=1; the default already does so "
+                                   "whenever a process set spans hosts)")
+    hierarchical.add_argument("--no-hierarchical-allreduce", action="store_true",
+                              help="always use the flat allreduce algorithms "
+                                   "(HORO_HIERARCHICAL_ALLREDUCE=0)")
 
     stall = p.add_argument_group("stall check")
     stall.add_argument("--no-stall-check", action="store_true",

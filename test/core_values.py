@@ -29,3 +29,25 @@ def read(dtype, array):
 
 def name(dtype):
     return dtypes.NAMES[dtype]
+
+
+# Allreduce contributions and their exact results ------------------------------------------------
+
+def contribution(op, rank, count):
+    i = np.arange(count)
+    if op == "product":
+        return 1.0 + ((rank + i) % 2)
+    return (rank + 1.0) * (1 + i % 3)
+
+
+def expected_allreduce(op, dtype, size, count):
+    stack = np.stack([contribution(op, r, count) for r in range(size)]) if count else np.zeros((size, 0))
+    if dtype == dtypes.BOOL:
+        bits = stack != 0
+        return (bits.all(0) if op in ("min", "product") else bits.any(0)).astype(np.float64)
+    if op in ("sum", "average"):
+        total = stack.sum(0)
+        if op == "sum":
+            return total
+        return np.trunc(total / size) if dtype in INTEGER else total / size
+    return {"min": stack.min(0), "max": stack.max(0), "product": stack.prod(0)}[op]

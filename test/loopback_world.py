@@ -1,17 +1,34 @@
 """Runs N ranks of the real core runtime as threads of this process over the loopback transport,
 so that negotiation, fusion and the collective algorithms are exercised without processes."""
+import os
 import threading
 
 from horo_core.runtime import LoopbackHub, Runtime
 
 
 class World:
-    def __init__(self, size):
+    """size ranks. hosts optionally names the host of every rank (emulated: all are threads here);
+    rank_env(r) optionally returns environment variables that rank r's runtime reads its settings
+    from (they are set only while it is created)."""
+
+    def __init__(self, size, hosts=None, rank_env=None):
         self.size = size
-        self.hub = LoopbackHub(size)
-        self.runtimes = [Runtime(r, size, loopback=self.hub) for r in range(size)]
+        self.hub = LoopbackHub(size, hosts)
+        self.runtimes = [self._create(r, rank_env(r) if rank_env else {}) for r in range(size)]
         for rt in self.runtimes:
             rt.connect()
+
+    def _create(self, rank, env):
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            return Runtime(rank, self.size, loopback=self.hub)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
     def run(self, fn, timeout=120):
         """Calls fn(rt) on every rank concurrently; returns the list of results, re-raising the

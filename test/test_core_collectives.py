@@ -7,7 +7,7 @@ cache, fusion and the algorithms all run for real). World sizes 1, 2, 3, 4, 5, 8
 import numpy as np
 import pytest
 
-from core_values import ALL, INTEGER, make, name, read
+from core_values import ALL, contribution, expected_allreduce, make, name, read
 from horo_core import dtypes
 from horo_core import numpy_ops as ops
 from horo_core._binding import lib
@@ -17,26 +17,6 @@ SIZES = [1, 2, 3, 4, 5, 8]
 COUNTS = [0, 1, 7, 1000, 65537]
 OPS = {"sum": lib.HORO_OP_SUM, "average": lib.HORO_OP_AVERAGE, "min": lib.HORO_OP_MIN,
        "max": lib.HORO_OP_MAX, "product": lib.HORO_OP_PRODUCT}
-
-
-def contribution(op, rank, count):
-    i = np.arange(count)
-    if op == "product":
-        return 1.0 + ((rank + i) % 2)
-    return (rank + 1.0) * (1 + i % 3)
-
-
-def expected_allreduce(op, dtype, size, count):
-    stack = np.stack([contribution(op, r, count) for r in range(size)]) if count else np.zeros((size, 0))
-    if dtype == dtypes.BOOL:
-        bits = stack != 0
-        return (bits.all(0) if op in ("min", "product") else bits.any(0)).astype(np.float64)
-    if op in ("sum", "average"):
-        total = stack.sum(0)
-        if op == "sum":
-            return total
-        return np.trunc(total / size) if dtype in INTEGER else total / size
-    return {"min": stack.min(0), "max": stack.max(0), "product": stack.prod(0)}[op]
 
 
 @pytest.fixture(scope="module", params=SIZES, ids=[f"np{n}" for n in SIZES])

@@ -1,4 +1,4 @@
-// sources: collectives/allreduce_ring.cc collectives/allreduce_tree.cc collectives/allgather_ring.cc collectives/broadcast_tree.cc collectives/alltoall_pairwise.cc collectives/reducescatter_ring.cc collectives/ring_phases.cc collectives/group_io.cc collectives/reduce_kernels.cc transport/loopback/*.cc common/dtype.cc
+// sources: collectives/allreduce.cc collectives/allreduce_ring.cc collectives/allreduce_tree.cc collectives/allreduce_hierarchical.cc collectives/host_topology.cc collectives/allgather_ring.cc collectives/broadcast_tree.cc collectives/alltoall_pairwise.cc collectives/reducescatter_ring.cc collectives/ring_phases.cc collectives/group_io.cc collectives/reduce_kernels.cc transport/loopback/*.cc common/dtype.cc
 //
 // The collective algorithms over the loopback transport, ranks being threads. Every value checked
 // is exact and derived from the member index: member m contributes small integers chosen so that
@@ -24,155 +24,19 @@
 #include <thread>
 #include <vector>
 
+#include "collective_checks.h"
 #include "collectives/collectives.h"
 #include "common/half.h"
 #include "transport/loopback/transport.h"
 #include "unit_check.h"
 
 using namespace horo;
-using horo_test::CheckOk;
-using horo_test::Fail;
+using namespace horo_test;
 
 namespace {
 
 const int kWorldSizes[] = {1, 2, 3, 4, 5, 8};
 const int64_t kCounts[] = {0, 1, 7, 1000, 65537};
-const DataType kAllTypes[] = {DataType::kUInt8,   DataType::kInt8,    DataType::kInt16,    DataType::kInt32,
-                              DataType::kInt64,   DataType::kFloat16, DataType::kBFloat16, DataType::kFloat32,
-                              DataType::kFloat64, DataType::kBool};
-const ReduceOp kAllOps[] = {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct};
-// Every value pattern repeats with this period (lcm of the moduli used by Contribution).
-constexpr int64_t kPeriod = 660;
-
-std::atomic<long> g_checks{0};
-
-// ---- exact value patterns --------------------------------------------------------------------
-
-bool IsUnsigned(DataType dtype) { return dtype == DataType::kUInt8; }
-
-// What member m contributes at element j: small integers whose folds stay exact and in range.
-double Contribution(int m, int64_t j, ReduceOp op, DataType dtype) {
-  if (dtype == DataType::kBool) {
-    if (op == ReduceOp::kProduct || op == ReduceOp::kMin) return (m + j) % 5 != 0;  // and: mostly true
-    return (m + j) % 3 == 0;                                                      // or: mostly false
-  }
-  switch (op) {
-    case ReduceOp::kSum: return (m + 1) + (j % 3);  // at most 36 + 16 = 52 for 8 members
-    case ReduceOp::kProduct: {
-      double value = (m + j) % 4 == 0 ? 2 : 1;      // at most two factors 2 among 8 members
-      if (!IsUnsigned(dtype) && (3 * m + j) % 5 == 1) value = -value;
-      return value;
-    }
-    default: return static_cast<double>((7 * m + 3 * j) % 11) - (IsUnsigned(dtype) ? 0 : 5);
-  }
-}
-
-double Combine(double a, double b, ReduceOp op, DataType dtype) {
-  if (dtype == DataType::kBool) return (op == ReduceOp::kProduct || op == ReduceOp::kMin) ? (a && b) : (a || b);
-  switch (op) {
-    case ReduceOp::kSum: return a + b;
-    case ReduceOp::kProduct: return a * b;
-    case ReduceOp::kMin: return std::min(a, b);
-    default: return std::max(a, b);
-  }
-}
-
-void Encode(double value, DataType dtype, uint8_t* at) {
-  switch (dtype) {
-    case DataType::kUInt8: { uint8_t v = static_cast<uint8_t>(value); std::memcpy(at, &v, 1); break; }
-    case DataType::kInt8: { int8_t v = static_cast<int8_t>(value); std::memcpy(at, &v, 1); break; }
-    case DataType::kInt16: { int16_t v = static_cast<int16_t>(value); std::memcpy(at, &v, 2); break; }
-    case DataType::kInt32: { int32_t v = static_cast<int32_t>(value); std::memcpy(at, &v, 4); break; }
-    case DataType::kInt64: { int64_t v = static_cast<int64_t>(value); std::memcpy(at, &v, 8); break; }
-    case DataType::kFloat16: { uint16_t v = FloatToHalf(static_cast<float>(value)); std::memcpy(at, &v, 2); break; }
-    case DataType::kBFloat16: { uint16_t v = FloatToBFloat16(static_cast<float>(value)); std::memcpy(at, &v, 2); break; }
-    case DataType::kFloat32: { float v = static_cast<float>(value); std::memcpy(at, &v, 4); break; }
-    case DataType::kFloat64: std::memcpy(at, &value, 8); break;
-    case DataType::kBool: *at = value != 0; break;
-  }
-}
-
-double Decode(const uint8_t* at, DataType dtype) {
-  uint16_t h;
-  switch (dtype) {
-    case DataType::kUInt8: return *at;
-    case DataType::kInt8: return static_cast<int8_t>(*at);
-    case DataType::kInt16: { int16_t v; std::memcpy(&v, at, 2); return v; }
-    case DataType::kInt32: { int32_t v; std::memcpy(&v, at, 4); return v; }
-    case DataType::kInt64: { int64_t v; std::memcpy(&v, at, 8); return static_cast<double>(v); }
-    case DataType::kFloat16: std::memcpy(&h, at, 2); return HalfToFloat(h);
-    case DataType::kBFloat16: std::memcpy(&h, at, 2); return BFloat16ToFloat(h);
-    case DataType::kFloat32: { float v; std::memcpy(&v, at, 4); return v; }
-    case DataType::kFloat64: { double v; std::memcpy(&v, at, 8); return v; }
-    case DataType::kBool: return *at;
-  }
-  return 0;
-}
-
-// count elements of dtype whose element j is value(j % kPeriod), built by tiling one period.
-std::vector<uint8_t> Tiled(int64_t count, DataType dtype, const std::function<double(int64_t)>& value) {
-  const size_t size = DataTypeSize(dtype);
-  const int64_t period = std::min(count, kPeriod);
-  std::vector<uint8_t> bytes(count * size);
-  for (int64_t j = 0; j < period; ++j) Encode(value(j), dtype, bytes.data() + j * size);
-  for (int64_t j = period; j < count; j += period) {
-    std::memcpy(bytes.data() + j * size, bytes.data(), std::min(period, count - j) * size);
-  }
-  return bytes;
-}
-
-std::vector<uint8_t> MemberInput(int m, int64_t count, DataType dtype, ReduceOp op) {
-  return Tiled(count, dtype, [&](int64_t j) { return Contribution(m, j, op, dtype); });
-}
-
-std::vector<uint8_t> ExpectedReduction(int members, int64_t count, DataType dtype, ReduceOp op) {
-  return Tiled(count, dtype, [&](int64_t j) {
-    double acc = Contribution(0, j, op, dtype);
-    for (int m = 1; m < members; ++m) acc = Combine(acc, Contribution(m, j, op, dtype), op, dtype);
-    return acc;
-  });
-}
-
-void ExpectBytes(const uint8_t* got, const uint8_t* want, int64_t count, DataType dtype, const std::string& what) {
-  ++g_checks;
-  const size_t size = DataTypeSize(dtype);
-  if (count == 0 || std::memcmp(got, want, count * size) == 0) return;
-  int64_t j = 0;
-  while (std::memcmp(got + j * size, want + j * size, size) == 0) ++j;
-  Fail(what + ": element " + std::to_string(j) + " is " + std::to_string(Decode(got + j * size, dtype)) +
-       ", expected " + std::to_string(Decode(want + j * size, dtype)));
-}
-
-std::string Label(const CommGroup& g, const std::string& rest) {
-  return "[members " + std::to_string(g.size()) + ", member " + std::to_string(g.index) + "] " + rest;
-}
-
-// ---- harness -----------------------------------------------------------------------------------
-
-// Runs body(group) on one thread per member of `ranks` (global ranks, in set order) of a world of
-// world_size loopback transports.
-void RunGroup(int world_size, const std::vector<int>& ranks, const std::function<void(const CommGroup&)>& body) {
-  auto hub = std::make_shared<LoopbackHub>(world_size);
-  std::vector<std::unique_ptr<LoopbackTransport>> transports;
-  for (int r = 0; r < world_size; ++r) transports.push_back(std::make_unique<LoopbackTransport>(hub, r, 60.0));
-  std::vector<std::thread> threads;
-  for (int m = 0; m < static_cast<int>(ranks.size()); ++m) {
-    threads.emplace_back([&, m] {
-      CommGroup group;
-      group.transport = transports[ranks[m]].get();
-      group.ranks = ranks;
-      group.index = m;
-      body(group);
-    });
-  }
-  for (auto& t : threads) t.join();
-}
-
-void RunWorld(int size, const std::function<void(const CommGroup&)>& body) {
-  std::vector<int> ranks(size);
-  std::iota(ranks.begin(), ranks.end(), 0);
-  RunGroup(size, ranks, body);
-}
 
 // ---- allreduce ---------------------------------------------------------------------------------
 

@@ -125,6 +125,16 @@ std::vector<std::string> LeftoverSegments() {
   return names;
 }
 
+// Every rank reports the same host map: host_ids[r] is the lowest rank on rank r's host.
+void ExpectHostIds(const Mesh& mesh, const std::vector<int>& expected, const std::string& tag) {
+  for (size_t rank = 0; rank < mesh.size(); ++rank) {
+    const std::vector<int> got = mesh[rank]->HostIds();
+    std::string text;
+    for (int id : got) text += " " + std::to_string(id);
+    Check(got == expected, tag + "rank " + std::to_string(rank) + " reports host ids" + text);
+  }
+}
+
 void ExpectLinks(const Mesh& mesh, const std::function<bool(int, int)>& expected, const std::string& tag) {
   const int n = static_cast<int>(mesh.size());
   for (int a = 0; a < n; ++a) {
@@ -175,6 +185,7 @@ void TestAllLocal(int n, uint64_t ring_bytes) {
   const std::string tag = "[n=" + std::to_string(n) + " ring=" + std::to_string(ring_bytes >> 10) + "K] ";
   Mesh mesh = BuildMesh(n, [&](RankSetup* s) { s->shm.ring_bytes = ring_bytes; });
   ExpectLinks(mesh, [](int, int) { return true; }, tag);
+  ExpectHostIds(mesh, std::vector<int>(n, 0), tag);
   Check(LeftoverSegments().empty(), tag + "segments left in /dev/shm after Connect");
   ExerciseMesh(mesh, kSizes, tag);
   Pass(tag + "all pairs in shared memory; Send/Recv and ring SendRecv of 0, 1, 7, 1000, 65537, 1000003 bytes and "
@@ -187,14 +198,17 @@ void TestMixedHosts() {
   const int n = 4;
   Mesh mesh = BuildMesh(n, [](RankSetup* s) { s->shm.host = s->tcp.rank < 2 ? "host-a" : "host-b"; });
   ExpectLinks(mesh, [](int a, int b) { return (a < 2) == (b < 2); }, "[mixed] ");
+  ExpectHostIds(mesh, {0, 0, 2, 2}, "[mixed] ");
   ExerciseMesh(mesh, kSizes, "[mixed] ");
-  Pass("[mixed] host names override same-host detection: {0,1} and {2,3} in shared memory, other pairs TCP; "
+  Pass("[mixed] host names override same-host detection: {0,1} and {2,3} in shared memory (and in the host map), "
+       "other pairs TCP; "
        "Send/Recv and mixed SendRecv correct up to 64 MB");
 }
 
 void TestFallbacks() {
   Mesh disabled = BuildMesh(3, [](RankSetup* s) { s->shm.enabled = s->tcp.rank != 1; });
   ExpectLinks(disabled, [](int a, int b) { return a != 1 && b != 1; }, "[rank 1 disabled] ");
+  ExpectHostIds(disabled, {0, 0, 0}, "[rank 1 disabled] ");  // still one host, shared memory or not
   ExerciseMesh(disabled, {0, 1, 1000, 1000003}, "[rank 1 disabled] ");
   Pass("shared memory disabled on one rank: its pairs use TCP, the others shared memory, all correct");
 

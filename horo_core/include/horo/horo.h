@@ -142,6 +142,16 @@ typedef struct horo_result {
   int32_t join_last_rank;   /* join: the last rank to join; -1 otherwise */
 } horo_result_t;
 
+/* What one rank's runtime has done since it was created (horo_runtime_stats). An allreduce
+ * counts once per collective run, however many tensors were fused into it. */
+typedef struct horo_runtime_stats {
+  int64_t allreduce_recursive_doubling;  /* latency-optimal algorithm, small messages */
+  int64_t allreduce_ring;
+  int64_t allreduce_hierarchical;        /* inside hosts, then across them (sets spanning hosts) */
+  int64_t bytes_sent_same_host;          /* data-plane bytes sent to peers on this rank's host */
+  int64_t bytes_sent_other_hosts;        /* data-plane bytes sent to peers on other hosts */
+} horo_runtime_stats_t;
+
 /* One setting of the configuration table. */
 typedef struct horo_setting {
   const char* name;          /* without prefix: HORO_<name> and HOROVOD_<name> are read */
@@ -161,6 +171,9 @@ horo_status_t horo_setting_get(int32_t index, horo_setting_t* out);
 
 horo_status_t horo_loopback_hub_create(int32_t size, horo_loopback_hub_t** out);
 horo_status_t horo_loopback_hub_destroy(horo_loopback_hub_t* hub);
+/* A hub whose ranks act as if spread over hosts: ranks with equal host_ids[r] (size entries)
+ * share a host. horo_loopback_hub_create puts every rank on one host. */
+horo_status_t horo_loopback_hub_create_on_hosts(int32_t size, const int32_t* host_ids, horo_loopback_hub_t** out);
 
 horo_status_t horo_runtime_create(const horo_init_options_t* options, horo_runtime_t** out);
 horo_status_t horo_runtime_address(horo_runtime_t* rt, char* buffer, size_t buffer_len);
@@ -170,6 +183,7 @@ horo_status_t horo_runtime_destroy(horo_runtime_t* rt);
 
 horo_status_t horo_runtime_rank(horo_runtime_t* rt, int32_t* rank);
 horo_status_t horo_runtime_size(horo_runtime_t* rt, int32_t* size);
+horo_status_t horo_runtime_stats(horo_runtime_t* rt, horo_runtime_stats_t* out);
 
 /* CUDA tensors. horo_nccl_library_version loads the NCCL library at path (a file, or a bare name
  * such as "libnccl.so.2" that the dynamic linker searches) and gives its version code (22907 for

@@ -159,6 +159,18 @@ horo_status_t horo_loopback_hub_create(int32_t size, horo_loopback_hub_t** out) 
   HORO_API_END();
 }
 
+horo_status_t horo_loopback_hub_create_on_hosts(int32_t size, const int32_t* host_ids, horo_loopback_hub_t** out) {
+  HORO_API_BEGIN();
+  if (out == nullptr || (size > 0 && host_ids == nullptr)) return Fail(HORO_ERR_INVALID_ARGUMENT, "null argument");
+  if (size < 1) return Fail(HORO_ERR_INVALID_ARGUMENT, "loopback hub size must be >= 1");
+  std::vector<int> hosts(host_ids, host_ids + size);
+  auto* hub = new horo_loopback_hub;
+  hub->impl = std::make_shared<horo::LoopbackHub>(size, std::move(hosts));
+  *out = hub;
+  return HORO_OK;
+  HORO_API_END();
+}
+
 horo_status_t horo_loopback_hub_destroy(horo_loopback_hub_t* hub) {
   HORO_API_BEGIN();
   delete hub;
@@ -237,6 +249,21 @@ horo_status_t horo_runtime_size(horo_runtime_t* rt, int32_t* size) {
   HORO_API_BEGIN();
   HORO_REQUIRE_RUNTIME(rt);
   *size = rt->impl->size();
+  return HORO_OK;
+  HORO_API_END();
+}
+
+horo_status_t horo_runtime_stats(horo_runtime_t* rt, horo_runtime_stats_t* out) {
+  HORO_API_BEGIN();
+  HORO_REQUIRE_RUNTIME(rt);
+  if (out == nullptr) return Fail(HORO_ERR_INVALID_ARGUMENT, "null argument");
+  const horo::ExecutorStats stats = rt->impl->stats();
+  out->allreduce_recursive_doubling =
+      stats.allreduce_runs[static_cast<int>(horo::AllreduceAlgorithm::kRecursiveDoubling)];
+  out->allreduce_ring = stats.allreduce_runs[static_cast<int>(horo::AllreduceAlgorithm::kRing)];
+  out->allreduce_hierarchical = stats.allreduce_runs[static_cast<int>(horo::AllreduceAlgorithm::kHierarchical)];
+  out->bytes_sent_same_host = stats.sent.same_host;
+  out->bytes_sent_other_hosts = stats.sent.other_hosts;
   return HORO_OK;
   HORO_API_END();
 }

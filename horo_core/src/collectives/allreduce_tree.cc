@@ -1,5 +1,4 @@
-// Small-message allreduce by recursive doubling, and the Allreduce entry point that picks between it
-// and the ring.
+// Small-message allreduce by recursive doubling.
 //
 // Recursive doubling: with N a power of two, in step k (k = 0 .. log2 N - 1) member i exchanges its
 // whole partial result with member i XOR 2^k and both combine the two. After log2 N steps everyone
@@ -79,17 +78,6 @@ Status AllreduceSmall(const CommGroup& group, void* buffer, int64_t count, DataT
                                              "allreduce recursive doubling unfold", 0));
   }
   return Status::OK();
-}
-
-Status Allreduce(const CommGroup& group, void* buffer, int64_t count, DataType dtype, ReduceOp op,
-                 const AllreduceOptions& options) {
-  HORO_RETURN_IF_ERROR(CheckGroup(group, "allreduce"));
-  HORO_RETURN_IF_ERROR(CheckReduceOp(op, "allreduce"));
-  if (count < 0) return Status::InvalidArgument("allreduce: negative count " + std::to_string(count));
-  if (group.size() == 1 || count == 0) return Status::OK();
-  const int64_t bytes = count * static_cast<int64_t>(DataTypeSize(dtype));
-  if (bytes <= options.small_message_bytes) return AllreduceSmall(group, buffer, count, dtype, op);
-  return AllreduceRing(group, buffer, count, dtype, op, options);
 }
 
 }  // namespace horo

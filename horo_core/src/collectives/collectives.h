@@ -9,11 +9,14 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/config.h"
 #include "common/dtype.h"
 #include "common/status.h"
 #include "transport/transport.h"
 
 namespace horo {
+
+struct HostTopology;  // host_topology.h
 
 // The members of a process set as the collectives see them.
 struct CommGroup {
@@ -29,16 +32,33 @@ struct AllreduceOptions {
   int64_t small_message_bytes = 64 * 1024;
   // Ring steps are pipelined in chunks of at most this many bytes.
   int64_t chunk_bytes = 1 << 20;
+  // Where the members run. Null: as if each member were alone on its host (always flat).
+  const HostTopology* topology = nullptr;
+  // kAuto and kOn reduce hierarchically whenever the group spans hosts and some host has several
+  // members (otherwise hierarchical and flat are the same thing); kOff never does.
+  Toggle hierarchical = Toggle::kAuto;
 };
+
+enum class AllreduceAlgorithm { kRecursiveDoubling = 0, kRing = 1, kHierarchical = 2 };
+constexpr int kAllreduceAlgorithmCount = 3;
+const char* AllreduceAlgorithmName(AllreduceAlgorithm algorithm);
+
+// The algorithm Allreduce runs for a message of `bytes` bytes (allreduce.cc): a pure function of
+// arguments that every member has alike, so that all members choose the same one.
+AllreduceAlgorithm ChooseAllreduceAlgorithm(int64_t bytes, const AllreduceOptions& options);
 
 // In-place allreduce of count elements. op is Sum, Min, Max or Product (Average is a Sum plus a
 // postscale applied by the caller). Bool: Sum/Max = logical or, Min/Product = logical and.
 Status Allreduce(const CommGroup& group, void* buffer, int64_t count, DataType dtype, ReduceOp op,
                  const AllreduceOptions& options);
-// The two algorithms Allreduce chooses from, exposed for tests and benchmarks.
+// The algorithms Allreduce chooses from, exposed for tests and benchmarks.
 Status AllreduceRing(const CommGroup& group, void* buffer, int64_t count, DataType dtype, ReduceOp op,
                      const AllreduceOptions& options);
 Status AllreduceSmall(const CommGroup& group, void* buffer, int64_t count, DataType dtype, ReduceOp op);
+// Reduces inside each host, then across hosts, then shares inside each host (allreduce_hierarchical.cc).
+// Ignores options.topology and options.hierarchical; topology must describe this group.
+Status AllreduceHierarchical(const CommGroup& group, const HostTopology& topology, void* buffer, int64_t count,
+                             DataType dtype, ReduceOp op, const AllreduceOptions& options);
 
 // Gathers each member's bytes into output, concatenated in set order. bytes_per_member[i] is the
 // number of bytes member i contributes (may be 0). input may alias output + offset of this member.

@@ -49,6 +49,24 @@ bool ParseBool(const std::string& text, bool* out) {
   return false;
 }
 
+// "auto" (or empty) leaves the choice to the core; otherwise a boolean forces it.
+bool ParseToggle(const std::string& text, Toggle* out) {
+  std::string t;
+  for (char c : text) t += static_cast<char>(c >= 'A' && c <= 'Z' ? c + 32 : c);
+  if (t == "auto" || t.empty()) {
+    *out = Toggle::kAuto;
+    return true;
+  }
+  bool on = false;
+  if (!ParseBool(t, &on)) return false;
+  *out = on ? Toggle::kOn : Toggle::kOff;
+  return true;
+}
+
+std::string FormatToggle(Toggle value) {
+  return value == Toggle::kAuto ? "auto" : value == Toggle::kOn ? "1" : "0";
+}
+
 std::string FormatDouble(double v) {
   std::ostringstream os;
   os << v;
@@ -90,8 +108,16 @@ const std::vector<Setting>& Table() {
       HORO_FLOAT_SETTING("START_TIMEOUT", start_timeout_seconds,
                          "Seconds within which every rank must have connected at init."),
       HORO_INT_SETTING("SMALL_MESSAGE_BYTES", small_message_bytes,
-                       "Allreduces of at most this many bytes use the latency-optimal algorithm, larger ones the ring."),
+                       "Allreduces of at most this many bytes use the latency-optimal algorithm, larger ones the ring. "
+                       "Rank 0's value applies to the whole job."),
       HORO_INT_SETTING("CHUNK_BYTES", chunk_bytes, "Pipeline chunk of the ring algorithms, in bytes."),
+      Setting{"HIERARCHICAL_ALLREDUCE", Kind::kString,
+              "auto, 1 or 0. Allreduce of a process set that spans hosts reduces inside each host over shared memory, "
+              "then across hosts among one rank per host and shard, then shares the result inside each host. auto "
+              "(the default) and 1 do so whenever a set spans hosts and some host has several of its ranks; 0 always "
+              "uses the flat algorithms. Rank 0's value applies to the whole job.",
+              [](const std::string& t, Config* c) { return ParseToggle(t, &c->hierarchical_allreduce); },
+              [](const Config& c) { return FormatToggle(c.hierarchical_allreduce); }},
       HORO_BOOL_SETTING("DYNAMIC_PROCESS_SETS", dynamic_process_sets,
                         "Allow add_process_set/remove_process_set after init."),
       HORO_STRING_SETTING("HOSTNAME", hostname,

@@ -12,6 +12,9 @@
 
 namespace horo {
 
+// A choice the core makes on its own unless a setting forces it on or off.
+enum class Toggle : int32_t { kAuto = 0, kOn = 1, kOff = 2 };
+
 struct Config {
   int64_t fusion_threshold_bytes = 64LL << 20;
   double cycle_time_ms = 0.0;           // batching delay before a negotiation round; 0 = event-driven
@@ -23,6 +26,7 @@ struct Config {
   double start_timeout_seconds = 30.0;  // the whole mesh must connect within this
   int64_t small_message_bytes = 64 * 1024;  // allreduce: latency-optimal algorithm up to this size
   int64_t chunk_bytes = 1 << 20;        // ring pipeline chunk
+  Toggle hierarchical_allreduce = Toggle::kAuto;  // allreduce inside hosts first, then across them
   bool dynamic_process_sets = false;
   std::string hostname;                 // host identity for same-host detection; empty = gethostname()
   bool shm_disable = false;             // ranks of one host exchange data over TCP, not shared memory

@@ -274,6 +274,8 @@ Response Coordinator::Construct(int32_t set_id, const std::string& name, const P
   r.shape = first.shape;
   r.joined_ranks = joined;
   r.on_device = first.device != 0;
+  r.hierarchical_allreduce = config_.hierarchical_allreduce;
+  r.small_message_bytes = config_.small_message_bytes;
   if (op == OpType::kAllgather) {
     for (int32_t m : members) r.member_dims.push_back(pending.by_rank.at(m).shape[0]);
   } else if (op == OpType::kAlltoall) {
@@ -454,6 +456,8 @@ void Coordinator::Fuse(std::vector<ResponsePart> parts, const std::vector<Respon
                              r.postscale_factor == group_head->postscale_factor &&
                              r.joined_ranks == group_head->joined_ranks &&
                              r.on_device == group_head->on_device &&
+                             r.hierarchical_allreduce == group_head->hierarchical_allreduce &&
+                             r.small_message_bytes == group_head->small_message_bytes &&
                              group_bytes + bytes <= config_.fusion_threshold_bytes;
     if (joins_group) {
       out->fused.back().push_back(std::move(parts[i]));

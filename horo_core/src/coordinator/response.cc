@@ -30,6 +30,8 @@ void WriteResponse(WireWriter& w, const Response& r) {
   w.I32Vec(r.ranks);
   w.I32Vec(r.joined_ranks);
   w.U8(r.on_device ? 1 : 0);
+  w.I32(static_cast<int32_t>(r.hierarchical_allreduce));
+  w.I64(r.small_message_bytes);
 }
 
 bool ReadResponse(WireReader& rd, Response* r) {
@@ -50,10 +52,14 @@ bool ReadResponse(WireReader& rd, Response* r) {
   r->ranks = rd.I32Vec();
   r->joined_ranks = rd.I32Vec();
   r->on_device = rd.U8() != 0;
+  int32_t hierarchical = rd.I32();
+  r->small_message_bytes = rd.I64();
   if (!rd.ok() || kind < 0 || kind > static_cast<int32_t>(ResponseKind::kShutdown) || !IsValidOpType(op) ||
-      !IsValidDataType(dtype) || !IsValidReduceOp(reduce_op)) {
+      !IsValidDataType(dtype) || !IsValidReduceOp(reduce_op) || hierarchical < 0 ||
+      hierarchical > static_cast<int32_t>(Toggle::kOff)) {
     return false;
   }
+  r->hierarchical_allreduce = static_cast<Toggle>(hierarchical);
   r->kind = static_cast<ResponseKind>(kind);
   r->op_type = static_cast<OpType>(op);
   r->dtype = static_cast<DataType>(dtype);

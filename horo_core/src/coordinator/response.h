@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/config.h"
 #include "common/dtype.h"
 #include "common/status.h"
 
@@ -41,6 +42,10 @@ struct Response {
   std::vector<int32_t> ranks;  // process set add: the members
   std::vector<int32_t> joined_ranks;  // global ranks that had joined when this response was made
   bool on_device = false;  // the tensors live in CUDA memory on every member (device/device_executor.h)
+  // Allreduce: the coordinator's algorithm settings. Every rank chooses the algorithm from these
+  // rather than from its own environment, so that all members choose alike.
+  Toggle hierarchical_allreduce = Toggle::kAuto;
+  int64_t small_message_bytes = 64 * 1024;
 
   int64_t NumElements() const;
 };

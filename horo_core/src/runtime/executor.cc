@@ -49,10 +49,52 @@ bool Executor::GroupOf(int32_t set_id, CommGroup* group) {
   if (!sets_->Members(set_id, &members)) return false;
   auto it = std::find(members.begin(), members.end(), rank_);
   if (it == members.end()) return false;
-  group->transport = transport_;
+  group->transport = &transport_;
   group->ranks.assign(members.begin(), members.end());
   group->index = static_cast<int>(it - members.begin());
   return true;
+}
+
+Status Executor::TopologyOf(int32_t set_id, const CommGroup& group, const HostTopology** topology) {
+  if (!host_ids_fetched_) {
+    host_ids_ = transport_.HostIds();
+    host_ids_fetched_ = true;
+  }
+  auto it = topologies_.find(set_id);
+  if (it == topologies_.end() || it->second.ranks != group.ranks) {
+    SetTopology computed;
+    computed.ranks = group.ranks;
+    HORO_RETURN_IF_ERROR(BuildHostTopology(group.ranks, group.index, host_ids_, &computed.topology));
+    const HostTopology& t = computed.topology;
+    HORO_LOG(kDebug, rank_) << "process set " << set_id << ": " << group.size() << " members on " << t.num_hosts()
+                            << " hosts, local index " << t.local_index << " of " << t.local_size()
+                            << ", cross index " << t.cross_index() << " of " << t.cross_size();
+    it = topologies_.insert_or_assign(set_id, std::move(computed)).first;
+  }
+  *topology = &it->second.topology;
+  return Status::OK();
+}
+
+Status Executor::ReduceAcrossGroup(const CommGroup& group, const Response& head, void* buffer, int64_t count) {
+  AllreduceOptions options = allreduce_options_;
+  options.small_message_bytes = head.small_message_bytes;
+  options.hierarchical = head.hierarchical_allreduce;
+  HORO_RETURN_IF_ERROR(TopologyOf(head.process_set_id, group, &options.topology));
+  if (group.size() > 1 && count > 0) {
+    const int64_t bytes = count * static_cast<int64_t>(DataTypeSize(head.dtype));
+    const AllreduceAlgorithm algorithm = ChooseAllreduceAlgorithm(bytes, options);
+    allreduce_runs_[static_cast<int>(algorithm)].fetch_add(1, std::memory_order_relaxed);
+    HORO_LOG(kTrace, rank_) << "allreduce '" << head.name << "' (" << bytes << " bytes, process set "
+                            << head.process_set_id << "): " << AllreduceAlgorithmName(algorithm);
+  }
+  return Allreduce(group, buffer, count, head.dtype, CollectiveOp(head.reduce_op), options);
+}
+
+ExecutorStats Executor::Stats() const {
+  ExecutorStats stats;
+  for (int a = 0; a < kAllreduceAlgorithmCount; ++a) stats.allreduce_runs[a] = allreduce_runs_[a].load(std::memory_order_relaxed);
+  stats.sent = transport_.sent();
+  return stats;
 }
 
 Status Executor::TakeSlot(const Response& response, Slot* slot) {
@@ -100,6 +142,7 @@ Status Executor::Execute(const FusedResponse& fused) {
       result.value = sets_->Add(head.ranks);
     } else {
       sets_->Remove(head.process_set_id);
+      topologies_.erase(head.process_set_id);
       result.value = head.process_set_id;
     }
     TensorEntry entry;
@@ -153,7 +196,6 @@ Status Executor::RunAllreduce(const CommGroup& group, std::vector<Slot>& slots) 
   const Response& head = *slots.front().response;
   const DataType dtype = head.dtype;
   const size_t esize = DataTypeSize(dtype);
-  const ReduceOp op = CollectiveOp(head.reduce_op);
 
   if (slots.size() == 1) {
     // One tensor: reduce in the output buffer itself, no fusion copy.
@@ -161,7 +203,7 @@ Status Executor::RunAllreduce(const CommGroup& group, std::vector<Slot>& slots) 
     const int64_t count = head.NumElements();
     if (s.entry.output != s.entry.input) std::memcpy(s.entry.output, s.entry.input, count * esize);
     Scale(s.entry.output, count, dtype, head.prescale_factor);
-    HORO_RETURN_IF_ERROR(Allreduce(group, s.entry.output, count, dtype, op, allreduce_options_));
+    HORO_RETURN_IF_ERROR(ReduceAcrossGroup(group, head, s.entry.output, count));
     Postscale(s.entry.output, count, head, group.size());
     Finish(s, Status::OK());
     return Status::OK();
@@ -177,7 +219,7 @@ Status Executor::RunAllreduce(const CommGroup& group, std::vector<Slot>& slots) 
     offset += bytes;
   }
   Scale(buffer, total, dtype, head.prescale_factor);
-  HORO_RETURN_IF_ERROR(Allreduce(group, buffer, total, dtype, op, allreduce_options_));
+  HORO_RETURN_IF_ERROR(ReduceAcrossGroup(group, head, buffer, total));
   Postscale(buffer, total, head, group.size());
   offset = 0;
   for (Slot& s : slots) {

@@ -9,21 +9,30 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "collectives/collectives.h"
+#include "collectives/host_topology.h"
 #include "common/config.h"
 #include "coordinator/process_set_table.h"
 #include "coordinator/response.h"
 #include "coordinator/tensor_queue.h"
 #include "device/device_executor.h"
 #include "runtime/handle_manager.h"
+#include "transport/counting/transport.h"
 #include "transport/transport.h"
 
 namespace horo {
+
+// What this rank's executor has done so far, for tests and monitoring.
+struct ExecutorStats {
+  int64_t allreduce_runs[kAllreduceAlgorithmCount] = {};  // collectives run, indexed by AllreduceAlgorithm
+  SentBytes sent;                         // data-plane bytes this rank sent
+};
 
 class Executor {
  public:
@@ -33,6 +42,8 @@ class Executor {
   ~Executor();
 
   Status Execute(const FusedResponse& fused);
+  // Safe to call from any thread.
+  ExecutorStats Stats() const;
 
   // CUDA tensors (horo_tensor_t.device != 0), see device/device_executor.h; defined in
   // runtime/executor_device.cc. EnableCuda runs on a user thread, once; later calls report the
@@ -51,6 +62,10 @@ class Executor {
   };
 
   bool GroupOf(int32_t set_id, CommGroup* group);
+  // The hosts of a set's members, computed once per set from the transport's host map.
+  Status TopologyOf(int32_t set_id, const CommGroup& group, const HostTopology** topology);
+  // Allreduce with the algorithm settings of the response, counted in the stats.
+  Status ReduceAcrossGroup(const CommGroup& group, const Response& head, void* buffer, int64_t count);
   Status TakeSlot(const Response& response, Slot* slot);
   void Finish(Slot& slot, const Status& status, HandleResult* result = nullptr);
 
@@ -64,9 +79,14 @@ class Executor {
 
   uint8_t* FusionBuffer(int64_t bytes);
 
+  struct SetTopology {
+    std::vector<int> ranks;  // the members it was computed for
+    HostTopology topology;
+  };
+
   Config config_;
   int rank_;
-  Transport* transport_;
+  CountingTransport transport_;  // the collectives' view of the transport
   ProcessSetTable* sets_;
   TensorQueue* queue_;
   HandleManager* handles_;
@@ -75,6 +95,10 @@ class Executor {
   std::mutex device_mutex_;                  // serialises EnableCuda
   std::unique_ptr<DeviceExecutor> device_owner_;
   std::atomic<DeviceExecutor*> device_{nullptr};  // published once enabled; read by both threads
+  std::vector<int> host_ids_;  // the transport's host map, fetched before the first topology
+  bool host_ids_fetched_ = false;
+  std::map<int32_t, SetTopology> topologies_;
+  std::atomic<int64_t> allreduce_runs_[kAllreduceAlgorithmCount] = {};
 };
 
 }  // namespace horo

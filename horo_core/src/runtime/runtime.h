@@ -43,6 +43,7 @@ class Runtime {
   int size() const { return size_; }
   const Config& config() const { return config_; }
   ProcessSetTable& process_sets() { return sets_; }
+  ExecutorStats stats() const { return executor_->Stats(); }
   HandleManager& handles() { return handles_; }
 
   Status Enqueue(OpType op, const horo_tensor_t* tensors, int32_t count, const horo_op_options_t& options,

@@ -52,6 +52,11 @@ class Transport {
   virtual void Wake() = 0;
   // Thread-safe: closes every connection; blocked calls return an error. Idempotent.
   virtual void Close() = 0;
+
+  // Which host every rank runs on, for algorithms that treat same-host peers differently:
+  // host_ids[r] == host_ids[s] exactly when ranks r and s share a host, and every rank gets the same
+  // vector. Empty when the transport cannot tell. Valid once the transport is connected.
+  virtual std::vector<int> HostIds() const { return {}; }
 };
 
 }  // namespace horo

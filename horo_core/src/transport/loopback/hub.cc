@@ -2,11 +2,17 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace horo {
 
-LoopbackHub::LoopbackHub(int size) : size_(size) {
+LoopbackHub::LoopbackHub(int size, std::vector<int> host_ids)
+    : size_(size), host_ids_(host_ids.empty() ? std::vector<int>(size > 0 ? size : 0, 0) : std::move(host_ids)) {
   if (size < 1) throw std::invalid_argument("loopback hub size must be at least 1, got " + std::to_string(size));
+  if (static_cast<int>(host_ids_.size()) != size) {
+    throw std::invalid_argument("loopback hub of " + std::to_string(size) + " ranks given " +
+                                std::to_string(host_ids_.size()) + " host ids");
+  }
   connections_.resize(static_cast<size_t>(size) * size);
   for (int src = 0; src < size; ++src) {
     for (int dst = 0; dst < size; ++dst) {

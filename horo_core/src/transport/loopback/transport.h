@@ -34,6 +34,7 @@ class LoopbackTransport : public Transport {
   Status PollControl(int timeout_ms, std::vector<ControlMessage>* messages, std::vector<int>* lost_peers) override;
   void Wake() override;
   void Close() override;
+  std::vector<int> HostIds() const override { return hub_->host_ids(); }
 
  private:
   Status CheckPeer(int peer, const char* what) const;

@@ -63,6 +63,7 @@ Status LinkBuilder::Run(LinkSet* result) {
   result->mapped.resize(size);
   result->links.clear();
   result->links.resize(size);
+  result->host_ids.assign(size, 0);
 
   // Round 1: hello to everyone. Disabled ranks take part too, so that the byte streams agree.
   Hello mine{};
@@ -73,9 +74,11 @@ Status LinkBuilder::Run(LinkSet* result) {
     if (peer != rank) HORO_RETURN_IF_ERROR(tcp_->Send(peer, &mine, sizeof(mine)));
   }
   std::vector<int> candidates;
+  std::vector<Hello> hellos(size);
+  hellos[rank] = mine;
   for (int peer = 0; peer < size; ++peer) {
     if (peer == rank) continue;
-    Hello theirs{};
+    Hello& theirs = hellos[peer];
     HORO_RETURN_IF_ERROR(tcp_->Recv(peer, &theirs, sizeof(theirs)));
     if (std::memcmp(theirs.magic, kHelloMagic, sizeof(kHelloMagic)) != 0) {
       return Status::Internal(Who() + ": rank " + std::to_string(peer) +
@@ -84,6 +87,12 @@ Status LinkBuilder::Run(LinkSet* result) {
     if (mine.enabled && theirs.enabled && std::memcmp(mine.host_digest, theirs.host_digest, 32) == 0) {
       candidates.push_back(peer);
     }
+  }
+  // Every rank saw the same hellos, so every rank computes the same map.
+  for (int peer = 0; peer < size; ++peer) {
+    int first = 0;
+    while (std::memcmp(hellos[first].host_digest, hellos[peer].host_digest, 32) != 0) ++first;
+    result->host_ids[peer] = first;
   }
   if (candidates.empty()) return Status::OK();
 

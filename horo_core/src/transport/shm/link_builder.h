@@ -4,7 +4,9 @@
 // concerned and then receives from each (the messages are tiny, so no send waits for a receive):
 //
 //   1. hello  (every peer):  "HOROSHM1" | enabled | SHA-256(host name "\n" boot id)
-//      Peers with equal digests that both enabled shared memory are candidates.
+//      Peers with equal digests that both enabled shared memory are candidates. The digests also
+//      give every rank the same map of which ranks share a host (LinkSet::host_ids), whether or
+//      not shared memory is enabled.
 //   2. offer  (candidates):  ok | slot | ring_bytes | token | segment name
 //      Each rank creates one Segment with a slot per candidate and tells each candidate its slot;
 //      ok = 0 when the segment could not be created.
@@ -49,6 +51,7 @@ struct Link {
 };
 
 struct LinkSet {
+  std::vector<int> host_ids;                      // host_ids[p]: the lowest rank on rank p's host
   std::unique_ptr<Segment> own;                   // this rank's segment; null when no link uses it
   std::vector<std::unique_ptr<Segment>> mapped;   // mapped[p]: peer p's segment, or null
   std::vector<std::unique_ptr<Link>> links;       // links[p]: the link to peer p, or null (TCP)

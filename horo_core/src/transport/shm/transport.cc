@@ -66,6 +66,8 @@ bool ShmTransport::SharedMemoryPeer(int peer) const {
   return connected_ && peer >= 0 && peer < size() && links_.links[peer] != nullptr;
 }
 
+std::vector<int> ShmTransport::HostIds() const { return connected_ ? links_.host_ids : std::vector<int>(); }
+
 void ShmTransport::Close() {
   {
     std::lock_guard<std::mutex> lock(close_mutex_);

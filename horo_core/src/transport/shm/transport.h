@@ -63,6 +63,8 @@ class ShmTransport : public Transport {
   Status PollControl(int timeout_ms, std::vector<ControlMessage>* messages, std::vector<int>* lost_peers) override;
   void Wake() override;
   void Close() override;
+  // From the host digests exchanged while connecting (link_builder.h).
+  std::vector<int> HostIds() const override;
 
  private:
   using Clock = std::chrono::steady_clock;

@@ -81,15 +81,28 @@ Status AllreduceSmall(const CommGroup& group, void* buffer, int64_t count, DataT
   return Status::OK();
 }
 
+namespace {
+
+bool IsSmallMessage(int64_t count, DataType dtype, const AllreduceOptions& options) {
+  return count * static_cast<int64_t>(DataTypeSize(dtype)) <= options.small_message_bytes;
+}
+
+}  // namespace
+
 Status Allreduce(const CommGroup& group, void* buffer, int64_t count, DataType dtype, ReduceOp op,
                  const AllreduceOptions& options) {
   HORO_RETURN_IF_ERROR(CheckGroup(group, "allreduce"));
   HORO_RETURN_IF_ERROR(CheckReduceOp(op, "allreduce"));
   if (count < 0) return Status::InvalidArgument("allreduce: negative count " + std::to_string(count));
   if (group.size() == 1 || count == 0) return Status::OK();
-  const int64_t bytes = count * static_cast<int64_t>(DataTypeSize(dtype));
-  if (bytes <= options.small_message_bytes) return AllreduceSmall(group, buffer, count, dtype, op);
+  if (IsSmallMessage(count, dtype, options)) return AllreduceSmall(group, buffer, count, dtype, op);
   return AllreduceRing(group, buffer, count, dtype, op, options);
+}
+
+const char* AllreduceAlgorithmName(const CommGroup& group, int64_t count, DataType dtype,
+                                   const AllreduceOptions& options) {
+  if (group.size() <= 1 || count <= 0) return nullptr;
+  return IsSmallMessage(count, dtype, options) ? "RECURSIVE_DOUBLING_ALLREDUCE" : "RING_ALLREDUCE";
 }
 
 }  // namespace horo

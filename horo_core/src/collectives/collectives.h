@@ -39,6 +39,16 @@ Status Allreduce(const CommGroup& group, void* buffer, int64_t count, DataType d
 Status AllreduceRing(const CommGroup& group, void* buffer, int64_t count, DataType dtype, ReduceOp op,
                      const AllreduceOptions& options);
 Status AllreduceSmall(const CommGroup& group, void* buffer, int64_t count, DataType dtype, ReduceOp op);
+// The algorithm Allreduce runs for these arguments, as the timeline names it ("RING_ALLREDUCE",
+// "RECURSIVE_DOUBLING_ALLREDUCE"); nullptr when nothing is exchanged (one member, no elements).
+const char* AllreduceAlgorithmName(const CommGroup& group, int64_t count, DataType dtype,
+                                   const AllreduceOptions& options);
+
+// The algorithms of the other collectives, as the timeline names them.
+constexpr char kAllgatherAlgorithmName[] = "RING_ALLGATHER";
+constexpr char kBroadcastAlgorithmName[] = "BINOMIAL_TREE_BROADCAST";
+constexpr char kAlltoallAlgorithmName[] = "PAIRWISE_ALLTOALL";
+constexpr char kReducescatterAlgorithmName[] = "RING_REDUCESCATTER";
 
 // Gathers each member's bytes into output, concatenated in set order. bytes_per_member[i] is the
 // number of bytes member i contributes (may be 0). input may alias output + offset of this member.

@@ -27,6 +27,8 @@ struct Config {
   std::string hostname;                 // host identity for same-host detection; empty = gethostname()
   bool shm_disable = false;             // ranks of one host exchange data over TCP, not shared memory
   int64_t shm_ring_bytes = 4 << 20;     // shared-memory ring per direction and same-host pair
+  std::string timeline;                 // timeline file written by rank 0, or DYNAMIC; empty = off
+  bool timeline_mark_cycles = false;    // CYCLE_START markers in the timeline
   LogLevel log_level = LogLevel::kWarning;
   bool log_hide_time = false;
 };

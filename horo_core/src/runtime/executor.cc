@@ -38,8 +38,14 @@ void Postscale(void* buffer, int64_t count, const Response& r, int members) {
 }  // namespace
 
 Executor::Executor(const Config& config, int rank, Transport* transport, ProcessSetTable* sets, TensorQueue* queue,
-                   HandleManager* handles)
-    : config_(config), rank_(rank), transport_(transport), sets_(sets), queue_(queue), handles_(handles) {
+                   HandleManager* handles, Timeline* timeline)
+    : config_(config),
+      rank_(rank),
+      transport_(transport),
+      sets_(sets),
+      queue_(queue),
+      handles_(handles),
+      trace_(timeline) {
   allreduce_options_.small_message_bytes = config.small_message_bytes;
   allreduce_options_.chunk_bytes = config.chunk_bytes;
 }
@@ -89,6 +95,7 @@ Status Executor::Execute(const FusedResponse& fused) {
     for (const Response& r : fused) {
       TensorEntry entry;
       if (queue_->Take(r.process_set_id, r.name, &entry)) {
+        trace_.Error(r);
         handles_->Complete(entry.handle, Status(r.error_code, r.error_message));
       }
     }
@@ -124,9 +131,11 @@ Status Executor::Execute(const FusedResponse& fused) {
   if (head.op_type == OpType::kBarrier || head.op_type == OpType::kJoin) {
     TensorEntry entry;
     if (queue_->Take(head.process_set_id, head.name, &entry)) {
+      trace_.Open(fused);
       HandleResult result;
       result.value = head.last_joined_rank;
       handles_->Complete(entry.handle, Status::OK(), &result);
+      trace_.Close();
     }
     return Status::OK();
   }
@@ -134,6 +143,7 @@ Status Executor::Execute(const FusedResponse& fused) {
   std::vector<Slot> slots(fused.size());
   for (size_t i = 0; i < fused.size(); ++i) HORO_RETURN_IF_ERROR(TakeSlot(fused[i], &slots[i]));
 
+  trace_.Open(fused);
   Status status;
   switch (head.op_type) {
     case OpType::kAllreduce: status = RunAllreduce(group, slots); break;
@@ -143,6 +153,7 @@ Status Executor::Execute(const FusedResponse& fused) {
     case OpType::kReducescatter: status = RunReducescatter(group, slots[0]); break;
     default: status = Status::Internal("unexpected operation in response"); break;
   }
+  trace_.Close();
   // On failure the handles stay open: the runtime fails every outstanding handle with the cause it
   // works out (which rank died), not just this rank's view of a closed connection.
   return status;
@@ -159,6 +170,7 @@ Status Executor::RunAllreduce(const CommGroup& group, std::vector<Slot>& slots) 
     Slot& s = slots.front();
     const int64_t count = head.NumElements();
     if (s.entry.output != s.entry.input) std::memcpy(s.entry.output, s.entry.input, count * esize);
+    trace_.Activity(AllreduceAlgorithmName(group, count, dtype, allreduce_options_));
     Scale(s.entry.output, count, dtype, head.prescale_factor);
     HORO_RETURN_IF_ERROR(Allreduce(group, s.entry.output, count, dtype, op, allreduce_options_));
     Postscale(s.entry.output, count, head, group.size());
@@ -168,6 +180,7 @@ Status Executor::RunAllreduce(const CommGroup& group, std::vector<Slot>& slots) 
 
   int64_t total = 0;
   for (const Slot& s : slots) total += s.response->NumElements();
+  trace_.Activity("MEMCPY_IN_FUSION_BUFFER");
   uint8_t* buffer = FusionBuffer(total * esize);
   int64_t offset = 0;
   for (const Slot& s : slots) {
@@ -175,9 +188,11 @@ Status Executor::RunAllreduce(const CommGroup& group, std::vector<Slot>& slots) 
     std::memcpy(buffer + offset, s.entry.input, bytes);
     offset += bytes;
   }
+  trace_.Activity(AllreduceAlgorithmName(group, total, dtype, allreduce_options_));
   Scale(buffer, total, dtype, head.prescale_factor);
   HORO_RETURN_IF_ERROR(Allreduce(group, buffer, total, dtype, op, allreduce_options_));
   Postscale(buffer, total, head, group.size());
+  trace_.Activity("MEMCPY_OUT_FUSION_BUFFER");
   offset = 0;
   for (Slot& s : slots) {
     const int64_t bytes = s.response->NumElements() * esize;
@@ -202,6 +217,7 @@ Status Executor::RunAllgather(const CommGroup& group, Slot& slot) {
   result.data.resize(rows * row_bytes);
   result.shape = r.shape;
   result.shape[0] = rows;
+  trace_.Activity(kAllgatherAlgorithmName);
   HORO_RETURN_IF_ERROR(Allgather(group, slot.entry.input, result.data.data(), bytes_per_member));
   Finish(slot, Status::OK(), &result);
   return Status::OK();
@@ -215,6 +231,7 @@ Status Executor::RunBroadcast(const CommGroup& group, Slot& slot) {
   if (group.index == root_index && slot.entry.output != slot.entry.input) {
     std::memcpy(slot.entry.output, slot.entry.input, bytes);
   }
+  trace_.Activity(kBroadcastAlgorithmName);
   HORO_RETURN_IF_ERROR(Broadcast(group, slot.entry.output, bytes, root_index));
   Finish(slot, Status::OK());
   return Status::OK();
@@ -238,6 +255,7 @@ Status Executor::RunAlltoall(const CommGroup& group, Slot& slot) {
   result.data.resize(rows * row_bytes);
   result.shape = slot.entry.request.shape;
   result.shape[0] = rows;
+  trace_.Activity(kAlltoallAlgorithmName);
   HORO_RETURN_IF_ERROR(Alltoall(group, slot.entry.input, send_bytes, result.data.data(), recv_bytes));
   Finish(slot, Status::OK(), &result);
   return Status::OK();
@@ -253,6 +271,7 @@ Status Executor::RunReducescatter(const CommGroup& group, Slot& slot) {
   std::vector<int64_t> counts(n);
   for (int i = 0; i < n; ++i) counts[i] = (dim0 / n + (i < dim0 % n ? 1 : 0)) * row_elems;
   const int64_t total = r.NumElements();
+  trace_.Activity("MEMCPY_IN_FUSION_BUFFER");
   uint8_t* scratch = FusionBuffer(total * esize);
   std::memcpy(scratch, slot.entry.input, total * esize);
   Scale(scratch, total, dtype, r.prescale_factor);
@@ -262,6 +281,7 @@ Status Executor::RunReducescatter(const CommGroup& group, Slot& slot) {
   result.shape = r.shape;
   result.shape[0] = counts[group.index] / (row_elems ? row_elems : 1);
   if (row_elems == 0) result.shape[0] = dim0 / n + (group.index < dim0 % n ? 1 : 0);
+  trace_.Activity(kReducescatterAlgorithmName);
   HORO_RETURN_IF_ERROR(Reducescatter(group, scratch, result.data.data(), counts, dtype, CollectiveOp(r.reduce_op),
                                      allreduce_options_));
   Postscale(result.data.data(), counts[group.index], r, n);

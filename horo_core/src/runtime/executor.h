@@ -16,6 +16,8 @@
 #include "coordinator/response.h"
 #include "coordinator/tensor_queue.h"
 #include "runtime/handle_manager.h"
+#include "timeline/execution_trace.h"
+#include "timeline/timeline.h"
 #include "transport/transport.h"
 
 namespace horo {
@@ -23,7 +25,7 @@ namespace horo {
 class Executor {
  public:
   Executor(const Config& config, int rank, Transport* transport, ProcessSetTable* sets, TensorQueue* queue,
-           HandleManager* handles);
+           HandleManager* handles, Timeline* timeline);
 
   Status Execute(const FusedResponse& fused);
 
@@ -57,6 +59,7 @@ class Executor {
   HandleManager* handles_;
   AllreduceOptions allreduce_options_;
   std::vector<uint8_t> fusion_buffer_;
+  ExecutionTrace trace_;
 };
 
 }  // namespace horo

@@ -1,0 +1,67 @@
+// TimelineWriter: rank 0's writer thread for the timeline file. The background thread only hands
+// it batches (Submit moves a string under a lock); parsing, formatting and file I/O happen on the
+// writer thread, which flushes at least every kFlushIntervalMs so that the file on disk is a
+// complete JSON array at most that far behind, even if the job dies.
+//
+// Closing waits for the workers: every worker whose events reached this file sends a final batch
+// when it stops recording (stop_timeline() on that rank, or its shutdown), and Close lets the file
+// stay open until those arrived or the wait runs out, so the last events of each rank are in it.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+#include "timeline/trace_file.h"
+
+namespace horo {
+
+class TimelineWriter {
+ public:
+  static constexpr int kFlushIntervalMs = 100;
+  // Batches queued beyond this many bytes are dropped (the disk cannot keep up).
+  static constexpr size_t kMaxQueuedBytes = size_t{256} << 20;
+
+  TimelineWriter(int world_size);
+  ~TimelineWriter();
+
+  // Creates path (truncating it), writes the header with time zero start_epoch_us and starts the
+  // writer thread. The caller closes any file open before.
+  Status Open(const std::string& path, int64_t start_epoch_us);
+  bool is_open() const;
+  std::string path() const;
+
+  // Background thread: queues the events rank recorded; dropped when no file is open.
+  void Submit(int rank, std::string batch);
+  // Closes the file once every worker that sent events has sent its final batch, or after
+  // wait_seconds (then a warning names the ranks whose last events are missing). Blocks until the
+  // file is closed. No-op when no file is open.
+  void Close(double wait_seconds);
+
+ private:
+  void Run();
+  void WriteQueued(std::vector<std::pair<int, std::string>> batches);
+
+  const int world_size_;
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  bool open_ = false;
+  bool closing_ = false;
+  std::chrono::steady_clock::time_point close_deadline_;
+  std::vector<std::pair<int, std::string>> queue_;
+  size_t queued_bytes_ = 0;
+  int64_t dropped_batches_ = 0;
+  std::set<int> recording_workers_;  // workers whose events reached this file, final batch not yet
+  std::string path_;
+  std::thread thread_;
+  TraceFile file_;  // the writer thread's, between Open and Close
+};
+
+}  // namespace horo

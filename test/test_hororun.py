@@ -286,6 +286,8 @@ def test_settings_env_only_for_given_flags(runner_path):
     assert settings_env(parse_args(["-np", "2", "true"])) == {"HORO_START_TIMEOUT": "30"}
     env = settings_env(parse_args(["-np", "2", "--fusion-threshold-mb", "0", "true"]))
     assert env["HORO_FUSION_THRESHOLD"] == "0"
+    env = settings_env(parse_args(["-np", "2", "--timeline-filename", "t.json", "--timeline-mark-cycles", "true"]))
+    assert env["HORO_TIMELINE"] == "t.json" and env["HORO_TIMELINE_MARK_CYCLES"] == "1"
 
 
 def test_secret_not_in_argv_ps_or_output(child_env, tmp_path):
@@ -337,7 +339,8 @@ def test_version_and_help(child_env, runner_path):
                  "--cache-capacity", "--no-stall-check", "--stall-check-warning-time-seconds",
                  "--stall-check-shutdown-time-seconds", "--log-level", "--log-without-timestamp",
                  "-prefix-timestamp", "--prefix-output-with-timestamp", "--verbose",
-                 "-cb", "--check-build", "-v", "--version", "--gloo", "--network-interfaces"):
+                 "-cb", "--check-build", "-v", "--version", "--gloo", "--network-interfaces",
+                 "--timeline-filename", "--timeline-mark-cycles"):
         assert re.search(rf"(^|[\s,\[]){re.escape(flag)}([\s,\]]|$)", help_text), flag
 
 

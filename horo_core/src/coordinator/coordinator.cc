@@ -159,7 +159,7 @@ void Coordinator::AddTensorRequest(const Request& request) {
     return;
   }
   Pending& pending = state.pending[request.name];
-  timeline_->NegotiationRequest(request, pending.by_rank.empty());
+  timeline_->NegotiationRequest(request, pending.by_rank);
   if (pending.by_rank.empty()) pending.first_seen = std::chrono::steady_clock::now();
   pending.by_rank[request.rank] = request;
   MarkReadyIfComplete(request.process_set_id, request.name);

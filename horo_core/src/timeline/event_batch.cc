@@ -3,9 +3,10 @@
 namespace horo {
 namespace {
 
-// Record kinds. A batch is a sequence of records closed by kEnd, whose byte says whether the rank
-// stopped recording.
+// Record kinds. A batch is a sequence of records closed by kEnd, which holds the shipping time and
+// whether the rank stopped recording: the last kEndBytes bytes of every batch.
 enum RecordKind : uint8_t { kGroup = 1, kEvent = 2, kMarker = 3, kEnd = 4 };
+constexpr size_t kEndBytes = 1 + 8 + 1;
 
 bool IsPhase(char phase) { return phase == 'B' || phase == 'E' || phase == 'X'; }
 
@@ -63,8 +64,9 @@ void EventBatch::AddMarker(int64_t ts_us, const std::string& name) {
   ++records_;
 }
 
-std::string EventBatch::Take(bool final) {
+std::string EventBatch::Take(bool final, int64_t shipped_us) {
   out_.U8(kEnd);
+  out_.I64(shipped_us);
   out_.U8(final ? 1 : 0);
   std::string bytes = out_.Take();
   *this = EventBatch();
@@ -78,6 +80,7 @@ Status ParseEventBatch(const std::string& bytes, ParsedEventBatch* out) {
     const uint8_t kind = rd.U8();
     if (!rd.ok()) break;
     if (kind == kEnd) {
+      batch.shipped_us = rd.I64();
       batch.final = rd.U8() != 0;
       if (!rd.ok() || !rd.AtEnd()) return Status::Internal("timeline batch: trailing bytes after the end record");
       *out = std::move(batch);
@@ -127,6 +130,16 @@ Status ParseEventBatch(const std::string& bytes, ParsedEventBatch* out) {
     }
   }
   return Status::Internal("timeline batch: truncated or malformed");
+}
+
+bool ReadBatchEnd(const std::string& bytes, bool* final, int64_t* shipped_us) {
+  if (bytes.size() < kEndBytes) return false;
+  const std::string end = bytes.substr(bytes.size() - kEndBytes);
+  WireReader rd(end);
+  if (rd.U8() != kEnd) return false;
+  *shipped_us = rd.I64();
+  *final = rd.U8() != 0;
+  return rd.ok();
 }
 
 }  // namespace horo

@@ -48,8 +48,9 @@ class EventBatch {
   // An instant event across the whole timeline (CYCLE_START).
   void AddMarker(int64_t ts_us, const std::string& name);
 
-  // The serialized batch; final marks the last batch of a rank that stopped recording. Resets.
-  std::string Take(bool final);
+  // The serialized batch, closed by when it was shipped (every event recorded by then is in it or
+  // in an earlier batch) and whether it is the last one of a rank that stopped recording. Resets.
+  std::string Take(bool final, int64_t shipped_us);
 
  private:
   WireWriter out_;
@@ -76,11 +77,14 @@ struct ParsedEventBatch {
     TraceArgs args;
   };
   bool final = false;
+  int64_t shipped_us = 0;
   std::vector<Group> groups;
   std::vector<Event> events;
 };
 
 // Fails (without crashing) on truncated or malformed input, or events naming undeclared groups.
 Status ParseEventBatch(const std::string& bytes, ParsedEventBatch* out);
+// Reads only the closing record (final, shipped_us) without parsing the events; false if absent.
+bool ReadBatchEnd(const std::string& bytes, bool* final, int64_t* shipped_us);
 
 }  // namespace horo

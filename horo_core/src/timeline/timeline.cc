@@ -9,10 +9,26 @@ namespace {
 
 int64_t Micros(std::chrono::nanoseconds d) { return std::chrono::duration_cast<std::chrono::microseconds>(d).count(); }
 
+// The system clock minus the steady clock. A thread preempted between the two readings would
+// misplace this rank on the shared time axis by the length of the preemption, so the system clock
+// is read between two steady readings and the tightest of a few tries is kept.
 int64_t EpochOffsetMicros() {
-  const int64_t system_us = Micros(std::chrono::system_clock::now().time_since_epoch());
-  const int64_t steady_us = Micros(std::chrono::steady_clock::now().time_since_epoch());
-  return system_us - steady_us;
+  using std::chrono::steady_clock;
+  using std::chrono::system_clock;
+  int64_t best_gap = -1;
+  int64_t offset = 0;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    const auto before = steady_clock::now();
+    const auto system = system_clock::now();
+    const auto after = steady_clock::now();
+    const int64_t gap = (after - before).count();
+    if (best_gap < 0 || gap < best_gap) {
+      best_gap = gap;
+      const int64_t steady_us = Micros((before + (after - before) / 2).time_since_epoch());
+      offset = Micros(system.time_since_epoch()) - steady_us;
+    }
+  }
+  return offset;
 }
 
 }  // namespace
@@ -52,19 +68,27 @@ Status Timeline::Start(const std::string& path, bool mark_cycles, bool loop_runn
   if (path.empty()) return Status::InvalidArgument("start_timeline: file_path is empty");
   std::lock_guard<std::mutex> control(control_mutex_);
   mark_cycles_ = mark_cycles;
+  bool new_file = false;
   if (rank_ == 0 && !(writer_->is_open() && writer_->path() == path)) {
     if (writer_->is_open()) {
       // Switching files: what was recorded so far belongs to the old one.
       if (recording_) ShipThroughLoop(kFlushRequest, loop_running);
-      writer_->Close(0);
+      writer_->Close(Now(), 0);
     }
     HORO_RETURN_IF_ERROR(writer_->Open(path, Now()));
+    new_file = true;
   }
-  recording_ = true;
+  // A new recording: negotiations that began before it are drawn from its start.
+  if (new_file || !recording_) ++generation_;
+  const bool was_recording = recording_.exchange(true);
+  // A worker tells rank 0 at once that it records, so that rank 0's stop waits for its events
+  // even if it stops before this worker's first batch would be due.
+  if (rank_ != 0 && !was_recording) ShipThroughLoop(kFlushRequest, loop_running);
   return Status::OK();
 }
 
 Status Timeline::Stop(bool loop_running) {
+  const int64_t stop_us = Now();
   std::lock_guard<std::mutex> control(control_mutex_);
   if (recording_.exchange(false)) ShipThroughLoop(kFinalRequest, loop_running);
   if (rank_ == 0 && writer_->is_open()) {
@@ -73,8 +97,8 @@ Status Timeline::Stop(bool loop_running) {
       std::lock_guard<std::mutex> lock(ship_mutex_);
       loop_alive = loop_alive && !loop_ended_;
     }
-    // The workers' last events reach rank 0 through the loop; without it they cannot arrive.
-    writer_->Close(loop_alive ? kCloseWaitSeconds : 0);
+    // The workers' events up to now reach rank 0 through the loop; without it they cannot arrive.
+    writer_->Close(stop_us, loop_alive ? kCloseWaitSeconds : 0);
   }
   return Status::OK();
 }
@@ -88,7 +112,7 @@ void Timeline::Shutdown() {
     return;
   }
   if (!batch_.empty()) Hand(true);
-  writer_->Close(0);
+  writer_->Close(Now(), 0);
 }
 
 void Timeline::ShipThroughLoop(ShipRequest request, bool loop_running) {
@@ -114,7 +138,7 @@ void Timeline::ShipThroughLoop(ShipRequest request, bool loop_running) {
 }
 
 int Timeline::PollTimeoutMs(int timeout_ms) const {
-  if (rank_ == 0 || batch_.empty()) return timeout_ms;
+  if (rank_ == 0 || (batch_.empty() && !active())) return timeout_ms;
   const auto since = std::chrono::steady_clock::now() - last_ship_;
   const int64_t left = kShipIntervalMs - std::chrono::duration_cast<std::chrono::milliseconds>(since).count();
   const int due = static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(left, kShipIntervalMs)));
@@ -125,7 +149,7 @@ void Timeline::ShipNow() {
   const int request = ship_request_.load();
   if (request == kNoRequest && rank_ != 0 && batch_.bytes() < kShipBytes &&
       std::chrono::steady_clock::now() - last_ship_ < std::chrono::milliseconds(kShipIntervalMs)) {
-    return;  // a worker sends at most one batch per interval, unless the batch is large
+    return;  // a worker ships once per interval, or sooner when the batch is large
   }
   Hand(request == kFinalRequest);
   if (request != kNoRequest) {
@@ -143,9 +167,10 @@ void Timeline::ShipFinal() {
 }
 
 void Timeline::Hand(bool final) {
-  if (batch_.empty() && !final) return;
+  // A recording worker ships even an empty batch: it tells rank 0 how far its events have come.
+  if (batch_.empty() && !final && (rank_ == 0 || !active())) return;
   last_ship_ = std::chrono::steady_clock::now();
-  std::string bytes = batch_.Take(final);
+  std::string bytes = batch_.Take(final, Now());
   if (rank_ == 0) {
     writer_->Submit(0, std::move(bytes));
     return;
@@ -161,18 +186,28 @@ void Timeline::ReceiveBatch(int rank, const std::string& batch) {
   if (writer_ != nullptr) writer_->Submit(rank, batch);
 }
 
-void Timeline::RecordNegotiationRequest(const Request& request, bool first) {
+void Timeline::RecordNegotiationRequest(const Request& request, const std::map<int32_t, Request>& earlier) {
+  const int64_t generation = generation_.load();
+  if (negotiating_generation_ != generation) {
+    negotiating_.clear();
+    negotiating_generation_ = generation;
+  }
   const int64_t now = Now();
   const int32_t group = batch_.AddTensor(request.process_set_id, request.name);
-  if (first) {
+  if (negotiating_.insert({request.process_set_id, request.name}).second) {
+    // The negotiation begins here, or began before the timeline started: then it is drawn from
+    // now on, with the ranks that were ready already ticked at its start.
     batch_.AddEvent(group, TraceTrack::kNegotiation, 'B', now,
                     std::string("NEGOTIATE_") + TimelineOpName(request.op_type));
+    for (const auto& kv : earlier) batch_.AddEvent(group, TraceTrack::kNegotiation, 'X', now, std::to_string(kv.first));
   }
   // Horovod's tick: an event of no duration named after the rank that became ready.
   batch_.AddEvent(group, TraceTrack::kNegotiation, 'X', now, std::to_string(request.rank));
 }
 
 void Timeline::RecordNegotiationEnd(int32_t process_set_id, const std::string& name) {
+  // Only negotiations begun in this recording; the others would end a slice the file never began.
+  if (negotiating_generation_ != generation_.load() || negotiating_.erase({process_set_id, name}) == 0) return;
   const int32_t group = batch_.AddTensor(process_set_id, name);
   batch_.AddEvent(group, TraceTrack::kNegotiation, 'E', Now(), std::string());
 }

@@ -6,9 +6,10 @@
 // ready) and, like every other rank, the execution of the tensors it takes part in (<OP> with its
 // activities, see ExecutionTrace). Events go into an EventBatch. At the end of each iteration of
 // the background loop the batch is shipped: rank 0 hands it to its TimelineWriter; a worker sends
-// it to rank 0 as a control message of its own, at most every kShipIntervalMs (or sooner when it
-// grows past kShipBytes), so the shipping never depends on request lists being sent. Rank 0 writes
-// all of it into the one file.
+// it to rank 0 as a control message of its own every kShipIntervalMs while it records (empty if it
+// has nothing, so rank 0 knows how far every rank has shipped), or sooner when it grows past
+// kShipBytes; the shipping never depends on request lists being sent. Rank 0 writes all of it into
+// the one file.
 //
 // Cost when off: every recording hook is one relaxed atomic load and a branch; nothing is
 // allocated and no message is sent.
@@ -22,9 +23,12 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
+#include <utility>
 
 #include "common/dtype.h"
 #include "common/status.h"
@@ -55,8 +59,9 @@ class Timeline {
   // path closes it and starts the new one); the other ranks start recording and ignore path.
   // loop_running: the background loop runs (it ships the batches).
   Status Start(const std::string& path, bool mark_cycles, bool loop_running);
-  // Stops recording and hands this rank's last events over; rank 0 then closes the file, once the
-  // workers' last events arrived (at most kCloseWaitSeconds). A no-op when not recording.
+  // Stops recording and hands this rank's last events over. Rank 0 then closes the file once every
+  // recording worker has shipped its events up to this moment (at most kCloseWaitSeconds later),
+  // so calling it on rank 0 alone is enough for a complete file. A no-op when not recording.
   Status Stop(bool loop_running);
   // After the background loop ended: rank 0 writes what it still holds and closes the file.
   void Shutdown();
@@ -67,9 +72,10 @@ class Timeline {
   // their system clocks do (NTP).
   int64_t Now() const;
 
-  // Recording (background thread). The coordinator calls these for tensor requests.
-  void NegotiationRequest(const Request& request, bool first) {
-    if (active()) RecordNegotiationRequest(request, first);
+  // Recording (background thread). The coordinator calls these for tensor requests; earlier: the
+  // requests of the same tensor that arrived before this one.
+  void NegotiationRequest(const Request& request, const std::map<int32_t, Request>& earlier) {
+    if (active()) RecordNegotiationRequest(request, earlier);
   }
   void NegotiationEnd(int32_t process_set_id, const std::string& name) {
     if (active()) RecordNegotiationEnd(process_set_id, name);
@@ -85,10 +91,10 @@ class Timeline {
   EventBatch& batch() { return batch_; }
 
   // Shipping (background thread). Ship at the end of every loop iteration; PollTimeoutMs bounds
-  // the loop's wait so that a worker's pending events leave within kShipIntervalMs.
+  // the loop's wait so that a recording worker ships every kShipIntervalMs.
   int PollTimeoutMs(int timeout_ms) const;
   void Ship() {
-    if (!batch_.empty() || ship_request_.load(std::memory_order_relaxed) != kNoRequest) ShipNow();
+    if (!batch_.empty() || active() || ship_request_.load(std::memory_order_relaxed) != kNoRequest) ShipNow();
   }
   // The loop is ending: ships what remains as this rank's final batch and releases Stop().
   void ShipFinal();
@@ -100,7 +106,7 @@ class Timeline {
  private:
   enum ShipRequest : int { kNoRequest = 0, kFlushRequest = 1, kFinalRequest = 2 };
 
-  void RecordNegotiationRequest(const Request& request, bool first);
+  void RecordNegotiationRequest(const Request& request, const std::map<int32_t, Request>& earlier);
   void RecordNegotiationEnd(int32_t process_set_id, const std::string& name);
   void RecordCycleStart();
   void ShipNow();
@@ -117,10 +123,14 @@ class Timeline {
 
   std::atomic<bool> recording_{false};
   std::atomic<bool> mark_cycles_{false};
+  std::atomic<int64_t> generation_{0};  // counts starts, so that the loop forgets older negotiations
   std::atomic<int> ship_request_{kNoRequest};
 
   // Background thread only.
   EventBatch batch_;
+  // Negotiations whose NEGOTIATE_<OP> began in the current recording (generation).
+  std::set<std::pair<int32_t, std::string>> negotiating_;
+  int64_t negotiating_generation_ = -1;
   int64_t responses_arrived_us_ = 0;
   std::chrono::steady_clock::time_point last_ship_;
 

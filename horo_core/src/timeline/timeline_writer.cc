@@ -9,7 +9,7 @@ namespace horo {
 
 TimelineWriter::TimelineWriter(int world_size) : world_size_(world_size) {}
 
-TimelineWriter::~TimelineWriter() { Close(0); }
+TimelineWriter::~TimelineWriter() { Close(0, 0); }
 
 Status TimelineWriter::Open(const std::string& path, int64_t start_epoch_us) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -20,7 +20,6 @@ Status TimelineWriter::Open(const std::string& path, int64_t start_epoch_us) {
   queue_.clear();
   queued_bytes_ = 0;
   dropped_batches_ = 0;
-  recording_workers_.clear();
   path_ = path;
   thread_ = std::thread([this] { Run(); });
   return Status::OK();
@@ -38,6 +37,14 @@ std::string TimelineWriter::path() const {
 
 void TimelineWriter::Submit(int rank, std::string batch) {
   std::lock_guard<std::mutex> lock(mutex_);
+  bool final = false;
+  int64_t shipped_us = 0;
+  if (rank != 0 && ReadBatchEnd(batch, &final, &shipped_us)) {
+    Worker& w = workers_[rank];
+    w.recording = !final;
+    w.shipped_us = shipped_us;
+    if (closing_ && Lagging().empty()) wake_.notify_all();
+  }
   if (!open_) return;
   if (queued_bytes_ + batch.size() > kMaxQueuedBytes) {
     if (dropped_batches_++ == 0) {
@@ -46,24 +53,23 @@ void TimelineWriter::Submit(int rank, std::string batch) {
     }
     return;
   }
-  if (rank != 0) {
-    // The last byte of a batch says whether it is the rank's final one (see EventBatch::Take).
-    const bool final = !batch.empty() && batch.back() != 0;
-    if (final) {
-      recording_workers_.erase(rank);
-      if (closing_ && recording_workers_.empty()) wake_.notify_all();
-    } else {
-      recording_workers_.insert(rank);
-    }
-  }
   queued_bytes_ += batch.size();
   queue_.emplace_back(rank, std::move(batch));
 }
 
-void TimelineWriter::Close(double wait_seconds) {
+std::vector<int> TimelineWriter::Lagging() const {
+  std::vector<int> ranks;
+  for (const auto& kv : workers_) {
+    if (kv.second.recording && kv.second.shipped_us < close_until_us_) ranks.push_back(kv.first);
+  }
+  return ranks;
+}
+
+void TimelineWriter::Close(int64_t until_us, double wait_seconds) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (!open_ || closing_) return;
   closing_ = true;
+  close_until_us_ = until_us;
   close_deadline_ = std::chrono::steady_clock::now() +
                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                         std::chrono::duration<double>(wait_seconds > 0 ? wait_seconds : 0.0));
@@ -80,23 +86,23 @@ void TimelineWriter::Run() {
   while (true) {
     const auto next_flush = std::chrono::steady_clock::now() + std::chrono::milliseconds(kFlushIntervalMs);
     const auto closable = [this] {
-      return closing_ && (recording_workers_.empty() || std::chrono::steady_clock::now() >= close_deadline_);
+      return closing_ && (Lagging().empty() || std::chrono::steady_clock::now() >= close_deadline_);
     };
     wake_.wait_until(lock, closing_ ? std::min(next_flush, close_deadline_) : next_flush, closable);
     const bool close_now = closable();
     std::vector<std::pair<int, std::string>> batches;
     batches.swap(queue_);
     queued_bytes_ = 0;
-    std::set<int> missing = recording_workers_;
+    const std::vector<int> missing = close_now ? Lagging() : std::vector<int>();
     lock.unlock();
     WriteQueued(std::move(batches));
     if (close_now) {
       if (!missing.empty()) {
         std::ostringstream ranks;
         for (int r : missing) ranks << (ranks.tellp() > 0 ? ", " : "") << r;
-        HORO_LOG(kWarning, 0) << "timeline: rank(s) " << ranks.str() << " did not stop recording before '"
-                              << file_.path() << "' was closed, so their last events are missing; call "
-                              << "stop_timeline() on every rank";
+        HORO_LOG(kWarning, 0) << "timeline: rank(s) " << ranks.str() << " sent no events for the last "
+                              << "moments before '" << file_.path() << "' was closed (busy or gone); "
+                              << "their last events are missing";
       }
       Status st = file_.Close();
       if (!st.ok()) HORO_LOG(kError, 0) << st.message();

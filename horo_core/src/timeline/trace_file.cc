@@ -1,6 +1,7 @@
 #include "timeline/trace_file.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cerrno>
 #include <cstring>
 
@@ -96,18 +97,20 @@ int TraceFile::TensorPid(int32_t process_set_id, const std::string& name) {
   return pid;
 }
 
-int64_t TraceFile::TrackTid(int pid, int slot, int rank) {
+TraceFile::Track& TraceFile::TrackOf(int pid, int slot, int rank) {
   const int64_t tid = pid * tid_stride_ + slot;
-  if (tracks_.emplace(tid, Track()).second) {
-    const std::string label = slot == 0 ? "negotiation" : "rank " + std::to_string(rank);
-    Element(Metadata("thread_name", pid, "{\"name\": " + Quoted(label) + "}", tid));
-    Element(Metadata("thread_sort_index", pid, "{\"sort_index\": " + std::to_string(slot) + "}", tid));
-  }
-  return tid;
+  auto it = tracks_.find(tid);
+  if (it != tracks_.end()) return it->second;
+  const std::string label = slot == 0 ? "negotiation" : "rank " + std::to_string(rank);
+  Element(Metadata("thread_name", pid, "{\"name\": " + Quoted(label) + "}", tid));
+  Element(Metadata("thread_sort_index", pid, "{\"sort_index\": " + std::to_string(slot) + "}", tid));
+  return tracks_[tid];
 }
 
 void TraceFile::Append(int rank, const ParsedEventBatch& batch) {
   if (file_ == nullptr || rank < 0 || rank >= world_size_) return;
+  // Per group of the batch: each tensor's pid, 0 until first needed.
+  std::vector<std::vector<int>> pids(batch.groups.size());
   for (const ParsedEventBatch::Event& e : batch.events) {
     const int64_t ts = e.ts_us - start_epoch_us_;
     if (ts < 0) continue;  // recorded before this file started
@@ -116,36 +119,55 @@ void TraceFile::Append(int rank, const ParsedEventBatch& batch) {
       Element("{\"ph\": \"i\", \"name\": " + Quoted(e.name) + ", \"ts\": " + std::to_string(ts) + ", \"s\": \"g\"}");
       continue;
     }
-    AppendEvent(rank, batch.groups[e.group], e, ts);
+    std::vector<int>& group_pids = pids[e.group];
+    if (group_pids.empty()) group_pids.assign(batch.groups[e.group].tensors.size(), 0);
+    AppendEvent(rank, batch.groups[e.group], &group_pids, e, ts);
   }
 }
 
-void TraceFile::AppendEvent(int rank, const ParsedEventBatch::Group& group, const ParsedEventBatch::Event& e,
-                            int64_t ts) {
+void TraceFile::AppendEvent(int rank, const ParsedEventBatch::Group& group, std::vector<int>* pids,
+                            const ParsedEventBatch::Event& e, int64_t ts) {
   const int slot = e.track == TraceTrack::kNegotiation ? 0 : rank + 1;
-  for (const TraceTensor& tensor : group.tensors) {
-    if (e.phase == 'E') {
-      // An end whose begin was dropped (recorded before this file started) is dropped too.
-      auto known = pids_.find(std::make_pair(group.process_set_id, tensor.name));
-      if (known == pids_.end()) continue;
-      auto open = tracks_.find(known->second * tid_stride_ + slot);
-      if (open == tracks_.end() || open->second.open.empty()) continue;
+  // What every tensor's line shares; an end closes the innermost slice and needs no name.
+  std::string head = "{\"ph\": \"";
+  head += e.phase;
+  head += '"';
+  if (e.phase != 'E') head += ", \"name\": " + Quoted(e.name);
+  head += ", \"ts\": ";
+  std::string tail;
+  if (e.phase == 'X') tail += ", \"dur\": 0";
+  for (size_t i = 0; i < group.tensors.size(); ++i) {
+    const TraceTensor& tensor = group.tensors[i];
+    int& pid = (*pids)[i];
+    if (pid == 0) {
+      if (e.phase == 'E') {
+        // An end whose begin was dropped (recorded before this file started) is dropped too.
+        auto known = pids_.find(std::make_pair(group.process_set_id, tensor.name));
+        if (known == pids_.end()) continue;
+        pid = known->second;
+      } else {
+        pid = TensorPid(group.process_set_id, tensor.name);
+      }
     }
-    const int pid = TensorPid(group.process_set_id, tensor.name);
-    const int64_t tid = TrackTid(pid, slot, rank);
-    Track& track = tracks_[tid];
-    const int64_t t = std::max(ts, track.last_ts);
+    if (e.phase == 'E' && tracks_.find(pid * tid_stride_ + slot) == tracks_.end()) continue;
+    Track& track = TrackOf(pid, slot, rank);
     if (e.phase == 'E') {
-      track.open.pop_back();
+      if (track.open == 0) continue;
+      --track.open;
     } else if (e.phase == 'B') {
-      track.open.push_back(e.name);
+      ++track.open;
     }
+    const int64_t t = std::max(ts, track.last_ts);
     track.last_ts = t;
     max_ts_ = std::max(max_ts_, t);
-    std::string json = "{\"ph\": \"" + std::string(1, e.phase) + "\"";
-    if (e.phase != 'E') json += ", \"name\": " + Quoted(e.name);  // an end closes the innermost slice
-    json += ", \"ts\": " + std::to_string(t) + ", \"pid\": " + std::to_string(pid) + ", \"tid\": " + std::to_string(tid);
-    if (e.phase == 'X') json += ", \"dur\": 0";
+    StartElement();
+    buffer_ += head;
+    AppendNumber(t);
+    buffer_ += ", \"pid\": ";
+    AppendNumber(pid);
+    buffer_ += ", \"tid\": ";
+    AppendNumber(pid * tid_stride_ + slot);
+    buffer_ += tail;
     TraceArgs args;
     if (e.tensor_args && tensor.dtype >= 0) {
       args.emplace_back("dtype", IsValidDataType(tensor.dtype) ? DataTypeName(static_cast<DataType>(tensor.dtype))
@@ -153,13 +175,23 @@ void TraceFile::AppendEvent(int rank, const ParsedEventBatch::Group& group, cons
       args.emplace_back("shape", ShapeText(tensor.shape));
     }
     args.insert(args.end(), e.args.begin(), e.args.end());
-    if (!args.empty()) json += ", \"args\": " + ArgsObject(args);
-    Element(json + "}");
+    if (!args.empty()) buffer_ += ", \"args\": " + ArgsObject(args);
+    buffer_ += '}';
   }
 }
 
-void TraceFile::Element(const std::string& json) {
+void TraceFile::StartElement() {
   if (elements_++ > 0) buffer_ += ",\n";
+}
+
+void TraceFile::AppendNumber(int64_t value) {
+  char digits[24];
+  auto end = std::to_chars(digits, digits + sizeof(digits), value).ptr;
+  buffer_.append(digits, end);
+}
+
+void TraceFile::Element(const std::string& json) {
+  StartElement();
   buffer_ += json;
 }
 
@@ -189,8 +221,7 @@ Status TraceFile::Close() {
   if (file_ == nullptr) return Status::OK();
   for (auto& kv : tracks_) {
     const int pid = static_cast<int>(kv.first / tid_stride_);
-    while (!kv.second.open.empty()) {
-      kv.second.open.pop_back();
+    for (; kv.second.open > 0; --kv.second.open) {
       Element("{\"ph\": \"E\", \"ts\": " + std::to_string(max_ts_) + ", \"pid\": " + std::to_string(pid) +
               ", \"tid\": " + std::to_string(kv.first) + "}");
     }

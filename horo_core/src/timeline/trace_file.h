@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <map>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -50,14 +51,19 @@ class TraceFile {
 
  private:
   struct Track {
-    std::vector<std::string> open;  // names of the slices begun and not yet ended, innermost last
+    int open = 0;  // slices begun and not yet ended
     int64_t last_ts = 0;
   };
 
   int TensorPid(int32_t process_set_id, const std::string& name);
-  int64_t TrackTid(int pid, int slot, int rank);
-  void AppendEvent(int rank, const ParsedEventBatch::Group& group, const ParsedEventBatch::Event& e, int64_t ts);
+  // The track (tid = pid * stride + slot), named by metadata when first used.
+  Track& TrackOf(int pid, int slot, int rank);
+  // pids: the pid of each tensor of the group, 0 where not looked up yet.
+  void AppendEvent(int rank, const ParsedEventBatch::Group& group, std::vector<int>* pids,
+                   const ParsedEventBatch::Event& e, int64_t ts);
   void Element(const std::string& json);
+  void StartElement();
+  void AppendNumber(int64_t value);
   Status Fail(const std::string& what);
 
   FILE* file_ = nullptr;
@@ -71,7 +77,7 @@ class TraceFile {
   int world_size_ = 1;
   int64_t tid_stride_ = 10;
   std::map<std::pair<int32_t, std::string>, int> pids_;
-  std::map<int64_t, Track> tracks_;
+  std::unordered_map<int64_t, Track> tracks_;
 };
 
 }  // namespace horo

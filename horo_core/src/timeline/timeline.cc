@@ -137,8 +137,7 @@ void Timeline::ShipThroughLoop(ShipRequest request, bool loop_running) {
   }
 }
 
-int Timeline::PollTimeoutMs(int timeout_ms) const {
-  if (rank_ == 0 || (batch_.empty() && !active())) return timeout_ms;
+int Timeline::ShipDueInMs(int timeout_ms) const {
   const auto since = std::chrono::steady_clock::now() - last_ship_;
   const int64_t left = kShipIntervalMs - std::chrono::duration_cast<std::chrono::milliseconds>(since).count();
   const int due = static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(left, kShipIntervalMs)));

@@ -92,7 +92,9 @@ class Timeline {
 
   // Shipping (background thread). Ship at the end of every loop iteration; PollTimeoutMs bounds
   // the loop's wait so that a recording worker ships every kShipIntervalMs.
-  int PollTimeoutMs(int timeout_ms) const;
+  int PollTimeoutMs(int timeout_ms) const {
+    return rank_ == 0 || (batch_.empty() && !active()) ? timeout_ms : ShipDueInMs(timeout_ms);
+  }
   void Ship() {
     if (!batch_.empty() || active() || ship_request_.load(std::memory_order_relaxed) != kNoRequest) ShipNow();
   }
@@ -109,6 +111,7 @@ class Timeline {
   void RecordNegotiationRequest(const Request& request, const std::map<int32_t, Request>& earlier);
   void RecordNegotiationEnd(int32_t process_set_id, const std::string& name);
   void RecordCycleStart();
+  int ShipDueInMs(int timeout_ms) const;
   void ShipNow();
   void Hand(bool final);
   void ReceiveBatch(int rank, const std::string& batch);

@@ -89,13 +89,13 @@ def timeline_job(paths):
     problems.append(workload(hvd, torch, "b", subset))
     hvd.stop_timeline()
     if rank == 0:
-        with open(paths["b"]) as f:
+        with open(paths["b"], encoding="utf-8") as f:
             report["b at stop"] = f.read()
 
     problems.append(workload(hvd, torch, "c", subset))  # not recorded
     hvd.stop_timeline()  # stopping a stopped timeline does nothing
     if rank == 0:
-        with open(paths["b"]) as f:
+        with open(paths["b"], encoding="utf-8") as f:
             report["b after c"] = f.read()
 
     hvd.start_timeline(paths["d"], mark_cycles=False)
@@ -122,7 +122,7 @@ class Trace:
     tid used, begin/end balanced and nested and timestamps never decreasing on every track."""
 
     def __init__(self, path):
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             events = json.load(f)
         head = events[0]
         assert (head["name"], head["ph"], head["pid"]) == ("process_name", "M", 0), head
@@ -232,7 +232,7 @@ def test_timeline_records_every_rank(tmp_path):
         check_phase(traces[tag], tag, next_tag, mark_cycles=tag == "a")
     # stop_timeline() left a complete file on rank 0 at once, and nothing was written after it.
     assert json.loads(reports[0]["b at stop"]) and reports[0]["b after c"] == reports[0]["b at stop"]
-    with open(paths["b"]) as f:
+    with open(paths["b"], encoding="utf-8") as f:
         assert f.read() == reports[0]["b at stop"]
     assert traces["a"].start_us < traces["b"].start_us < traces["d"].start_us
 

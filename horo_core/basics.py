@@ -193,6 +193,35 @@ def is_initialized():
     return _state.runtime is not None
 
 
+def start_timeline(file_path, mark_cycles=False):
+    """Starts recording the timeline: a Chrome trace JSON file that rank 0 writes at file_path with
+    the negotiation and execution of every tensor on every rank (open it in ui.perfetto.dev).
+
+    Call it on every rank, like Horovod; the other ranks ignore file_path and send their events to
+    rank 0. Starting again with the same path goes on writing that file; another path closes it
+    and starts the new one.
+
+    Args:
+        file_path: the file rank 0 creates (or truncates).
+        mark_cycles: also mark the start of every negotiation round (CYCLE_START).
+    Raises:
+        ValueError: Horo is not initialized; HORO_TIMELINE (or HOROVOD_TIMELINE) was not set, to a
+            path or DYNAMIC, before init(), as Horovod requires; or rank 0 cannot create file_path.
+    """
+    runtime().start_timeline(file_path, mark_cycles)
+
+
+def stop_timeline():
+    """Stops recording the timeline. Call it on every rank: on rank 0 it returns once the file is
+    closed (a complete JSON array with every rank's events); stopping when no timeline is being
+    recorded does nothing.
+
+    Raises:
+        ValueError: Horo is not initialized.
+    """
+    runtime().stop_timeline()
+
+
 def runtime():
     """The core runtime of this process. Raises ValueError before init()."""
     rt = _state.runtime

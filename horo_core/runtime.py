@@ -5,6 +5,7 @@ dtype_code, shape)`` and nothing else; this module turns specs into ``horo_enque
 reads results back. All blocking calls release the GIL (cffi does so around every C call).
 """
 import dataclasses
+import os
 import threading
 from typing import List, Optional, Sequence, Tuple
 
@@ -299,6 +300,19 @@ class Runtime:
         """Copies a core-owned result into caller memory of at least result.nbytes bytes."""
         if result.nbytes:
             ffi.memmove(ffi.cast("void*", dest_ptr), ffi.cast("void*", result.data_ptr), result.nbytes)
+
+    # Timeline -----------------------------------------------------------------------------------
+
+    def start_timeline(self, file_path, mark_cycles=False):
+        """Starts recording the timeline; rank 0 writes it to file_path (see basics.start_timeline)."""
+        path = ffi.new("char[]", os.fsencode(file_path))
+        with self._use() as rt:
+            check(lib.horo_timeline_start(rt, path, 1 if mark_cycles else 0))
+
+    def stop_timeline(self):
+        """Stops recording; on rank 0, returns once the file is complete."""
+        with self._use() as rt:
+            check(lib.horo_timeline_stop(rt))
 
     # Process sets -------------------------------------------------------------------------------
 

@@ -34,6 +34,8 @@ SETTINGS_FLAGS: tuple[tuple[str, str, Callable[[object], Optional[str]]], ...] =
     ("no_stall_check", "HORO_STALL_CHECK_DISABLE", _flag),
     ("stall_check_warning_time_seconds", "HORO_STALL_CHECK_TIME_SECONDS", str),
     ("stall_check_shutdown_time_seconds", "HORO_STALL_SHUTDOWN_TIME_SECONDS", str),
+    ("timeline_filename", "HORO_TIMELINE", str),
+    ("timeline_mark_cycles", "HORO_TIMELINE_MARK_CYCLES", _flag),
     ("log_level", "HORO_LOG_LEVEL", str),
     ("log_without_timestamp", "HORO_LOG_HIDE_TIME", _flag),
     ("hierarchical_allreduce", "HORO_HIERARCHICAL_ALLREDUCE", _flag),
@@ -46,12 +48,12 @@ _IGNORED_FLAGS = (
     (("--disable-cache",), False), (("--tcp",), False), (("--mpi-threads-disable",), False),
     (("--hierarchical-allgather",), False), (("--no-hierarchical-allgather",), False),
     (("--torus-allreduce",), False), (("--no-torus-allreduce",), False),
-    (("--autotune",), False), (("--timeline-mark-cycles",), False),
+    (("--autotune",), False),
     (("--network-interfaces",), True), (("--network-interface",), True),
     (("-p", "--ssh-port"), True), (("-i", "--ssh-identity-file"), True),
     (("--mpi-args",), True), (("--binding-args",), True), (("--num-nccl-streams",), True),
     (("--thread-affinity",), True), (("--gloo-timeout-seconds",), True),
-    (("--timeline-filename",), True), (("--autotune-log-file",), True),
+    (("--autotune-log-file",), True),
     (("--autotune-warmup-samples",), True), (("--autotune-steps-per-sample",), True),
     (("--autotune-bayes-opt-max-samples",), True), (("--autotune-gaussian-process-noise",), True),
 )
@@ -116,6 +118,14 @@ def _build_parser() -> argparse.ArgumentParser:
     hierarchical.add_argument("--no-hierarchical-allreduce", action="store_true",
                               help="always use the flat allreduce algorithms "
                                    "(HORO_HIERARCHICAL_ALLREDUCE=0)")
+
+    timeline = p.add_argument_group("timeline")
+    timeline.add_argument("--timeline-filename", metavar="FILE",
+                          help="rank 0 writes a timeline of every rank's collectives to FILE, a "
+                               "Chrome trace that ui.perfetto.dev opens (HORO_TIMELINE)")
+    timeline.add_argument("--timeline-mark-cycles", action="store_true",
+                          help="mark the start of every negotiation round in the timeline "
+                               "(HORO_TIMELINE_MARK_CYCLES=1)")
 
     stall = p.add_argument_group("stall check")
     stall.add_argument("--no-stall-check", action="store_true",

@@ -291,6 +291,8 @@ def test_settings_env_only_for_given_flags(runner_path):
     assert on["HORO_HIERARCHICAL_ALLREDUCE"] == "1" and off["HORO_HIERARCHICAL_ALLREDUCE"] == "0"
     with pytest.raises(SystemExit):
         parse_args(["-np", "2", "--hierarchical-allreduce", "--no-hierarchical-allreduce", "true"])
+    env = settings_env(parse_args(["-np", "2", "--timeline-filename", "t.json", "--timeline-mark-cycles", "true"]))
+    assert env["HORO_TIMELINE"] == "t.json" and env["HORO_TIMELINE_MARK_CYCLES"] == "1"
 
 
 def test_secret_not_in_argv_ps_or_output(child_env, tmp_path):
@@ -343,7 +345,8 @@ def test_version_and_help(child_env, runner_path):
                  "--stall-check-shutdown-time-seconds", "--log-level", "--log-without-timestamp",
                  "-prefix-timestamp", "--prefix-output-with-timestamp", "--verbose",
                  "-cb", "--check-build", "-v", "--version", "--gloo", "--network-interfaces",
-                 "--hierarchical-allreduce", "--no-hierarchical-allreduce"):
+                 "--hierarchical-allreduce", "--no-hierarchical-allreduce",
+                 "--timeline-filename", "--timeline-mark-cycles"):
         assert re.search(rf"(^|[\s,\[]){re.escape(flag)}([\s,\]]|$)", help_text), flag
 
 

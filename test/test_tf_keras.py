@@ -193,6 +193,11 @@ def check_xla_and_functions(c, hvd, keras, tf):
     c.equal("keras reducescatter", hvd.reducescatter(np.ones([n, 2]), op=hvd.Sum), [[n, n]])
     c.raises("DistributedOptimizer needs a Keras optimizer", [ValueError], "keras.optimizers.Optimizer",
              lambda: hvd.DistributedOptimizer(object()))
+    import horo_tf
+    c.same("horo_tf and horo_tf.keras export the timeline API",
+           (horo_tf.start_timeline, horo_tf.stop_timeline), (hvd.start_timeline, hvd.stop_timeline))
+    c.raises("start_timeline needs HORO_TIMELINE, as in Horovod", [ValueError], "HORO_TIMELINE=DYNAMIC",
+             lambda: hvd.start_timeline("timeline.json"))
 
 
 def check_mixed_precision(c, hvd, keras, tf):

@@ -12,7 +12,8 @@ import tensorflow as tf
 from horo_core import __version__
 from horo_core.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled,
                               init, is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
-                              mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size, tcp_built)
+                              mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size,
+                              start_timeline, stop_timeline, tcp_built)
 from horo_core.errors import HoroInternalError, HorovodInternalError
 from horo_core.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from horo_tf import mpi_ops

@@ -216,6 +216,14 @@ horo_status_t horo_wait(horo_runtime_t* rt, horo_handle_t handle, double timeout
 horo_status_t horo_handle_result(horo_runtime_t* rt, horo_handle_t handle, horo_result_t* out);
 horo_status_t horo_release(horo_runtime_t* rt, horo_handle_t handle);
 
+/* Timeline (Horovod's start_timeline / stop_timeline), called on every rank. Rank 0 writes a Chrome
+ * trace JSON file at file_path holding the events of every rank; the other ranks ship theirs to it.
+ * Start fails with HORO_ERR_INVALID_ARGUMENT unless HORO_TIMELINE (or HOROVOD_TIMELINE) was set, to
+ * a path or DYNAMIC, when the runtime was created. Stop returns once rank 0 has closed the file
+ * (a complete JSON array); stopping a timeline that is not running does nothing. */
+horo_status_t horo_timeline_start(horo_runtime_t* rt, const char* file_path, int32_t mark_cycles);
+horo_status_t horo_timeline_stop(horo_runtime_t* rt);
+
 /* cdef end */
 
 #ifdef __cplusplus

@@ -410,4 +410,19 @@ horo_status_t horo_release(horo_runtime_t* rt, horo_handle_t handle) {
   HORO_API_END();
 }
 
+horo_status_t horo_timeline_start(horo_runtime_t* rt, const char* file_path, int32_t mark_cycles) {
+  HORO_API_BEGIN();
+  HORO_REQUIRE_RUNTIME(rt);
+  if (file_path == nullptr) return Fail(HORO_ERR_INVALID_ARGUMENT, "start_timeline: file_path is null");
+  return SetError(rt->impl->StartTimeline(file_path, mark_cycles != 0));
+  HORO_API_END();
+}
+
+horo_status_t horo_timeline_stop(horo_runtime_t* rt) {
+  HORO_API_BEGIN();
+  HORO_REQUIRE_RUNTIME(rt);
+  return SetError(rt->impl->StopTimeline());
+  HORO_API_END();
+}
+
 }  // extern "C"

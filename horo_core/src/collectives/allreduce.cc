@@ -29,6 +29,15 @@ const char* AllreduceAlgorithmName(AllreduceAlgorithm algorithm) {
   return "unknown";
 }
 
+const char* AllreduceAlgorithmTimelineName(AllreduceAlgorithm algorithm) {
+  switch (algorithm) {
+    case AllreduceAlgorithm::kRecursiveDoubling: return "RECURSIVE_DOUBLING_ALLREDUCE";
+    case AllreduceAlgorithm::kRing: return "RING_ALLREDUCE";
+    case AllreduceAlgorithm::kHierarchical: return "HIERARCHICAL_ALLREDUCE";
+  }
+  return "ALLREDUCE";
+}
+
 AllreduceAlgorithm ChooseAllreduceAlgorithm(int64_t bytes, const AllreduceOptions& options) {
   const HostTopology* topology = options.topology;
   if (topology != nullptr && options.hierarchical != Toggle::kOff && topology->num_hosts() > 1 &&

@@ -60,6 +60,16 @@ Status AllreduceSmall(const CommGroup& group, void* buffer, int64_t count, DataT
 Status AllreduceHierarchical(const CommGroup& group, const HostTopology& topology, void* buffer, int64_t count,
                              DataType dtype, ReduceOp op, const AllreduceOptions& options);
 
+// An allreduce algorithm as the timeline names it ("RING_ALLREDUCE", "RECURSIVE_DOUBLING_ALLREDUCE",
+// "HIERARCHICAL_ALLREDUCE").
+const char* AllreduceAlgorithmTimelineName(AllreduceAlgorithm algorithm);
+
+// The algorithms of the other collectives, as the timeline names them.
+constexpr char kAllgatherAlgorithmName[] = "RING_ALLGATHER";
+constexpr char kBroadcastAlgorithmName[] = "BINOMIAL_TREE_BROADCAST";
+constexpr char kAlltoallAlgorithmName[] = "PAIRWISE_ALLTOALL";
+constexpr char kReducescatterAlgorithmName[] = "RING_REDUCESCATTER";
+
 // Gathers each member's bytes into output, concatenated in set order. bytes_per_member[i] is the
 // number of bytes member i contributes (may be 0). input may alias output + offset of this member.
 Status Allgather(const CommGroup& group, const void* input, void* output,

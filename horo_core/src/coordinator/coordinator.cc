@@ -97,17 +97,20 @@ std::string InvalidArguments(const std::map<int32_t, Request>& by_rank, const st
 
 }  // namespace
 
-Coordinator::Coordinator(const Config& config, int world_size, ProcessSetTable* sets, ResponseCache* cache)
+Coordinator::Coordinator(const Config& config, int world_size, ProcessSetTable* sets, ResponseCache* cache,
+                         Timeline* timeline)
     : config_(config),
       world_size_(world_size),
       sets_(sets),
       cache_(cache),
+      timeline_(timeline),
       stall_inspector_(config.stall_check_time_seconds, config.stall_shutdown_time_seconds,
                        config.stall_check_disable) {}
 
 void Coordinator::AddRequests(int rank, const RequestList& list) {
   if (list.shutdown) shutdown_requested_.insert(rank);
   if (!list.failure.empty()) failures_[rank] = list.failure;
+  timeline_->Receive(rank, list.timeline);
   for (const Request& r : list.requests) {
     if (r.kind == RequestKind::kTensor) {
       AddTensorRequest(r);
@@ -156,6 +159,7 @@ void Coordinator::AddTensorRequest(const Request& request) {
     return;
   }
   Pending& pending = state.pending[request.name];
+  timeline_->NegotiationRequest(request, pending.by_rank);
   if (pending.by_rank.empty()) pending.first_seen = std::chrono::steady_clock::now();
   pending.by_rank[request.rank] = request;
   MarkReadyIfComplete(request.process_set_id, request.name);
@@ -384,6 +388,7 @@ bool Coordinator::BuildResponses(ResponseList* out) {
           part.assign_id = cache_->Put(part.response, signature, &out->evicted_ids);
         }
       }
+      timeline_->NegotiationEnd(key.first, key.second);
     }
     resolved.push_back(part.response);
     parts.push_back(std::move(part));

@@ -22,12 +22,13 @@
 #include "coordinator/response.h"
 #include "coordinator/response_cache.h"
 #include "coordinator/stall_inspector.h"
+#include "timeline/timeline.h"
 
 namespace horo {
 
 class Coordinator {
  public:
-  Coordinator(const Config& config, int world_size, ProcessSetTable* sets, ResponseCache* cache);
+  Coordinator(const Config& config, int world_size, ProcessSetTable* sets, ResponseCache* cache, Timeline* timeline);
 
   // Records the requests of one rank (rank 0's own included).
   void AddRequests(int rank, const RequestList& list);
@@ -76,6 +77,7 @@ class Coordinator {
   int world_size_;
   ProcessSetTable* sets_;
   ResponseCache* cache_;
+  Timeline* timeline_;
   StallInspector stall_inspector_;
   std::map<int32_t, SetState> states_;
   std::vector<std::pair<int32_t, std::string>> ready_;  // readiness order

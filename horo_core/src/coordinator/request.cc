@@ -35,6 +35,8 @@ std::string SerializeRequestList(const RequestList& list) {
   w.Str(list.failure);
   w.I64(static_cast<int64_t>(list.requests.size()));
   for (const Request& r : list.requests) WriteRequest(w, r);
+  // Only while the timeline is on: a list without events is byte for byte what it always was.
+  if (!list.timeline.empty()) w.Str(list.timeline);
   return w.Take();
 }
 
@@ -72,7 +74,8 @@ Status ParseRequestList(const std::string& bytes, RequestList* out) {
     r.dtype = static_cast<DataType>(dtype);
     r.reduce_op = static_cast<ReduceOp>(reduce_op);
   }
-  if (!rd.AtEnd()) return Status::Internal("trailing bytes after request list");
+  if (!rd.AtEnd()) list.timeline = rd.Str();
+  if (!rd.ok() || !rd.AtEnd()) return Status::Internal("malformed timeline events or trailing bytes after request list");
   *out = std::move(list);
   return Status::OK();
 }

@@ -42,6 +42,7 @@ struct RequestList {
   std::vector<Request> requests;
   bool shutdown = false;  // this rank is shutting down
   std::string failure;    // non-empty: this rank failed with this message and is closing
+  std::string timeline;   // non-empty: timeline events of this rank (timeline/event_batch.h)
 };
 
 class WireWriter;

@@ -38,8 +38,14 @@ void Postscale(void* buffer, int64_t count, const Response& r, int members) {
 }  // namespace
 
 Executor::Executor(const Config& config, int rank, Transport* transport, ProcessSetTable* sets, TensorQueue* queue,
-                   HandleManager* handles)
-    : config_(config), rank_(rank), transport_(transport), sets_(sets), queue_(queue), handles_(handles) {
+                   HandleManager* handles, Timeline* timeline)
+    : config_(config),
+      rank_(rank),
+      transport_(transport),
+      sets_(sets),
+      queue_(queue),
+      handles_(handles),
+      trace_(timeline) {
   allreduce_options_.small_message_bytes = config.small_message_bytes;
   allreduce_options_.chunk_bytes = config.chunk_bytes;
 }
@@ -84,6 +90,7 @@ Status Executor::ReduceAcrossGroup(const CommGroup& group, const Response& head,
     const int64_t bytes = count * static_cast<int64_t>(DataTypeSize(head.dtype));
     const AllreduceAlgorithm algorithm = ChooseAllreduceAlgorithm(bytes, options);
     allreduce_runs_[static_cast<int>(algorithm)].fetch_add(1, std::memory_order_relaxed);
+    trace_.Activity(AllreduceAlgorithmTimelineName(algorithm));
     HORO_LOG(kTrace, rank_) << "allreduce '" << head.name << "' (" << bytes << " bytes, process set "
                             << head.process_set_id << "): " << AllreduceAlgorithmName(algorithm);
   }
@@ -131,6 +138,7 @@ Status Executor::Execute(const FusedResponse& fused) {
     for (const Response& r : fused) {
       TensorEntry entry;
       if (queue_->Take(r.process_set_id, r.name, &entry)) {
+        trace_.Error(r);
         handles_->Complete(entry.handle, Status(r.error_code, r.error_message));
       }
     }
@@ -167,9 +175,11 @@ Status Executor::Execute(const FusedResponse& fused) {
   if (head.op_type == OpType::kBarrier || head.op_type == OpType::kJoin) {
     TensorEntry entry;
     if (queue_->Take(head.process_set_id, head.name, &entry)) {
+      trace_.Open(fused);
       HandleResult result;
       result.value = head.last_joined_rank;
       handles_->Complete(entry.handle, Status::OK(), &result);
+      trace_.Close();
     }
     return Status::OK();
   }
@@ -178,6 +188,7 @@ Status Executor::Execute(const FusedResponse& fused) {
   for (size_t i = 0; i < fused.size(); ++i) HORO_RETURN_IF_ERROR(TakeSlot(fused[i], &slots[i]));
   if (head.on_device) return RunOnDevice(group, slots);
 
+  trace_.Open(fused);
   Status status;
   switch (head.op_type) {
     case OpType::kAllreduce: status = RunAllreduce(group, slots); break;
@@ -187,6 +198,7 @@ Status Executor::Execute(const FusedResponse& fused) {
     case OpType::kReducescatter: status = RunReducescatter(group, slots[0]); break;
     default: status = Status::Internal("unexpected operation in response"); break;
   }
+  trace_.Close();
   // On failure the handles stay open: the runtime fails every outstanding handle with the cause it
   // works out (which rank died), not just this rank's view of a closed connection.
   return status;
@@ -211,6 +223,7 @@ Status Executor::RunAllreduce(const CommGroup& group, std::vector<Slot>& slots) 
 
   int64_t total = 0;
   for (const Slot& s : slots) total += s.response->NumElements();
+  trace_.Activity("MEMCPY_IN_FUSION_BUFFER");
   uint8_t* buffer = FusionBuffer(total * esize);
   int64_t offset = 0;
   for (const Slot& s : slots) {
@@ -221,6 +234,7 @@ Status Executor::RunAllreduce(const CommGroup& group, std::vector<Slot>& slots) 
   Scale(buffer, total, dtype, head.prescale_factor);
   HORO_RETURN_IF_ERROR(ReduceAcrossGroup(group, head, buffer, total));
   Postscale(buffer, total, head, group.size());
+  trace_.Activity("MEMCPY_OUT_FUSION_BUFFER");
   offset = 0;
   for (Slot& s : slots) {
     const int64_t bytes = s.response->NumElements() * esize;
@@ -245,6 +259,7 @@ Status Executor::RunAllgather(const CommGroup& group, Slot& slot) {
   result.data.resize(rows * row_bytes);
   result.shape = r.shape;
   result.shape[0] = rows;
+  trace_.Activity(kAllgatherAlgorithmName);
   HORO_RETURN_IF_ERROR(Allgather(group, slot.entry.input, result.data.data(), bytes_per_member));
   Finish(slot, Status::OK(), &result);
   return Status::OK();
@@ -258,6 +273,7 @@ Status Executor::RunBroadcast(const CommGroup& group, Slot& slot) {
   if (group.index == root_index && slot.entry.output != slot.entry.input) {
     std::memcpy(slot.entry.output, slot.entry.input, bytes);
   }
+  trace_.Activity(kBroadcastAlgorithmName);
   HORO_RETURN_IF_ERROR(Broadcast(group, slot.entry.output, bytes, root_index));
   Finish(slot, Status::OK());
   return Status::OK();
@@ -281,6 +297,7 @@ Status Executor::RunAlltoall(const CommGroup& group, Slot& slot) {
   result.data.resize(rows * row_bytes);
   result.shape = slot.entry.request.shape;
   result.shape[0] = rows;
+  trace_.Activity(kAlltoallAlgorithmName);
   HORO_RETURN_IF_ERROR(Alltoall(group, slot.entry.input, send_bytes, result.data.data(), recv_bytes));
   Finish(slot, Status::OK(), &result);
   return Status::OK();
@@ -296,6 +313,7 @@ Status Executor::RunReducescatter(const CommGroup& group, Slot& slot) {
   std::vector<int64_t> counts(n);
   for (int i = 0; i < n; ++i) counts[i] = (dim0 / n + (i < dim0 % n ? 1 : 0)) * row_elems;
   const int64_t total = r.NumElements();
+  trace_.Activity("MEMCPY_IN_FUSION_BUFFER");
   uint8_t* scratch = FusionBuffer(total * esize);
   std::memcpy(scratch, slot.entry.input, total * esize);
   Scale(scratch, total, dtype, r.prescale_factor);
@@ -305,6 +323,7 @@ Status Executor::RunReducescatter(const CommGroup& group, Slot& slot) {
   result.shape = r.shape;
   result.shape[0] = counts[group.index] / (row_elems ? row_elems : 1);
   if (row_elems == 0) result.shape[0] = dim0 / n + (group.index < dim0 % n ? 1 : 0);
+  trace_.Activity(kReducescatterAlgorithmName);
   HORO_RETURN_IF_ERROR(Reducescatter(group, scratch, result.data.data(), counts, dtype, CollectiveOp(r.reduce_op),
                                      allreduce_options_));
   Postscale(result.data.data(), counts[group.index], r, n);

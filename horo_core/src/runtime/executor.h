@@ -24,6 +24,8 @@
 #include "device/device_executor.h"
 #include "runtime/handle_manager.h"
 #include "transport/counting/transport.h"
+#include "timeline/execution_trace.h"
+#include "timeline/timeline.h"
 #include "transport/transport.h"
 
 namespace horo {
@@ -37,7 +39,7 @@ struct ExecutorStats {
 class Executor {
  public:
   Executor(const Config& config, int rank, Transport* transport, ProcessSetTable* sets, TensorQueue* queue,
-           HandleManager* handles);
+           HandleManager* handles, Timeline* timeline);
 
   ~Executor();
 
@@ -99,6 +101,7 @@ class Executor {
   bool host_ids_fetched_ = false;
   std::map<int32_t, SetTopology> topologies_;
   std::atomic<int64_t> allreduce_runs_[kAllreduceAlgorithmCount] = {};
+  ExecutionTrace trace_;
 };
 
 }  // namespace horo

@@ -64,10 +64,17 @@ Status Runtime::Create(const horo_init_options_t& options, std::shared_ptr<Loopb
     rt->network_ = network.get();
     rt->transport_ = std::move(network);
   }
+  rt->timeline_ = std::make_unique<Timeline>(options.rank, options.size, !config.timeline.empty(), rt->transport_.get());
   rt->executor_ = std::make_unique<Executor>(config, options.rank, rt->transport_.get(), &rt->sets_, &rt->queue_,
-                                             &rt->handles_);
+                                             &rt->handles_, rt->timeline_.get());
   if (options.rank == 0) {
-    rt->coordinator_ = std::make_unique<Coordinator>(config, options.size, &rt->sets_, &rt->cache_);
+    rt->coordinator_ = std::make_unique<Coordinator>(config, options.size, &rt->sets_, &rt->cache_,
+                                                     rt->timeline_.get());
+  }
+  if (!config.timeline.empty() && config.timeline != "DYNAMIC") {
+    // As in Horovod, a timeline that cannot be written does not stop the job.
+    Status st = rt->timeline_->Start(config.timeline, config.timeline_mark_cycles, false);
+    if (!st.ok()) HORO_LOG(kError, options.rank) << st.message() << "; no timeline will be written";
   }
   *out = std::move(rt);
   return Status::OK();
@@ -272,7 +279,7 @@ void Runtime::Loop() {
   while (true) {
     std::vector<ControlMessage> messages;
     std::vector<int> lost;
-    Status st = transport_->PollControl(poll_ms, &messages, &lost);
+    Status st = transport_->PollControl(timeline_->PollTimeoutMs(poll_ms), &messages, &lost);
     if (!st.ok()) {
       Stop(st, true);
       return;
@@ -302,6 +309,7 @@ void Runtime::Loop() {
       poll_ms = coordinator_->CheckStalls();
       ResponseList list;
       if (coordinator_->BuildResponses(&list)) {
+        timeline_->MarkCycleStart();
         const std::string bytes = SerializeResponseList(list);
         for (int peer = 1; peer < size_; ++peer) {
           Status sent = transport_->SendControl(peer, bytes);
@@ -329,6 +337,7 @@ void Runtime::Loop() {
         }
       }
     }
+    timeline_->Ship();
   }
 }
 
@@ -356,6 +365,7 @@ void Runtime::StopAfterCoordinatorLoss(const std::string& detail) {
 }
 
 bool Runtime::Apply(ResponseList& list, bool parsed) {
+  timeline_->ResponsesArrived();
   for (auto& parts : list.fused) {
     FusedResponse fused;
     for (ResponsePart& part : parts) {
@@ -432,6 +442,7 @@ void Runtime::Stop(const Status& reason, bool failure) {
                                                                            : "Horo has been shut down: " + reason.message());
   for (int64_t h : queue_.TakeAllHandles()) handles_.Complete(h, handle_status);
   handles_.FailAll(handle_status);
+  timeline_->ShipFinal();
   if (rank_ == 0) {
     if (failure && !coordinator_->shut_down()) {
       // Tell every worker why before closing, so that none of them blames the coordinator.
@@ -459,6 +470,10 @@ void Runtime::Linger(double seconds) {
     std::vector<ControlMessage> messages;
     std::vector<int> lost;
     if (!transport_->PollControl(100, &messages, &lost).ok()) break;
+    for (const ControlMessage& m : messages) {
+      RequestList list;  // the workers' last timeline events still reach the file
+      if (ParseRequestList(m.payload, &list).ok()) timeline_->Receive(m.peer, list.timeline);
+    }
     open -= static_cast<int>(lost.size());
   }
 }
@@ -469,6 +484,7 @@ Status Runtime::Shutdown() {
     transport_->Wake();
     thread_.join();
   }
+  if (timeline_) timeline_->Shutdown();
   if (transport_) transport_->Close();
   if (!stopped_) {
     stopped_ = true;
@@ -478,5 +494,12 @@ Status Runtime::Shutdown() {
   }
   return Status::OK();
 }
+
+Status Runtime::StartTimeline(const std::string& path, bool mark_cycles) {
+  if (stopped_) return StoppedStatus();
+  return timeline_->Start(path, mark_cycles, started_);
+}
+
+Status Runtime::StopTimeline() { return timeline_->Stop(started_); }
 
 }  // namespace horo

@@ -21,6 +21,7 @@
 #include "horo/horo.h"
 #include "runtime/executor.h"
 #include "runtime/handle_manager.h"
+#include "timeline/timeline.h"
 #include "transport/transport.h"
 
 namespace horo {
@@ -59,6 +60,10 @@ class Runtime {
   // Asks every rank to shut down, waits for the background thread and closes the transport.
   Status Shutdown();
 
+  // start_timeline()/stop_timeline(), called on every rank (see timeline/timeline.h).
+  Status StartTimeline(const std::string& path, bool mark_cycles);
+  Status StopTimeline();
+
  private:
   Runtime(const Config& config, int rank, int size);
 
@@ -85,6 +90,7 @@ class Runtime {
   ResponseCache cache_;
   TensorQueue queue_;
   HandleManager handles_;
+  std::unique_ptr<Timeline> timeline_;  // before its users, so that it outlives them
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<Coordinator> coordinator_;
 

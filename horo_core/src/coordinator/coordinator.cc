@@ -99,6 +99,7 @@ std::string InvalidArguments(const std::map<int32_t, Request>& by_rank, const st
 
 Coordinator::Coordinator(const Config& config, int world_size, ProcessSetTable* sets, ResponseCache* cache)
     : config_(config),
+      fusion_threshold_bytes_(config.fusion_threshold_bytes),
       world_size_(world_size),
       sets_(sets),
       cache_(cache),
@@ -445,7 +446,7 @@ void Coordinator::Fuse(std::vector<ResponsePart> parts, const std::vector<Respon
                              r.prescale_factor == group_head->prescale_factor &&
                              r.postscale_factor == group_head->postscale_factor &&
                              r.joined_ranks == group_head->joined_ranks &&
-                             group_bytes + bytes <= config_.fusion_threshold_bytes;
+                             group_bytes + bytes <= fusion_threshold_bytes_;
     if (joins_group) {
       out->fused.back().push_back(std::move(parts[i]));
       group_bytes += bytes;

@@ -26,6 +26,8 @@ class Executor {
            HandleManager* handles);
 
   Status Execute(const FusedResponse& fused);
+  // Autotune: the allreduce crossover changes between response lists, identically on every rank.
+  void set_small_message_bytes(int64_t bytes) { allreduce_options_.small_message_bytes = bytes; }
 
  private:
   // One tensor of a response as this rank sees it. A rank that joined the set and never

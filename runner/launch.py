@@ -35,6 +35,12 @@ SETTINGS_FLAGS: tuple[tuple[str, str, Callable[[object], Optional[str]]], ...] =
     ("stall_check_shutdown_time_seconds", "HORO_STALL_SHUTDOWN_TIME_SECONDS", str),
     ("log_level", "HORO_LOG_LEVEL", str),
     ("log_without_timestamp", "HORO_LOG_HIDE_TIME", _flag),
+    ("autotune", "HORO_AUTOTUNE", _flag),
+    ("autotune_log_file", "HORO_AUTOTUNE_LOG", str),
+    ("autotune_warmup_samples", "HORO_AUTOTUNE_WARMUP_SAMPLES", str),
+    ("autotune_steps_per_sample", "HORO_AUTOTUNE_STEPS_PER_SAMPLE", str),
+    ("autotune_bayes_opt_max_samples", "HORO_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", str),
+    ("autotune_gaussian_process_noise", "HORO_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", _number),
 )
 
 # Horovod flags that do not apply here: (option strings, takes a value).
@@ -44,14 +50,12 @@ _IGNORED_FLAGS = (
     (("--hierarchical-allreduce",), False), (("--no-hierarchical-allreduce",), False),
     (("--hierarchical-allgather",), False), (("--no-hierarchical-allgather",), False),
     (("--torus-allreduce",), False), (("--no-torus-allreduce",), False),
-    (("--autotune",), False), (("--timeline-mark-cycles",), False),
+    (("--timeline-mark-cycles",), False),
     (("--network-interfaces",), True), (("--network-interface",), True),
     (("-p", "--ssh-port"), True), (("-i", "--ssh-identity-file"), True),
     (("--mpi-args",), True), (("--binding-args",), True), (("--num-nccl-streams",), True),
     (("--thread-affinity",), True), (("--gloo-timeout-seconds",), True),
-    (("--timeline-filename",), True), (("--autotune-log-file",), True),
-    (("--autotune-warmup-samples",), True), (("--autotune-steps-per-sample",), True),
-    (("--autotune-bayes-opt-max-samples",), True), (("--autotune-gaussian-process-noise",), True),
+    (("--timeline-filename",), True),
 )
 # Horovod flags that would change the job's meaning if ignored: (option strings, nargs).
 _REFUSED_FLAGS = (
@@ -60,6 +64,34 @@ _REFUSED_FLAGS = (
     (("--blacklist-cooldown-range",), 2), (("--host-discovery-script",), 1),
     (("--config-file",), 1),
 )
+
+
+def _parsed(text: str, kind: type, what: str):
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+
+
+def _non_negative_int(text: str) -> int:
+    value = _parsed(text, int, "an integer")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = _parsed(text, int, "an integer")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _unit_interval(text: str) -> float:
+    value = _parsed(text, float, "a number")
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {value:g}")
+    return value
 
 
 def _dest(option_strings: Sequence[str]) -> str:
@@ -98,6 +130,26 @@ def _build_parser() -> argparse.ArgumentParser:
                         help="background cycle time in milliseconds (HORO_CYCLE_TIME)")
     tuning.add_argument("--cache-capacity", type=int, metavar="N",
                         help="response cache entries; 0 disables it (HORO_CACHE_CAPACITY)")
+
+    autotune = p.add_argument_group("autotune")
+    autotune.add_argument("--autotune", action="store_true",
+                          help="tune the fusion threshold, cycle time and allreduce crossover during "
+                               "the first steps; settings given explicitly stay fixed (HORO_AUTOTUNE=1)")
+    autotune.add_argument("--autotune-log-file", metavar="FILE",
+                          help="CSV that rank 0 writes with every autotune sample and the chosen "
+                               "setting (HORO_AUTOTUNE_LOG)")
+    autotune.add_argument("--autotune-warmup-samples", type=_non_negative_int, metavar="N",
+                          help="samples discarded before tuning (default 3; "
+                               "HORO_AUTOTUNE_WARMUP_SAMPLES)")
+    autotune.add_argument("--autotune-steps-per-sample", type=_positive_int, metavar="N",
+                          help="steps per measurement; a sample is the median of 5 (default 10; "
+                               "HORO_AUTOTUNE_STEPS_PER_SAMPLE)")
+    autotune.add_argument("--autotune-bayes-opt-max-samples", type=_positive_int, metavar="N",
+                          help="samples of the Bayesian optimisation of fusion threshold and cycle "
+                               "time (default 20; HORO_AUTOTUNE_BAYES_OPT_MAX_SAMPLES)")
+    autotune.add_argument("--autotune-gaussian-process-noise", type=_unit_interval, metavar="NOISE",
+                          help="measurement noise the Gaussian process assumes, in [0, 1] "
+                               "(default 0.8; HORO_AUTOTUNE_GAUSSIAN_PROCESS_NOISE)")
 
     stall = p.add_argument_group("stall check")
     stall.add_argument("--no-stall-check", action="store_true",

@@ -201,8 +201,8 @@ def main(argv=None):
     best_fixed = min(medians[n] for n in names[:-1])
     best_name = min(names[:-1], key=lambda n: medians[n])
     print()
-    print(f"| configuration | median step (ms) | vs best fixed |")
-    print(f"|---|---:|---:|")
+    print("| configuration | median step (ms) | vs best fixed |")
+    print("|---|---:|---:|")
     for n in names:
         print(f"| {n} | {medians[n] * 1e3:.2f} | {medians[n] / best_fixed:.3f} |")
     ratio = medians["autotune"] / best_fixed

@@ -4,14 +4,17 @@
 // A Gaussian process (gaussian_process.h) models the score as a smooth function of the point.
 // Scores are standardised (zero mean, unit spread) before fitting, so that the noise parameter
 // means the same whatever the units: noise is the standard deviation of one measurement's error
-// relative to the spread of the scores (Horovod's gaussian_process_noise, default 0.8). The length
-// scale is the one of a fixed ladder that maximises the marginal likelihood of the data; a fixed
-// ladder instead of a gradient search keeps the result a pure function of the scores.
+// relative to the spread of the scores (Horovod's gaussian_process_noise, default 0.8). The signal
+// variance and length scale are the pair of a fixed ladder that maximises the marginal likelihood
+// of the data (Horovod fits the same two by gradient descent from random starts); a fixed ladder
+// keeps the result a pure function of the scores.
 //
 // The next point maximises the expected improvement over the best posterior mean at a measured
 // point, EI(x) = (mu - best - xi) Phi(z) + sigma phi(z) with z = (mu - best - xi) / sigma, taken
 // over a regular grid that includes the faces and corners of the box (optima of the autotuner's
-// knobs often sit on a bound: no batching delay, the largest buffer). When the model expects no
+// knobs often sit on a bound: no batching delay, the largest buffer). Grid points already measured
+// are skipped: with noisy scores the model keeps some doubt about its best point, and spending the
+// few samples there again teaches less than measuring next to it. When the model expects no
 // improvement anywhere, the point it knows least about is measured instead. Ties go to the first
 // grid point, so the same scores always give the same sequence of points.
 //

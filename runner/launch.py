@@ -40,6 +40,12 @@ SETTINGS_FLAGS: tuple[tuple[str, str, Callable[[object], Optional[str]]], ...] =
     ("log_without_timestamp", "HORO_LOG_HIDE_TIME", _flag),
     ("hierarchical_allreduce", "HORO_HIERARCHICAL_ALLREDUCE", _flag),
     ("no_hierarchical_allreduce", "HORO_HIERARCHICAL_ALLREDUCE", lambda value: "0" if value else None),
+    ("autotune", "HORO_AUTOTUNE", _flag),
+    ("autotune_log_file", "HORO_AUTOTUNE_LOG", str),
+    ("autotune_warmup_samples", "HORO_AUTOTUNE_WARMUP_SAMPLES", str),
+    ("autotune_steps_per_sample", "HORO_AUTOTUNE_STEPS_PER_SAMPLE", str),
+    ("autotune_bayes_opt_max_samples", "HORO_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", str),
+    ("autotune_gaussian_process_noise", "HORO_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", _number),
 )
 
 # Horovod flags that do not apply here: (option strings, takes a value).
@@ -48,14 +54,10 @@ _IGNORED_FLAGS = (
     (("--disable-cache",), False), (("--tcp",), False), (("--mpi-threads-disable",), False),
     (("--hierarchical-allgather",), False), (("--no-hierarchical-allgather",), False),
     (("--torus-allreduce",), False), (("--no-torus-allreduce",), False),
-    (("--autotune",), False),
     (("--network-interfaces",), True), (("--network-interface",), True),
     (("-p", "--ssh-port"), True), (("-i", "--ssh-identity-file"), True),
     (("--mpi-args",), True), (("--binding-args",), True), (("--num-nccl-streams",), True),
     (("--thread-affinity",), True), (("--gloo-timeout-seconds",), True),
-    (("--autotune-log-file",), True),
-    (("--autotune-warmup-samples",), True), (("--autotune-steps-per-sample",), True),
-    (("--autotune-bayes-opt-max-samples",), True), (("--autotune-gaussian-process-noise",), True),
 )
 # Horovod flags that would change the job's meaning if ignored: (option strings, nargs).
 _REFUSED_FLAGS = (
@@ -72,6 +74,34 @@ class _HelpFormatter(argparse.HelpFormatter):
     def _fill_text(self, text, width, indent):
         return textwrap.fill(" ".join(text.split()), width, initial_indent=indent, subsequent_indent=indent,
                              break_on_hyphens=False, break_long_words=False)
+
+
+def _parsed(text: str, kind: type, what: str):
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+
+
+def _non_negative_int(text: str) -> int:
+    value = _parsed(text, int, "an integer")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = _parsed(text, int, "an integer")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _unit_interval(text: str) -> float:
+    value = _parsed(text, float, "a number")
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {value:g}")
+    return value
 
 
 def _dest(option_strings: Sequence[str]) -> str:
@@ -126,6 +156,26 @@ def _build_parser() -> argparse.ArgumentParser:
     timeline.add_argument("--timeline-mark-cycles", action="store_true",
                           help="mark the start of every negotiation round in the timeline "
                                "(HORO_TIMELINE_MARK_CYCLES=1)")
+
+    autotune = p.add_argument_group("autotune")
+    autotune.add_argument("--autotune", action="store_true",
+                          help="tune the fusion threshold, cycle time and allreduce crossover during "
+                               "the first steps; settings given explicitly stay fixed (HORO_AUTOTUNE=1)")
+    autotune.add_argument("--autotune-log-file", metavar="FILE",
+                          help="CSV that rank 0 writes with every autotune sample and the chosen "
+                               "setting (HORO_AUTOTUNE_LOG)")
+    autotune.add_argument("--autotune-warmup-samples", type=_non_negative_int, metavar="N",
+                          help="samples discarded before tuning (default 3; "
+                               "HORO_AUTOTUNE_WARMUP_SAMPLES)")
+    autotune.add_argument("--autotune-steps-per-sample", type=_positive_int, metavar="N",
+                          help="steps per measurement; a sample is the median of 5 (default 10; "
+                               "HORO_AUTOTUNE_STEPS_PER_SAMPLE)")
+    autotune.add_argument("--autotune-bayes-opt-max-samples", type=_positive_int, metavar="N",
+                          help="samples of the Bayesian optimisation of fusion threshold and cycle "
+                               "time (default 20; HORO_AUTOTUNE_BAYES_OPT_MAX_SAMPLES)")
+    autotune.add_argument("--autotune-gaussian-process-noise", type=_unit_interval, metavar="NOISE",
+                          help="measurement noise the Gaussian process assumes, in [0, 1] "
+                               "(default 0.8; HORO_AUTOTUNE_GAUSSIAN_PROCESS_NOISE)")
 
     stall = p.add_argument_group("stall check")
     stall.add_argument("--no-stall-check", action="store_true",

@@ -141,6 +141,18 @@ const std::vector<Setting>& Table() {
                 return std::string(kNames[static_cast<int>(c.log_level)]);
               }},
       HORO_BOOL_SETTING("LOG_HIDE_TIME", log_hide_time, "Omit timestamps from log lines."),
+      HORO_BOOL_SETTING("AUTOTUNE", autotune,
+                        "Tune FUSION_THRESHOLD, CYCLE_TIME and SMALL_MESSAGE_BYTES online during the first steps (those set explicitly stay fixed)."),
+      HORO_STRING_SETTING("AUTOTUNE_LOG", autotune_log,
+                          "CSV file that rank 0 writes with the parameters and score of every autotune sample, then the chosen setting."),
+      HORO_INT_SETTING("AUTOTUNE_WARMUP_SAMPLES", autotune_warmup_samples,
+                       "Autotune samples discarded before tuning starts."),
+      HORO_INT_SETTING("AUTOTUNE_STEPS_PER_SAMPLE", autotune_steps_per_sample,
+                       "Training steps per autotune measurement; a sample's score is the median of 5 measurements."),
+      HORO_INT_SETTING("AUTOTUNE_BAYES_OPT_MAX_SAMPLES", autotune_bayes_opt_max_samples,
+                       "Samples of the Bayesian optimisation of fusion threshold and cycle time."),
+      HORO_FLOAT_SETTING("AUTOTUNE_GAUSSIAN_PROCESS_NOISE", autotune_gaussian_process_noise,
+                         "Measurement noise the autotuner's Gaussian process assumes, relative to the spread of the scores, in [0, 1]."),
   };
   return table;
 }
@@ -168,6 +180,7 @@ Status LoadConfigFromEnv(Config* config) {
         return Status::InvalidArgument("environment variable " + var + "='" + text + "' is not a valid " +
                                        KindName(s.kind));
       }
+      parsed.from_environment.insert(s.name);
       break;  // HORO_ wins over HOROVOD_
     }
   }
@@ -180,6 +193,24 @@ Status LoadConfigFromEnv(Config* config) {
   if (parsed.peer_timeout_seconds <= 0) return Status::InvalidArgument("HORO_PEER_TIMEOUT_SECONDS must be > 0");
   if (parsed.spin_microseconds < 0 || parsed.spin_microseconds > 1e6) {
     return Status::InvalidArgument("HORO_SPIN_MICROSECONDS must be between 0 and 1000000");
+  }
+  if (parsed.cycle_time_ms < 0) return Status::InvalidArgument("HORO_CYCLE_TIME must be >= 0");
+  if (parsed.small_message_bytes < 0) return Status::InvalidArgument("HORO_SMALL_MESSAGE_BYTES must be >= 0");
+  if (parsed.autotune_warmup_samples < 0) {
+    return Status::InvalidArgument("HORO_AUTOTUNE_WARMUP_SAMPLES must be >= 0, got " +
+                                   std::to_string(parsed.autotune_warmup_samples));
+  }
+  if (parsed.autotune_steps_per_sample < 1) {
+    return Status::InvalidArgument("HORO_AUTOTUNE_STEPS_PER_SAMPLE must be >= 1, got " +
+                                   std::to_string(parsed.autotune_steps_per_sample));
+  }
+  if (parsed.autotune_bayes_opt_max_samples < 1) {
+    return Status::InvalidArgument("HORO_AUTOTUNE_BAYES_OPT_MAX_SAMPLES must be >= 1, got " +
+                                   std::to_string(parsed.autotune_bayes_opt_max_samples));
+  }
+  if (!(parsed.autotune_gaussian_process_noise >= 0 && parsed.autotune_gaussian_process_noise <= 1)) {
+    return Status::InvalidArgument("HORO_AUTOTUNE_GAUSSIAN_PROCESS_NOISE must be between 0 and 1, got " +
+                                   FormatDouble(parsed.autotune_gaussian_process_noise));
   }
   *config = parsed;
   return Status::OK();

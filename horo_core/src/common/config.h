@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,17 @@ struct Config {
   bool timeline_mark_cycles = false;    // CYCLE_START markers in the timeline
   LogLevel log_level = LogLevel::kWarning;
   bool log_hide_time = false;
+  // Autotune (tuning/parameter_manager.h): rank 0 tunes the settings above that the user did not set.
+  bool autotune = false;
+  std::string autotune_log;             // CSV of every sample, written by rank 0; empty = none
+  int64_t autotune_warmup_samples = 3;  // samples discarded before tuning starts
+  int64_t autotune_steps_per_sample = 10;
+  int64_t autotune_bayes_opt_max_samples = 20;
+  double autotune_gaussian_process_noise = 0.8;
+
+  // Names (without prefix) of the settings that came from the environment rather than defaults.
+  std::set<std::string> from_environment;
+  bool IsSetExplicitly(const std::string& name) const { return from_environment.count(name) > 0; }
 };
 
 struct SettingInfo {

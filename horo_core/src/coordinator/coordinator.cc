@@ -100,6 +100,7 @@ std::string InvalidArguments(const std::map<int32_t, Request>& by_rank, const st
 Coordinator::Coordinator(const Config& config, int world_size, ProcessSetTable* sets, ResponseCache* cache,
                          Timeline* timeline)
     : config_(config),
+      fusion_threshold_bytes_(config.fusion_threshold_bytes),
       world_size_(world_size),
       sets_(sets),
       cache_(cache),
@@ -463,7 +464,7 @@ void Coordinator::Fuse(std::vector<ResponsePart> parts, const std::vector<Respon
                              r.on_device == group_head->on_device &&
                              r.hierarchical_allreduce == group_head->hierarchical_allreduce &&
                              r.small_message_bytes == group_head->small_message_bytes &&
-                             group_bytes + bytes <= config_.fusion_threshold_bytes;
+                             group_bytes + bytes <= fusion_threshold_bytes_;
     if (joins_group) {
       out->fused.back().push_back(std::move(parts[i]));
       group_bytes += bytes;

@@ -47,6 +47,9 @@ class Coordinator {
   // the shutdown time. Returns the milliseconds until the next check is due.
   int CheckStalls();
 
+  // Autotune: responses built from now on are fused up to this many bytes.
+  void set_fusion_threshold_bytes(int64_t bytes) { fusion_threshold_bytes_ = bytes; }
+
   bool shut_down() const { return shut_down_; }
   int lost_count() const { return static_cast<int>(lost_.size()); }
 
@@ -74,6 +77,7 @@ class Coordinator {
   void EmitShutdown(horo_status_t code, const std::string& message, ResponseList* out);
 
   Config config_;
+  int64_t fusion_threshold_bytes_;
   int world_size_;
   ProcessSetTable* sets_;
   ResponseCache* cache_;

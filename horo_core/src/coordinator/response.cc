@@ -71,6 +71,12 @@ bool ReadResponse(WireReader& rd, Response* r) {
 
 std::string SerializeResponseList(const ResponseList& list) {
   WireWriter w;
+  w.U8(list.has_parameters ? 1 : 0);
+  if (list.has_parameters) {
+    w.I64(list.parameters.fusion_threshold_bytes);
+    w.F64(list.parameters.cycle_time_ms);
+    w.I64(list.parameters.small_message_bytes);
+  }
   w.I64Vec(list.evicted_ids);
   w.I64(static_cast<int64_t>(list.fused.size()));
   for (const auto& parts : list.fused) {
@@ -88,6 +94,19 @@ std::string SerializeResponseList(const ResponseList& list) {
 Status ParseResponseList(const std::string& bytes, ResponseList* out) {
   WireReader rd(bytes);
   ResponseList list;
+  const uint8_t has_parameters = rd.U8();
+  if (has_parameters > 1) return Status::Internal("malformed response list: parameter flag " + std::to_string(has_parameters));
+  list.has_parameters = has_parameters == 1;
+  if (list.has_parameters) {
+    TunedParameters& p = list.parameters;
+    p.fusion_threshold_bytes = rd.I64();
+    p.cycle_time_ms = rd.F64();
+    p.small_message_bytes = rd.I64();
+    if (rd.ok() && (p.fusion_threshold_bytes < 0 || !(p.cycle_time_ms >= 0 && p.cycle_time_ms <= 1e6) ||
+                    p.small_message_bytes < 0)) {
+      return Status::Internal("malformed response list: invalid tuned parameters");
+    }
+  }
   list.evicted_ids = rd.I64Vec();
   int64_t groups = rd.I64();
   if (!rd.ok() || groups < 0 || groups > static_cast<int64_t>(bytes.size())) {

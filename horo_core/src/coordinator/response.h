@@ -11,6 +11,7 @@
 #include "common/config.h"
 #include "common/dtype.h"
 #include "common/status.h"
+#include "tuning/tuned_parameters.h"
 
 namespace horo {
 
@@ -61,6 +62,9 @@ struct ResponsePart {
 };
 
 struct ResponseList {
+  // Autotune: parameters every rank applies before executing this list's responses.
+  bool has_parameters = false;
+  TunedParameters parameters;
   // Cache ids to drop once every part is read (ids are never reused, so a part may still name an
   // entry that this same list evicts).
   std::vector<int64_t> evicted_ids;

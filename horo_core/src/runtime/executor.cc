@@ -83,7 +83,7 @@ Status Executor::TopologyOf(int32_t set_id, const CommGroup& group, const HostTo
 
 Status Executor::ReduceAcrossGroup(const CommGroup& group, const Response& head, void* buffer, int64_t count) {
   AllreduceOptions options = allreduce_options_;
-  options.small_message_bytes = head.small_message_bytes;
+  if (!small_message_bytes_tuned_) options.small_message_bytes = head.small_message_bytes;
   options.hierarchical = head.hierarchical_allreduce;
   HORO_RETURN_IF_ERROR(TopologyOf(head.process_set_id, group, &options.topology));
   if (group.size() > 1 && count > 0) {

@@ -53,6 +53,14 @@ class Executor {
   Status EnableCuda(const std::string& nccl_path, int32_t* nccl_version);
   Status CheckDeviceTensor(OpType op, const horo_tensor_t& tensor, const std::string& label) const;
 
+  // Autotune: the allreduce crossover changes between response lists, identically on every rank.
+  // Once set, it replaces the crossover each response carries (the coordinator's setting when the
+  // response was first built; cached responses keep it).
+  void set_small_message_bytes(int64_t bytes) {
+    allreduce_options_.small_message_bytes = bytes;
+    small_message_bytes_tuned_ = true;
+  }
+
  private:
   // One tensor of a response as this rank sees it. A rank that joined the set and never
   // submitted the tensor takes part with a neutral stand-in (owned below).
@@ -93,6 +101,7 @@ class Executor {
   TensorQueue* queue_;
   HandleManager* handles_;
   AllreduceOptions allreduce_options_;
+  bool small_message_bytes_tuned_ = false;  // the autotuner has set allreduce_options_.small_message_bytes
   std::vector<uint8_t> fusion_buffer_;
   std::mutex device_mutex_;                  // serialises EnableCuda
   std::unique_ptr<DeviceExecutor> device_owner_;

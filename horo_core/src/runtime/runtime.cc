@@ -19,8 +19,13 @@ std::string TensorLabel(OpType op, const char* name) {
 }  // namespace
 
 Runtime::Runtime(const Config& config, int rank, int size)
-    : config_(config), rank_(rank), size_(size), sets_(size), cache_(config.cache_capacity),
-      handles_(config.spin_microseconds) {}
+    : config_(config),
+      rank_(rank),
+      size_(size),
+      sets_(size),
+      cache_(config.cache_capacity),
+      handles_(config.spin_microseconds),
+      cycle_time_ms_(config.cycle_time_ms) {}
 
 Status Runtime::Create(const horo_init_options_t& options, std::shared_ptr<LoopbackHub> hub,
                        std::unique_ptr<Runtime>* out) {
@@ -70,6 +75,7 @@ Status Runtime::Create(const horo_init_options_t& options, std::shared_ptr<Loopb
   if (options.rank == 0) {
     rt->coordinator_ = std::make_unique<Coordinator>(config, options.size, &rt->sets_, &rt->cache_,
                                                      rt->timeline_.get());
+    if (config.autotune) rt->tuner_ = std::make_unique<ParameterManager>(config, options.rank);
   }
   if (!config.timeline.empty() && config.timeline != "DYNAMIC") {
     // As in Horovod, a timeline that cannot be written does not stop the job.
@@ -284,9 +290,9 @@ void Runtime::Loop() {
       Stop(st, true);
       return;
     }
-    if (config_.cycle_time_ms > 0 && queue_.HasRequests()) {
+    if (cycle_time_ms_ > 0 && queue_.HasRequests()) {
       // Batching delay: let more tensors arrive so that they are negotiated and fused together.
-      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(config_.cycle_time_ms));
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(cycle_time_ms_));
     }
     RequestList mine;
     mine.requests = queue_.TakeRequests();
@@ -310,6 +316,7 @@ void Runtime::Loop() {
       ResponseList list;
       if (coordinator_->BuildResponses(&list)) {
         timeline_->MarkCycleStart();
+        if (tuner_) TuneOnCoordinator(&list);
         const std::string bytes = SerializeResponseList(list);
         for (int peer = 1; peer < size_; ++peer) {
           Status sent = transport_->SendControl(peer, bytes);
@@ -364,8 +371,21 @@ void Runtime::StopAfterCoordinatorLoss(const std::string& detail) {
   Stop(Status::PeerLost("lost the connection to the coordinator (rank 0): " + detail), true);
 }
 
+void Runtime::TuneOnCoordinator(ResponseList* list) {
+  const auto now = std::chrono::steady_clock::now().time_since_epoch();
+  tuner_->OnResponseList(list, std::chrono::duration<double, std::micro>(now).count());
+  // A new threshold applies to the next list built, which is also the one that announces it.
+  coordinator_->set_fusion_threshold_bytes(tuner_->parameters().fusion_threshold_bytes);
+}
+
+void Runtime::ApplyParameters(const TunedParameters& parameters) {
+  cycle_time_ms_ = parameters.cycle_time_ms;
+  executor_->set_small_message_bytes(parameters.small_message_bytes);
+}
+
 bool Runtime::Apply(ResponseList& list, bool parsed) {
   timeline_->ResponsesArrived();
+  if (list.has_parameters) ApplyParameters(list.parameters);
   for (auto& parts : list.fused) {
     FusedResponse fused;
     for (ResponsePart& part : parts) {

@@ -23,6 +23,7 @@
 #include "runtime/handle_manager.h"
 #include "timeline/timeline.h"
 #include "transport/transport.h"
+#include "tuning/parameter_manager.h"
 
 namespace horo {
 
@@ -74,6 +75,10 @@ class Runtime {
   // Executes a response list; returns false when the loop must end.
   bool Apply(ResponseList& list, bool parsed);
   bool ApplyMessage(const ControlMessage& message);
+  // Autotune: rank 0 lets the tuner see (and annotate) a list before sending it; every rank
+  // applies the parameters a list carries before its responses.
+  void TuneOnCoordinator(ResponseList* list);
+  void ApplyParameters(const TunedParameters& parameters);
   void StopAfterCoordinatorLoss(const std::string& detail);
   void FailOnDataPlane(const Status& status);
   std::string DiagnoseOnCoordinator(const Status& local);
@@ -93,6 +98,8 @@ class Runtime {
   std::unique_ptr<Timeline> timeline_;  // before its users, so that it outlives them
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<ParameterManager> tuner_;  // rank 0 with HORO_AUTOTUNE only
+  double cycle_time_ms_;                     // HORO_CYCLE_TIME, or what the autotuner chose
 
   std::thread thread_;
   std::atomic<bool> started_{false};

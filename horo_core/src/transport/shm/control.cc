@@ -156,6 +156,7 @@ Status ShmTransport::PollControl(int timeout_ms, std::vector<ControlMessage>* me
   if (!connected_ || !control_links_) return tcp_->PollControl(timeout_ms, messages, lost_peers);
   std::lock_guard<std::mutex> lock(control_read_mutex_);
   const size_t first = messages->size();
+  const size_t first_lost = lost_peers->size();
   const Clock::time_point start = Clock::now();
   const bool forever = timeout_ms < 0;
   const Clock::time_point deadline = start + std::chrono::milliseconds(forever ? 0 : timeout_ms);
@@ -176,7 +177,12 @@ Status ShmTransport::PollControl(int timeout_ms, std::vector<ControlMessage>* me
       last_tcp_check_ = now;
       HORO_RETURN_IF_ERROR(tcp_->PollControl(0, messages, lost_peers));
     }
-    if (woken || messages->size() > first || !lost_peers->empty()) return Status::OK();
+    if (lost_peers->size() > first_lost) {
+      // A worker that fails writes its report to the ring, then closes: read the report too, so
+      // that the caller sees it before (in the same call as) the loss.
+      return DrainControlLocked(messages);
+    }
+    if (woken || messages->size() > first) return Status::OK();
     if (now < spin_until) {
       SpinRound(&round);
       continue;
@@ -187,7 +193,8 @@ Status ShmTransport::PollControl(int timeout_ms, std::vector<ControlMessage>* me
       // Linked peers ring the doorbell, TCP peers wake poll(): poll TCP briefly, look again.
       const int ms = static_cast<int>(std::max<int64_t>(1, std::min(wait_ns, kTcpPollNs) / 1000000));
       HORO_RETURN_IF_ERROR(tcp_->PollControl(ms, messages, lost_peers));
-      if (messages->size() > first || !lost_peers->empty()) return Status::OK();
+      if (lost_peers->size() > first_lost) return DrainControlLocked(messages);
+      if (messages->size() > first) return Status::OK();
     } else {
       shm::Doorbell doorbell = links_.own->doorbell();
       const uint32_t armed = doorbell.Arm();

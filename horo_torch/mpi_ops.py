@@ -138,27 +138,16 @@ def synchronize(handle):
     if pending is None:
         return None
     rt = pending.runtime
-    if not pending.needs_result:
-        # The outputs are the caller's tensors: wait for and release each handle in one call.
-        error = None
-        for h in pending.core_handles:
-            try:
-                rt.wait_release(h)
-            except Exception as exc:  # keep waiting so that no buffer is freed while still in use
-                error = error or exc
-        try:
-            if error is not None:
-                raise error
-            return pending.finish(rt, None)
-        finally:
-            if pending.staging is not None:
-                pending.staging.done()
+    # Outputs the caller gave need no result: each handle is waited on and released in one call.
+    results = [] if pending.needs_result else None
     error = None
-    results = []
     for h in pending.core_handles:
         try:
-            rt.wait(h)
-            results.append(rt.result(h))
+            if results is None:
+                rt.wait_release(h)
+            else:
+                rt.wait(h)
+                results.append(rt.result(h))
         except Exception as exc:  # keep waiting so that no buffer is freed while still in use
             error = error or exc
     try:
@@ -168,11 +157,12 @@ def synchronize(handle):
     finally:
         if pending.staging is not None:
             pending.staging.done()
-        for h in pending.core_handles:
-            try:
-                rt.release(h)
-            except Exception:  # never mask the operation's own error; after shutdown handles are gone
-                pass
+        if results is not None:
+            for h in pending.core_handles:
+                try:
+                    rt.release(h)
+                except Exception:  # never mask the operation's own error; after shutdown handles are gone
+                    pass
 
 
 def _copy_back(target, computed, staging=None):

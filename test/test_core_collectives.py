@@ -76,7 +76,9 @@ def test_scale_factors(world):
 
 
 def test_grouped_and_fused_allreduce(world):
-    shapes = [(3,), (2, 5), (0,), (7, 1, 3)]
+    # (300000,) float64 is 2.4 MB: members of at least 1 MiB are reduced in place, the rest of the
+    # group through the fusion buffer, around it.
+    shapes = [(3,), (2, 5), (300000,), (0,), (7, 1, 3)]
 
     def body(rt):
         arrays = [np.full(s, float(rt.rank + 1) * (k + 1), dtype=np.float64) for k, s in enumerate(shapes)]

@@ -80,6 +80,8 @@ class Executor {
   void Finish(Slot& slot, const Status& status, HandleResult* result = nullptr);
 
   Status RunAllreduce(const CommGroup& group, std::vector<Slot>& slots);
+  // Reduces one tensor in its output buffer (no fusion copy) and completes it.
+  Status ReduceInPlace(const CommGroup& group, Slot& slot);
   Status RunAllgather(const CommGroup& group, Slot& slot);
   Status RunBroadcast(const CommGroup& group, Slot& slot);
   Status RunAlltoall(const CommGroup& group, Slot& slot);

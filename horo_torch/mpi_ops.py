@@ -155,14 +155,16 @@ def synchronize(handle):
             raise error
         return pending.finish(rt, results)
     finally:
-        if pending.staging is not None:
-            pending.staging.done()
-        if results is not None:
-            for h in pending.core_handles:
-                try:
-                    rt.release(h)
-                except Exception:  # never mask the operation's own error; after shutdown handles are gone
-                    pass
+        try:
+            if pending.staging is not None:
+                pending.staging.done()
+        finally:
+            if results is not None:
+                for h in pending.core_handles:
+                    try:
+                        rt.release(h)
+                    except Exception:  # never mask the operation's own error; after shutdown handles are gone
+                        pass
 
 
 def _copy_back(target, computed, staging=None):

@@ -446,6 +446,23 @@ void TestControlPlane(bool mixed) {
   Pass(tag + "a closed worker is reported lost");
 }
 
+// A one-rank job has no control peer at all: Wake() must still end a PollControl at once.
+void TestSingleRankWake() {
+  Mesh mesh = BuildMesh(1);
+  std::thread waker([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    mesh[0]->Wake();
+  });
+  std::vector<ControlMessage> none;
+  std::vector<int> lost;
+  auto start = Clock::now();
+  ExpectOk(mesh[0]->PollControl(1000, &none, &lost), "[one rank] PollControl with Wake");
+  const double waited = SecondsSince(start);
+  waker.join();
+  Check(none.empty() && lost.empty() && waited < 0.9, "[one rank] Wake() did not end PollControl early");
+  Pass("[one rank] Wake() ends PollControl");
+}
+
 // One-way and ring bandwidth of 64 MB, shared memory against TCP on the same ranks (printed only).
 void Measure() {
   for (bool enabled : {true, false}) {
@@ -483,6 +500,7 @@ int main() {
   TestDataTimeout();
   TestControlPlane(false);
   TestControlPlane(true);
+  TestSingleRankWake();
   Measure();
   Check(LeftoverSegments().empty(), "segments left in /dev/shm at the end");
   std::printf("all shared-memory transport checks passed in %.1f s\n", SecondsSince(start));

@@ -157,7 +157,8 @@ Status DeviceExecutor::Decide(const CommGroup& group, int device, SetState* stat
   return Status::OK();
 }
 
-Status DeviceExecutor::Run(const CommGroup& group, const Response& head, const std::vector<DeviceTensor>& tensors) {
+Status DeviceExecutor::Run(const CommGroup& group, const Response& head, const std::vector<DeviceTensor>& tensors,
+                           const AllreduceOptions& host_allreduce) {
   const int device = tensors.front().device;
   for (const DeviceTensor& t : tensors) {
     if (t.device != device) {
@@ -192,7 +193,7 @@ Status DeviceExecutor::Run(const CommGroup& group, const Response& head, const s
   int nccl_type = 0;
   const bool nccl_can = head.op_type == OpType::kBroadcast || NcclTypeOf(head.dtype, &nccl_type);
   if (state.use_nccl && nccl_can) return RunNccl(group, head, tensors, state, dev->stream);
-  return RunStaged(group, head, tensors, dev->stream);
+  return RunStaged(group, head, tensors, dev->stream, host_allreduce);
 }
 
 Status DeviceExecutor::RunNccl(const CommGroup& group, const Response& head, const std::vector<DeviceTensor>& tensors,
@@ -244,7 +245,8 @@ Status DeviceExecutor::Pinned(size_t bytes, uint8_t** out) {
 }
 
 Status DeviceExecutor::RunStaged(const CommGroup& group, const Response& head, const std::vector<DeviceTensor>& tensors,
-                                 CuStream stream) {
+                                 CuStream stream,
+                                 const AllreduceOptions& host_allreduce) {
   const std::string& first = tensors.front().name;
   const size_t esize = DataTypeSize(head.dtype);
   size_t total = 0;
@@ -271,7 +273,7 @@ Status DeviceExecutor::RunStaged(const CommGroup& group, const Response& head, c
     HORO_RETURN_IF_ERROR(Broadcast(group, host, static_cast<int64_t>(total), root));
   } else {
     HORO_RETURN_IF_ERROR(Allreduce(group, host, static_cast<int64_t>(total / esize), head.dtype,
-                                   HostOpOf(head.reduce_op), options_.host_allreduce));
+                                   HostOpOf(head.reduce_op), host_allreduce));
   }
   offset = 0;
   for (const DeviceTensor& t : tensors) {

@@ -42,7 +42,6 @@ struct DeviceExecutorOptions {
   std::string driver_path = "libcuda.so.1";
   std::string nccl_path;                 // empty: no NCCL, every CUDA collective is staged
   double progress_timeout_seconds = 30;  // a device collective that does not finish in this long fails
-  AllreduceOptions host_allreduce;       // for the staged path
 };
 
 class DeviceExecutor {
@@ -55,8 +54,11 @@ class DeviceExecutor {
   bool HasDevice(int ordinal) const { return ordinal >= 0 && ordinal < device_count_; }
 
   // Runs a fused allreduce or a broadcast of CUDA tensors; every member of group calls it for the
-  // same response. A non-OK status means the device or the communicator failed.
-  Status Run(const CommGroup& group, const Response& head, const std::vector<DeviceTensor>& tensors);
+  // same response. host_allreduce: the algorithm settings for a staged allreduce, which the caller
+  // derives from the response, so that every member stages alike. A non-OK status means the device
+  // or the communicator failed.
+  Status Run(const CommGroup& group, const Response& head, const std::vector<DeviceTensor>& tensors,
+             const AllreduceOptions& host_allreduce);
 
  private:
   struct SetState {
@@ -77,7 +79,7 @@ class DeviceExecutor {
   Status RunNccl(const CommGroup& group, const Response& head, const std::vector<DeviceTensor>& tensors,
                  SetState& state, CuStream stream);
   Status RunStaged(const CommGroup& group, const Response& head, const std::vector<DeviceTensor>& tensors,
-                   CuStream stream);
+                   CuStream stream, const AllreduceOptions& host_allreduce);
   Status WaitForStream(CuStream stream, NcclComm comm, const std::string& what);
   Status Pinned(size_t bytes, uint8_t** out);
   std::string Where(const std::string& tensor) const;

@@ -81,11 +81,16 @@ Status Executor::TopologyOf(int32_t set_id, const CommGroup& group, const HostTo
   return Status::OK();
 }
 
+Status Executor::AllreduceOptionsFor(const CommGroup& group, const Response& head, AllreduceOptions* options) {
+  *options = allreduce_options_;
+  if (!small_message_bytes_tuned_) options->small_message_bytes = head.small_message_bytes;
+  options->hierarchical = head.hierarchical_allreduce;
+  return TopologyOf(head.process_set_id, group, &options->topology);
+}
+
 Status Executor::ReduceAcrossGroup(const CommGroup& group, const Response& head, void* buffer, int64_t count) {
-  AllreduceOptions options = allreduce_options_;
-  if (!small_message_bytes_tuned_) options.small_message_bytes = head.small_message_bytes;
-  options.hierarchical = head.hierarchical_allreduce;
-  HORO_RETURN_IF_ERROR(TopologyOf(head.process_set_id, group, &options.topology));
+  AllreduceOptions options;
+  HORO_RETURN_IF_ERROR(AllreduceOptionsFor(group, head, &options));
   if (group.size() > 1 && count > 0) {
     const int64_t bytes = count * static_cast<int64_t>(DataTypeSize(head.dtype));
     const AllreduceAlgorithm algorithm = ChooseAllreduceAlgorithm(bytes, options);

@@ -76,6 +76,9 @@ class Executor {
   Status TopologyOf(int32_t set_id, const CommGroup& group, const HostTopology** topology);
   // Allreduce with the algorithm settings of the response, counted in the stats.
   Status ReduceAcrossGroup(const CommGroup& group, const Response& head, void* buffer, int64_t count);
+  // The allreduce settings every member uses for head: the coordinator's (stamped in the response)
+  // or the autotuner's crossover, and the set's host topology.
+  Status AllreduceOptionsFor(const CommGroup& group, const Response& head, AllreduceOptions* options);
   Status TakeSlot(const Response& response, Slot* slot);
   void Finish(Slot& slot, const Status& status, HandleResult* result = nullptr);
 

@@ -13,7 +13,6 @@ Status Executor::EnableCuda(const std::string& nccl_path, int32_t* nccl_version)
     DeviceExecutorOptions options;
     options.nccl_path = nccl_path;
     options.progress_timeout_seconds = config_.peer_timeout_seconds;
-    options.host_allreduce = allreduce_options_;
     HORO_RETURN_IF_ERROR(DeviceExecutor::Create(rank_, options, &device_owner_));
     device_.store(device_owner_.get(), std::memory_order_release);
   }
@@ -62,7 +61,9 @@ Status Executor::RunOnDevice(const CommGroup& group, std::vector<Slot>& slots) {
     t.ready_event = s.entry.ready_event;
     tensors.push_back(std::move(t));
   }
-  HORO_RETURN_IF_ERROR(device->Run(group, head, tensors));
+  AllreduceOptions host_allreduce;
+  HORO_RETURN_IF_ERROR(AllreduceOptionsFor(group, head, &host_allreduce));
+  HORO_RETURN_IF_ERROR(device->Run(group, head, tensors, host_allreduce));
   for (Slot& s : slots) Finish(s, Status::OK());
   return Status::OK();
 }

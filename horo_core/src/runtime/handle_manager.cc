@@ -11,7 +11,7 @@ namespace horo {
 int64_t HandleManager::Allocate() {
   std::lock_guard<std::mutex> lock(mutex_);
   int64_t h = next_handle_++;
-  states_[h] = std::make_unique<State>();
+  states_[h] = std::make_shared<State>();
   return h;
 }
 
@@ -52,9 +52,8 @@ Status HandleManager::Wait(int64_t handle, double timeout_seconds) {
   std::unique_lock<std::mutex> lock(mutex_);
   auto it = states_.find(handle);
   if (it == states_.end()) return Status::InvalidArgument("unknown handle " + std::to_string(handle));
-  State* state = it->second.get();
+  const std::shared_ptr<State> state = it->second;
   if (!state->done && spin_ns_ > 0 && timeout_seconds != 0) {
-    // The state stays allocated: only the owner of the handle releases it, after waiting.
     lock.unlock();
     const auto spin = std::chrono::nanoseconds(timeout_seconds < 0 ? spin_ns_
                                                                     : std::min<int64_t>(spin_ns_, timeout_seconds * 1e9));
@@ -66,9 +65,9 @@ Status HandleManager::Wait(int64_t handle, double timeout_seconds) {
     lock.lock();
   }
   if (timeout_seconds < 0) {
-    done_cv_.wait(lock, [state] { return state->done.load(); });
+    done_cv_.wait(lock, [&state] { return state->done.load(); });
   } else if (!done_cv_.wait_for(lock, std::chrono::duration<double>(timeout_seconds),
-                                [state] { return state->done.load(); })) {
+                                [&state] { return state->done.load(); })) {
     return Status(HORO_ERR_IN_PROGRESS, "operation still in progress");
   }
   return state->status;

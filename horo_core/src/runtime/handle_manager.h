@@ -53,7 +53,9 @@ class HandleManager {
   std::mutex mutex_;
   std::condition_variable done_cv_;
   int64_t next_handle_ = 1;
-  std::unordered_map<int64_t, std::unique_ptr<State>> states_;
+  // Shared so that a waiter keeps its state alive while it spins or sleeps unlocked, even if
+  // another thread releases the handle meanwhile.
+  std::unordered_map<int64_t, std::shared_ptr<State>> states_;
 };
 
 }  // namespace horo

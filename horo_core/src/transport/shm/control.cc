@@ -34,7 +34,8 @@ shm::Link* ShmTransport::ControlLink(int peer) const {
 void ShmTransport::Wake() {
   wake_requested_.store(true, std::memory_order_release);
   if (connected_ && control_links_ && links_.own) links_.own->doorbell().Ring();
-  if (!connected_ || tcp_control_peers_) tcp_->Wake();
+  // PollControl waits in TCP's poll() when some control peer (or none at all: one rank) is on TCP.
+  if (!connected_ || !control_links_ || tcp_control_peers_) tcp_->Wake();
 }
 
 Status ShmTransport::SendControl(int peer, const std::string& payload) {
@@ -110,6 +111,7 @@ Status ShmTransport::DrainControlLocked(std::vector<ControlMessage>* out) {
   for (const auto& owned : links_.links) {
     shm::Link* link = owned.get();
     if (link == nullptr || ControlLink(link->peer) != link) continue;
+    if (!link->control_broken.ok()) return link->control_broken;
     while (true) {
       if (link->control_header_have < kHeaderBytes) {
         link->control_header_have += link->control_in.Read(link->control_header + link->control_header_have,
@@ -120,8 +122,10 @@ Status ShmTransport::DrainControlLocked(std::vector<ControlMessage>* out) {
           length |= static_cast<uint64_t>(static_cast<uint8_t>(link->control_header[i])) << (8 * i);
         }
         if (length > tcp::Connection::kMaxControlFrame) {
-          return Status::Internal(Who() + ": corrupt control frame from rank " + std::to_string(link->peer) +
-                                  " (length " + std::to_string(length) + ")");
+          link->control_broken = Status::Internal(Who() + ": corrupt control frame from rank " +
+                                                  std::to_string(link->peer) + " (length " + std::to_string(length) +
+                                                  ")");
+          return link->control_broken;
         }
         link->control_frame.resize(length);
         link->control_frame_have = 0;
@@ -147,7 +151,7 @@ void ShmTransport::DrainControlWhileWaiting() {
   std::unique_lock<std::mutex> lock(control_read_mutex_, std::try_to_lock);
   if (!lock.owns_lock()) return;
   Status status = DrainControlLocked(&pending_control_);
-  // A corrupt frame is reported by the next PollControl, which drains again and fails there.
+  // A corrupt frame stays recorded on its link; the next PollControl returns it.
   (void)status;
 }
 

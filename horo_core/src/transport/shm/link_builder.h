@@ -48,6 +48,7 @@ struct Link {
   size_t control_header_have = 0;
   std::string control_frame;
   size_t control_frame_have = 0;
+  Status control_broken;  // a corrupt frame arrived: the control stream is out of step for good
 };
 
 struct LinkSet {

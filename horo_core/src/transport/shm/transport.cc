@@ -77,6 +77,8 @@ void ShmTransport::Close() {
         if (!link) continue;
         link->out.CloseWriter();
         link->in.CloseReader();
+        link->control_out.CloseWriter();
+        link->control_in.CloseReader();
       }
       if (links_.own) links_.own->doorbell().RingAlways();
     }

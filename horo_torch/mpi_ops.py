@@ -205,6 +205,17 @@ def _host_output(output, src, staging):
 # Allreduce ---------------------------------------------------------------------------------------
 
 def _allreduce_async(tensors, output_tensors, name, op, prescale_factor, postscale_factor, process_set, kind):
+    if all(t.device.type == "cpu" for t in tensors) and all(o.device.type == "cpu" for o in output_tensors):
+        # Host tensors, the common case: no staging, no device checks on the per-step path.
+        srcs = [t.detach().contiguous() for t in tensors]
+        outs = [o if o.is_contiguous() else torch.empty_like(s) for o, s in zip(output_tensors, srcs)]
+
+        def finish_host(rt, results):
+            done = [_copy_back(o, c) for o, c in zip(output_tensors, outs)]
+            return done if kind.startswith("grouped") else done[0]
+
+        return _enqueue(lib.HORO_ALLREDUCE, kind, name, srcs, outs, process_set, finish_host, reduce_op=op,
+                        prescale_factor=prescale_factor, postscale_factor=postscale_factor)
     if device.core_takes(basics.runtime(), list(tensors) + list(output_tensors)):
         return _allreduce_on_device(tensors, output_tensors, name, op, prescale_factor, postscale_factor,
                                     process_set, kind)

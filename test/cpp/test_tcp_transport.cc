@@ -34,36 +34,16 @@
 #include "transport/tcp/handshake.h"
 #include "transport/tcp/socket_address.h"
 #include "transport/tcp/transport.h"
-#include "unit_check.h"
+#include "transport_checks.h"
 
 using namespace horo;
+using namespace horo_test;  // transport_checks.h
 using Clock = std::chrono::steady_clock;
 
 namespace {
 
 const std::string kSecret = "per-job secret \x01\x02\x03 for the tcp transport test";
 constexpr size_t kLarge = size_t{64} << 20;
-
-using horo_test::Check;
-using horo_test::Fail;
-
-void Pass(const std::string& message) {
-  std::printf("ok   %s\n", message.c_str());
-  std::fflush(stdout);
-}
-
-void ExpectOk(const Status& st, const std::string& what) { horo_test::CheckOk(st, what); }
-
-// The status has the code and its message contains every needle.
-void ExpectCode(const Status& st, horo_status_t code, const std::string& what,
-                const std::vector<std::string>& needles = {}) {
-  horo_test::CheckCode(st, code, "", what);
-  for (const std::string& needle : needles) horo_test::CheckCode(st, code, needle, what);
-}
-
-double SecondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 std::string Hex(const uint8_t* data, size_t len) {
   static const char* digits = "0123456789abcdef";
@@ -75,26 +55,6 @@ std::string Hex(const uint8_t* data, size_t len) {
   return out;
 }
 
-// The byte at offset i of a message from src to dst of the given size: detects lost, duplicated,
-// reordered or misrouted bytes.
-inline uint8_t PatternByte(size_t i, int src, int dst, size_t size) {
-  return static_cast<uint8_t>((i * 131 + (i >> 12) * 7 + src * 29 + dst * 13 + size) & 0xff);
-}
-
-void FillPattern(std::vector<uint8_t>* buffer, size_t size, int src, int dst) {
-  if (buffer->size() < size) buffer->resize(size);
-  for (size_t i = 0; i < size; ++i) (*buffer)[i] = PatternByte(i, src, dst, size);
-}
-
-void CheckPattern(const std::vector<uint8_t>& buffer, size_t size, int src, int dst, const std::string& what) {
-  for (size_t i = 0; i < size; ++i) {
-    if (buffer[i] != PatternByte(i, src, dst, size)) {
-      Fail(what + ": byte " + std::to_string(i) + " of " + std::to_string(size) + " from rank " +
-           std::to_string(src) + " to rank " + std::to_string(dst) + " is wrong");
-    }
-  }
-}
-
 TcpOptions Options(int rank, int size) {
   TcpOptions options;
   options.rank = rank;
@@ -103,12 +63,6 @@ TcpOptions Options(int rank, int size) {
   options.connect_timeout_seconds = 20;
   options.data_timeout_seconds = 20;
   return options;
-}
-
-void RunRanks(int n, const std::function<void(int)>& body) {
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < n; ++rank) threads.emplace_back(body, rank);
-  for (auto& thread : threads) thread.join();
 }
 
 // A mesh of n in-process ranks. Listen on every rank first, exchange addresses in memory, then
@@ -293,19 +247,7 @@ void TestMesh(int n, bool measure) {
     TcpTransport* t = mesh.ranks[rank].get();
     std::vector<uint8_t> buffer;
     for (size_t size : small_sizes) {
-      for (int src = 0; src < n; ++src) {
-        for (int dst = 0; dst < n; ++dst) {
-          if (src == dst) continue;
-          if (rank == src) {
-            FillPattern(&buffer, size, src, dst);
-            ExpectOk(t->Send(dst, buffer.data(), size), tag + "Send");
-          } else if (rank == dst) {
-            buffer.assign(size + 1, 0);
-            ExpectOk(t->Recv(src, buffer.data(), size), tag + "Recv");
-            CheckPattern(buffer, size, src, dst, tag + "Send/Recv");
-          }
-        }
-      }
+      ExchangeEveryPair(t, rank, n, size, &buffer, tag);
     }
     if (n >= 2 && (rank == 0 || rank == n - 1)) {  // 64 MB both ways between the first and last rank
       int other = n - 1 - rank;

@@ -75,13 +75,17 @@ class Stats:
     """What one rank's runtime has done since it was created (``horo_runtime_stats_t``).
 
     Allreduce counts are collectives run (fused tensors count once), by algorithm; the byte counts
-    are data-plane bytes this rank sent to peers on its own host and on other hosts.
+    are data-plane bytes this rank sent to peers on its own host and on other hosts; the pass
+    counts are negotiation rounds that moved something, run by callers waiting on a handle and by
+    the background thread.
     """
     allreduce_recursive_doubling: int
     allreduce_ring: int
     allreduce_hierarchical: int
     bytes_sent_same_host: int
     bytes_sent_other_hosts: int
+    passes_by_callers: int
+    passes_by_background: int
 
 
 class LoopbackHub:
@@ -211,17 +215,21 @@ class Runtime:
         return version[0]
 
     def enqueue(self, op_type, specs: Sequence[TensorSpec], process_set_id=0, reduce_op=None,
-                prescale_factor=1.0, postscale_factor=1.0, root_rank=0, splits=None, ready_event=0) -> List[int]:
+                prescale_factor=1.0, postscale_factor=1.0, root_rank=0, splits=None, ready_event=0,
+                caller_waits=False) -> List[int]:
         """Enqueues one operation over specs (several specs form an atomic group); returns handles.
-        ready_event: for CUDA specs, a CUevent handle (int) the core's device work waits on."""
+        ready_event: for CUDA specs, a CUevent handle (int) the core's device work waits on.
+        caller_waits: the caller waits on the handles at once, and that wait runs the negotiation
+        (the core's background thread is not woken)."""
         keep = []
         if splits is None and not ready_event:
-            key = (process_set_id, reduce_op, prescale_factor, postscale_factor, root_rank)
+            key = (process_set_id, reduce_op, prescale_factor, postscale_factor, root_rank, caller_waits)
             opts = self._c_options.get(key)
             if opts is None:
                 opts = _cached(self._c_options, key, self._options(*key))
         else:
-            opts = self._options(process_set_id, reduce_op, prescale_factor, postscale_factor, root_rank)
+            opts = self._options(process_set_id, reduce_op, prescale_factor, postscale_factor, root_rank,
+                                 caller_waits)
             opts.ready_event = ffi.cast("void*", ready_event)
         if splits is not None:
             split_arr = ffi.new("int64_t[]", [int(s) for s in splits])
@@ -252,7 +260,7 @@ class Runtime:
         return list(handles)
 
     @staticmethod
-    def _options(process_set_id, reduce_op, prescale_factor, postscale_factor, root_rank):
+    def _options(process_set_id, reduce_op, prescale_factor, postscale_factor, root_rank, caller_waits):
         opts = ffi.new("horo_op_options_t*")
         lib.horo_op_options_init(opts)
         opts.process_set_id = process_set_id
@@ -260,7 +268,35 @@ class Runtime:
         opts.prescale_factor = float(prescale_factor)
         opts.postscale_factor = float(postscale_factor)
         opts.root_rank = root_rank
+        opts.caller_waits = 1 if caller_waits else 0
         return opts
+
+    def run(self, op_type, name, input_ptr, output_ptr, dtype, shape, process_set_id=0, reduce_op=None,
+            prescale_factor=1.0, postscale_factor=1.0, root_rank=0):
+        """Runs one operation on a host tensor whose output the caller gave, and waits for it, in one
+        call into the core (horo_run; the waiting thread runs the negotiation). The synchronous fast
+        path of the framework adapters. Raises the operation's error."""
+        key = (process_set_id, reduce_op, prescale_factor, postscale_factor, root_rank, True)
+        opts = self._c_options.get(key)
+        if opts is None:
+            opts = _cached(self._c_options, key, self._options(*key))
+        c_name = self._c_names.get(name)
+        if c_name is None:
+            c_name = _cached(self._c_names, name, ffi.new("char[]", name.encode()))
+        c_shape = self._c_shapes.get(shape)
+        if c_shape is None:
+            c_shape = _cached(self._c_shapes, shape, ffi.new("int64_t[]", list(shape) or [0]))
+        t = ffi.new("horo_tensor_t*")
+        t.name = c_name
+        t.input = ffi.cast("void*", input_ptr)
+        t.output = ffi.cast("void*", output_ptr)
+        t.dtype = dtype
+        t.ndim = len(shape)
+        t.shape = c_shape
+        with self._use() as rt:
+            status = lib.horo_run(rt, op_type, t, 1, opts)
+            message = last_error() if status != lib.HORO_OK else ""
+        check(status, message)
 
     def poll(self, handle) -> bool:
         done = ffi.new("int32_t*")

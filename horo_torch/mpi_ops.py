@@ -75,6 +75,35 @@ def _op_name(kind, name, process_set_id):
     return f"{kind}.{name}"
 
 
+_caller = threading.local()  # .waits: the operation being enqueued is waited for at once (_now)
+
+
+def _now(start, *args):
+    """Starts an operation with start(*args) and waits for it. The core is told that the caller
+    waits at once, so the wait itself runs the negotiation instead of waking the core's background
+    thread (a hand-off that costs more than a small collective)."""
+    _caller.waits = True
+    try:
+        handle = start(*args)
+    finally:
+        _caller.waits = False
+    return synchronize(handle)
+
+
+def _run_host(op_type, kind, name, tensor, output, process_set, **options):
+    """The synchronous fast path for one contiguous host tensor whose output is given: a single call
+    into the core enqueues, runs the negotiation in this thread and waits. Returns output."""
+    set_id = _process_set_id(process_set)
+    base = _op_name(kind, name, set_id)
+    basics.runtime().run(op_type, base, tensor.data_ptr(), output.data_ptr(), _dtype_code(tensor, base),
+                         tuple(tensor.shape), set_id, **options)
+    return output
+
+
+def _is_host_dense(tensor):
+    return tensor.device.type == "cpu" and tensor.is_contiguous()
+
+
 def _register(runtime, core_handles, keep, finish, staging=None, needs_result=True):
     with _handle_lock:
         handle = next(_handle_ids)
@@ -97,7 +126,8 @@ def _enqueue(op_type, kind, name, inputs, outputs, process_set, finish, staging=
         if staging is not None:
             staging.ready()
         core_handles = runtime.enqueue(op_type, specs, process_set_id=set_id,
-                                       ready_event=0 if event is None else event.cuda_event, **options)
+                                       ready_event=0 if event is None else event.cuda_event,
+                                       caller_waits=getattr(_caller, "waits", False), **options)
     except BaseException:
         if staging is not None:
             staging.release()
@@ -283,7 +313,12 @@ class HorovodAllreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, process_set):
         ctx.op, ctx.scales, ctx.process_set = op, (prescale_factor, postscale_factor), process_set
-        return synchronize(allreduce_async(tensor, None, name, op, prescale_factor, postscale_factor, process_set))
+        if _is_host_dense(tensor):
+            return _run_host(lib.HORO_ALLREDUCE, "allreduce", name, tensor.detach(),
+                             torch.empty(tensor.shape, dtype=tensor.dtype),
+                             process_set, reduce_op=resolve_op(None, op), prescale_factor=prescale_factor,
+                             postscale_factor=postscale_factor)
+        return _now(allreduce_async, tensor, None, name, op, prescale_factor, postscale_factor, process_set)
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -318,7 +353,11 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                process_set=global_process_set):
     """In-place allreduce; returns tensor."""
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set))
+    if _is_host_dense(tensor):
+        return _run_host(lib.HORO_ALLREDUCE, "allreduce", name, tensor, tensor, process_set,
+                         reduce_op=resolve_op(average, op), prescale_factor=prescale_factor,
+                         postscale_factor=postscale_factor)
+    return _now(allreduce_async_, tensor, average, name, op, prescale_factor, postscale_factor, process_set)
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
@@ -397,7 +436,7 @@ class HorovodAllgather(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor, name, process_set):
-        output = synchronize(allgather_async(tensor, name, process_set))  # the core rejects scalars first
+        output = _now(allgather_async, tensor, name, process_set)  # the core rejects scalars first
         ctx.dim, ctx.process_set = tensor.shape[0], process_set
         return output
 
@@ -431,7 +470,7 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
     """Allgathers a list of tensors as one group; returns a list."""
-    return synchronize(grouped_allgather_async(tensors, name, process_set))
+    return _now(grouped_allgather_async, tensors, name, process_set)
 
 
 # Broadcast ---------------------------------------------------------------------------------------
@@ -468,7 +507,7 @@ class HorovodBroadcast(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, root_rank, name, process_set):
         ctx.root_rank, ctx.process_set = root_rank, process_set
-        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+        return _now(broadcast_async, tensor, root_rank, name, process_set)
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -496,7 +535,7 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     """In-place broadcast; returns tensor."""
-    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+    return _now(broadcast_async_, tensor, root_rank, name, process_set)
 
 
 # Alltoall ----------------------------------------------------------------------------------------
@@ -528,7 +567,7 @@ class HorovodAlltoall(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor, splits, name, process_set):
-        output, received = synchronize(alltoall_async(tensor, splits, name, process_set))
+        output, received = _now(alltoall_async, tensor, splits, name, process_set)
         ctx.process_set, ctx.received = process_set, received
         if splits is None:
             return output
@@ -584,7 +623,7 @@ class HorovodReducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
         ctx.op, ctx.process_set, ctx.scale = op, process_set, prescale_factor * postscale_factor
-        return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor, postscale_factor))
+        return _now(reducescatter_async, tensor, name, op, process_set, prescale_factor, postscale_factor)
 
     @staticmethod
     def backward(ctx, grad_output):

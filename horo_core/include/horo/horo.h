@@ -129,6 +129,8 @@ typedef struct horo_op_options {
   int32_t num_splits;       /* 0: equal splits */
   void* ready_event;        /* CUDA tensors: a CUevent recorded after the inputs were written, which the
                                core's device work waits on; NULL: the inputs are ready now */
+  int32_t caller_waits;     /* 1: the caller waits on the handles at once (horo_wait), and that wait runs
+                               the negotiation itself, so the background thread is not woken; default 0 */
 } horo_op_options_t;
 
 /* What a finished handle produced, for outputs the core allocated. */
@@ -150,6 +152,9 @@ typedef struct horo_runtime_stats {
   int64_t allreduce_hierarchical;        /* inside hosts, then across them (sets spanning hosts) */
   int64_t bytes_sent_same_host;          /* data-plane bytes sent to peers on this rank's host */
   int64_t bytes_sent_other_hosts;        /* data-plane bytes sent to peers on other hosts */
+  int64_t passes_by_callers;             /* negotiation rounds that moved something, run by a thread
+                                            waiting on a handle (HORO_CALLER_PROGRESS) ... */
+  int64_t passes_by_background;          /* ... and by the background thread */
 } horo_runtime_stats_t;
 
 /* One setting of the configuration table. */
@@ -209,8 +214,15 @@ void horo_op_options_init(horo_op_options_t* options);
 horo_status_t horo_enqueue(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t* tensors, int32_t count,
                            const horo_op_options_t* options, horo_handle_t* handles);
 
+/* Enqueue, wait and release in one call, for operations whose outputs the caller gave (every
+ * tensor's output, or broadcast's in place): as horo_enqueue with options->caller_waits set, then
+ * horo_wait and horo_release on every handle. Returns the first failure, with its message. */
+horo_status_t horo_run(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t* tensors, int32_t count,
+                       const horo_op_options_t* options);
+
 horo_status_t horo_poll(horo_runtime_t* rt, horo_handle_t handle, int32_t* done);
-/* Blocks (without spinning) until the handle completes or timeout_seconds pass (< 0: no limit).
+/* Blocks until the handle completes or timeout_seconds pass (< 0: no limit); meanwhile the calling
+ * thread may run the negotiation and the collective itself (HORO_CALLER_PROGRESS).
  * Returns the operation's status; its message is in horo_last_error(). */
 horo_status_t horo_wait(horo_runtime_t* rt, horo_handle_t handle, double timeout_seconds);
 horo_status_t horo_handle_result(horo_runtime_t* rt, horo_handle_t handle, horo_result_t* out);

@@ -1,5 +1,6 @@
 // The extern "C" surface declared in horo/horo.h. Every body runs inside HORO_API_BEGIN/END so that
 // no C++ exception crosses the boundary; failures set the calling thread's last error.
+#include <algorithm>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
@@ -264,6 +265,7 @@ horo_status_t horo_runtime_stats(horo_runtime_t* rt, horo_runtime_stats_t* out) 
   out->allreduce_hierarchical = stats.allreduce_runs[static_cast<int>(horo::AllreduceAlgorithm::kHierarchical)];
   out->bytes_sent_same_host = stats.sent.same_host;
   out->bytes_sent_other_hosts = stats.sent.other_hosts;
+  rt->impl->CountPasses(&out->passes_by_callers, &out->passes_by_background);
   return HORO_OK;
   HORO_API_END();
 }
@@ -275,7 +277,7 @@ horo_status_t horo_process_set_add(horo_runtime_t* rt, const int32_t* ranks, int
   horo_handle_t handle = 0;
   horo::Status st = rt->impl->ChangeProcessSet(true, list, 0, &handle);
   if (!st.ok()) return SetError(st);
-  st = rt->impl->handles().Wait(handle, -1);
+  st = rt->impl->Wait(handle, -1);
   if (st.ok()) *id = rt->impl->handles().Result(handle)->value;
   rt->impl->handles().Release(handle);
   return SetError(st);
@@ -288,7 +290,7 @@ horo_status_t horo_process_set_remove(horo_runtime_t* rt, int32_t id) {
   horo_handle_t handle = 0;
   horo::Status st = rt->impl->ChangeProcessSet(false, {}, id, &handle);
   if (!st.ok()) return SetError(st);
-  st = rt->impl->handles().Wait(handle, -1);
+  st = rt->impl->Wait(handle, -1);
   rt->impl->handles().Release(handle);
   return SetError(st);
   HORO_API_END();
@@ -356,6 +358,7 @@ void horo_op_options_init(horo_op_options_t* options) {
   options->splits = nullptr;
   options->num_splits = 0;
   options->ready_event = nullptr;
+  options->caller_waits = 0;
 }
 
 horo_status_t horo_enqueue(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t* tensors, int32_t count,
@@ -367,6 +370,33 @@ horo_status_t horo_enqueue(horo_runtime_t* rt, int32_t op_type, const horo_tenso
   horo_op_options_init(&defaults);
   return SetError(rt->impl->Enqueue(static_cast<horo::OpType>(op_type), tensors, count,
                                     options ? *options : defaults, handles));
+  HORO_API_END();
+}
+
+horo_status_t horo_run(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t* tensors, int32_t count,
+                       const horo_op_options_t* options) {
+  HORO_API_BEGIN();
+  HORO_REQUIRE_RUNTIME(rt);
+  if (!horo::IsValidOpType(op_type)) return Fail(HORO_ERR_INVALID_ARGUMENT, "unknown operation " + std::to_string(op_type));
+  horo_op_options_t run_options;
+  if (options) {
+    run_options = *options;
+  } else {
+    horo_op_options_init(&run_options);
+  }
+  run_options.caller_waits = 1;
+  const horo::OpType op = static_cast<horo::OpType>(op_type);
+  const int32_t handle_count = op == horo::OpType::kBarrier || op == horo::OpType::kJoin ? 1 : std::max(count, 1);
+  std::vector<horo_handle_t> handles(handle_count);
+  horo::Status st = rt->impl->Enqueue(op, tensors, count, run_options, handles.data());
+  if (!st.ok()) return SetError(st);
+  horo::Status first;
+  for (int32_t i = 0; i < handle_count; ++i) {
+    horo::Status done = rt->impl->Wait(handles[i], -1);
+    rt->impl->handles().Release(handles[i]);
+    if (first.ok() && !done.ok()) first = done;
+  }
+  return SetError(first);
   HORO_API_END();
 }
 
@@ -383,7 +413,7 @@ horo_status_t horo_poll(horo_runtime_t* rt, horo_handle_t handle, int32_t* done)
 horo_status_t horo_wait(horo_runtime_t* rt, horo_handle_t handle, double timeout_seconds) {
   HORO_API_BEGIN();
   HORO_REQUIRE_RUNTIME(rt);
-  return SetError(rt->impl->handles().Wait(handle, timeout_seconds));
+  return SetError(rt->impl->Wait(handle, timeout_seconds));
   HORO_API_END();
 }
 

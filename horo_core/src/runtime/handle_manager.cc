@@ -48,12 +48,19 @@ Status HandleManager::Poll(int64_t handle, bool* done) {
   return Status::OK();
 }
 
-Status HandleManager::Wait(int64_t handle, double timeout_seconds) {
+std::shared_ptr<const std::atomic<bool>> HandleManager::DoneFlag(int64_t handle) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = states_.find(handle);
+  if (it == states_.end()) return nullptr;
+  return std::shared_ptr<const std::atomic<bool>>(it->second, &it->second->done);
+}
+
+Status HandleManager::Wait(int64_t handle, double timeout_seconds, bool spin) {
   std::unique_lock<std::mutex> lock(mutex_);
   auto it = states_.find(handle);
   if (it == states_.end()) return Status::InvalidArgument("unknown handle " + std::to_string(handle));
   const std::shared_ptr<State> state = it->second;
-  if (!state->done && spin_ns_ > 0 && timeout_seconds != 0) {
+  if (!state->done && spin && spin_ns_ > 0 && timeout_seconds != 0) {
     lock.unlock();
     const auto spin = std::chrono::nanoseconds(timeout_seconds < 0 ? spin_ns_
                                                                     : std::min<int64_t>(spin_ns_, timeout_seconds * 1e9));

@@ -37,8 +37,11 @@ class HandleManager {
 
   Status Poll(int64_t handle, bool* done);
   // Blocks until done or timeout_seconds (< 0: forever); returns the operation's status, or
-  // HORO_ERR_IN_PROGRESS on timeout.
-  Status Wait(int64_t handle, double timeout_seconds);
+  // HORO_ERR_IN_PROGRESS on timeout. spin: spin first, as described above.
+  Status Wait(int64_t handle, double timeout_seconds, bool spin = true);
+  // The handle's completion flag, readable without a lock for as long as the pointer is held
+  // (even after Release); null for an unknown handle.
+  std::shared_ptr<const std::atomic<bool>> DoneFlag(int64_t handle);
   // The result of a completed handle, or null. Valid until Release.
   const HandleResult* Result(int64_t handle);
   Status Release(int64_t handle);

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "common/logging.h"
+#include "common/spin.h"
 #include "transport/loopback/transport.h"
 #include "transport/shm/transport.h"
 #include "transport/tcp/transport.h"
@@ -97,6 +98,7 @@ Status Runtime::Connect(const std::vector<std::string>& addresses) {
     }
     HORO_RETURN_IF_ERROR(network_->Connect(addresses));
   }
+  callers_drive_ = config_.caller_progress && config_.spin_microseconds > 0 && transport_->CanWaitControl();
   started_ = true;
   thread_ = std::thread([this] { Loop(); });
   return Status::OK();
@@ -230,7 +232,7 @@ Status Runtime::Enqueue(OpType op, const horo_tensor_t* tensors, int32_t count, 
   }
   for (size_t i = 0; i < entries.size(); ++i) handles[i] = entries[i].handle;
   FailIfStoppedMeanwhile(entries);
-  transport_->Wake();
+  if (!callers_drive_ || !options.caller_waits) WakeBackground();
   return Status::OK();
 }
 
@@ -275,77 +277,193 @@ Status Runtime::ChangeProcessSet(bool add, const std::vector<int32_t>& ranks, in
   HORO_RETURN_IF_ERROR(queue_.Add(entries));
   *handle = e.handle;
   FailIfStoppedMeanwhile(entries);
-  transport_->Wake();
+  WakeBackground();
   return Status::OK();
 }
 
-void Runtime::Loop() {
-  const bool is_coordinator = rank_ == 0;
-  int poll_ms = 1000;
-  while (true) {
-    std::vector<ControlMessage> messages;
-    std::vector<int> lost;
-    Status st = transport_->PollControl(timeline_->PollTimeoutMs(poll_ms), &messages, &lost);
-    if (!st.ok()) {
-      Stop(st, true);
-      return;
-    }
-    if (cycle_time_ms_ > 0 && queue_.HasRequests()) {
-      // Batching delay: let more tensors arrive so that they are negotiated and fused together.
-      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(cycle_time_ms_));
-    }
-    RequestList mine;
-    mine.requests = queue_.TakeRequests();
-    mine.shutdown = shutdown_requested_ && !shutdown_sent_;
-    shutdown_sent_ = shutdown_sent_ || mine.shutdown;
-    const bool have_news = !mine.requests.empty() || mine.shutdown;
+// Who makes progress. The background thread exists so that collectives move while the user
+// computes (backward passes enqueue gradients and wait for them much later). But when a caller
+// blocks on a handle right away (a synchronous allreduce, synchronize() at the end of a step), the
+// hand-offs between the caller and the background thread dominate small collectives: each one is
+// a wake-up, and on a host with more busy threads than cores a spinning thread that waits for
+// another steals the core that thread needs. So a waiting caller runs the loop's passes itself
+// (Drive), one thread at a time under progress_mutex_, for as long as they make progress within
+// the spin time; then it leaves the work to the background thread and sleeps on its handle.
+//
+// While callers drive, the background thread stays off the transport's doorbell (it parks on a
+// condition variable with a short timeout), so that peers publishing to this rank need no system
+// call to wake a thread that has nothing to do. Enqueue wakes it, unless the caller says it will
+// wait at once (horo_op_options_t.caller_waits); a caller that gives up, or leaves requests
+// behind, wakes it too. Without a transport that can wait without reading (CanWaitControl), the
+// background thread alone runs the passes, blocking in PollControl as before.
+namespace {
 
-    if (is_coordinator) {
-      if (have_news) coordinator_->AddRequests(0, mine);
-      for (const ControlMessage& m : messages) {
-        RequestList list;
-        Status parsed = ParseRequestList(m.payload, &list);
-        if (!parsed.ok()) {
-          Stop(Status::Internal("rank " + std::to_string(m.peer) + " sent a malformed request list"), true);
-          return;
-        }
-        coordinator_->AddRequests(m.peer, list);
-      }
-      for (int r : lost) coordinator_->PeerLost(r);
-      poll_ms = coordinator_->CheckStalls();
-      ResponseList list;
-      if (coordinator_->BuildResponses(&list)) {
-        timeline_->MarkCycleStart();
-        if (tuner_) TuneOnCoordinator(&list);
-        const std::string bytes = SerializeResponseList(list);
-        for (int peer = 1; peer < size_; ++peer) {
-          Status sent = transport_->SendControl(peer, bytes);
-          if (!sent.ok()) {
-            HORO_LOG(kDebug, rank_) << "could not send responses to rank " << peer << ": " << sent.message();
-          }
-        }
-        if (!Apply(list, false)) return;
-      }
-    } else {
-      for (const ControlMessage& m : messages) {
-        if (!ApplyMessage(m)) return;
-      }
-      // Only the coordinator's loss matters here (some transports also report other ranks; their
-      // failures reach this rank through the coordinator or the data plane).
-      if (std::find(lost.begin(), lost.end(), 0) != lost.end()) {
-        StopAfterCoordinatorLoss("it exited or crashed");
+constexpr auto kParkTime = std::chrono::milliseconds(1);  // background thread: recheck after a drive
+// The background thread's longest sleep between passes, so that a request whose caller said it
+// would wait (caller_waits) but does not is still negotiated soon.
+constexpr int kLongestWaitMs = 8;
+
+int64_t SteadyNanos() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+void Runtime::Loop() {
+  using Clock = std::chrono::steady_clock;
+  const auto spin = std::chrono::nanoseconds(static_cast<int64_t>(config_.spin_microseconds * 1e3));
+  Clock::time_point spin_until = Clock::now();
+  while (true) {
+    if (callers_drive_) BackgroundWait(spin_until);
+    bool progress = false;
+    {
+      std::lock_guard<std::mutex> lock(progress_mutex_);
+      if (loop_ended_) return;
+      if (!Pass(callers_drive_ ? 0 : poll_ms_, &progress)) {
+        loop_ended_ = true;
         return;
       }
-      if (have_news) {
-        st = transport_->SendControl(0, SerializeRequestList(mine));
-        if (!st.ok()) {
-          StopAfterCoordinatorLoss(st.message());
-          return;
+    }
+    if (progress) {
+      background_passes_.fetch_add(1, std::memory_order_relaxed);
+      spin_until = Clock::now() + spin;
+    }
+  }
+}
+
+void Runtime::BackgroundWait(std::chrono::steady_clock::time_point spin_until) {
+  const bool recently_driven =
+      drivers_.load() > 0 ||
+      SteadyNanos() - last_drive_ns_.load() < std::chrono::duration_cast<std::chrono::nanoseconds>(kParkTime).count();
+  if (recently_driven) {
+    std::unique_lock<std::mutex> lock(park_mutex_);
+    park_cv_.wait_for(lock, kParkTime, [this] { return park_wake_; });
+    park_wake_ = false;
+    return;
+  }
+  if (std::chrono::steady_clock::now() < spin_until) {
+    int round = 0;
+    SpinRound(&round);
+    return;
+  }
+  transport_->WaitControl(std::min(kLongestWaitMs, timeline_->PollTimeoutMs(poll_ms_)));
+}
+
+void Runtime::WakeBackground() {
+  {
+    std::lock_guard<std::mutex> lock(park_mutex_);
+    park_wake_ = true;
+  }
+  park_cv_.notify_one();
+  transport_->Wake();
+}
+
+Status Runtime::Wait(int64_t handle, double timeout_seconds) {
+  if (callers_drive_ && timeout_seconds != 0) {
+    std::shared_ptr<const std::atomic<bool>> done = handles_.DoneFlag(handle);
+    if (done && !done->load(std::memory_order_acquire)) {
+      Drive(*done);
+      return handles_.Wait(handle, timeout_seconds, /*spin=*/false);
+    }
+  }
+  return handles_.Wait(handle, timeout_seconds);
+}
+
+void Runtime::Drive(const std::atomic<bool>& done) {
+  using Clock = std::chrono::steady_clock;
+  const auto spin = std::chrono::nanoseconds(static_cast<int64_t>(config_.spin_microseconds * 1e3));
+  drivers_.fetch_add(1);
+  Clock::time_point idle_since = Clock::now();
+  int round = 0;
+  while (!done.load(std::memory_order_acquire) && !loop_ended_) {
+    bool progress = false;
+    std::unique_lock<std::mutex> lock(progress_mutex_, std::try_to_lock);
+    if (lock.owns_lock() && !loop_ended_ && !Pass(0, &progress)) loop_ended_ = true;
+    if (lock.owns_lock()) lock.unlock();
+    const Clock::time_point now = Clock::now();
+    if (progress) {
+      caller_passes_.fetch_add(1, std::memory_order_relaxed);
+      idle_since = now;
+    } else if (now - idle_since >= spin) {
+      break;
+    } else {
+      SpinRound(&round);
+    }
+  }
+  last_drive_ns_.store(SteadyNanos());
+  drivers_.fetch_sub(1);
+  // Leaving undone work (or a stopped loop) to the background thread.
+  if (!done.load(std::memory_order_acquire) || loop_ended_ || queue_.HasRequests()) WakeBackground();
+}
+
+bool Runtime::Pass(int poll_ms, bool* progress) {
+  const bool is_coordinator = rank_ == 0;
+  std::vector<ControlMessage> messages;
+  std::vector<int> lost;
+  Status st = transport_->PollControl(timeline_->PollTimeoutMs(poll_ms), &messages, &lost);
+  if (!st.ok()) {
+    Stop(st, true);
+    return false;
+  }
+  if (cycle_time_ms_ > 0 && queue_.HasRequests()) {
+    // Batching delay: let more tensors arrive so that they are negotiated and fused together.
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(cycle_time_ms_));
+  }
+  RequestList mine;
+  mine.requests = queue_.TakeRequests();
+  mine.shutdown = shutdown_requested_ && !shutdown_sent_;
+  shutdown_sent_ = shutdown_sent_ || mine.shutdown;
+  const bool have_news = !mine.requests.empty() || mine.shutdown;
+  *progress = have_news || !messages.empty() || !lost.empty();
+
+  if (is_coordinator) {
+    if (have_news) coordinator_->AddRequests(0, mine);
+    for (const ControlMessage& m : messages) {
+      RequestList list;
+      Status parsed = ParseRequestList(m.payload, &list);
+      if (!parsed.ok()) {
+        Stop(Status::Internal("rank " + std::to_string(m.peer) + " sent a malformed request list"), true);
+        return false;
+      }
+      coordinator_->AddRequests(m.peer, list);
+    }
+    for (int r : lost) coordinator_->PeerLost(r);
+    poll_ms_ = coordinator_->CheckStalls();
+    ResponseList list;
+    if (coordinator_->BuildResponses(&list)) {
+      *progress = true;
+      timeline_->MarkCycleStart();
+      if (tuner_) TuneOnCoordinator(&list);
+      const std::string bytes = SerializeResponseList(list);
+      for (int peer = 1; peer < size_; ++peer) {
+        Status sent = transport_->SendControl(peer, bytes);
+        if (!sent.ok()) {
+          HORO_LOG(kDebug, rank_) << "could not send responses to rank " << peer << ": " << sent.message();
         }
       }
+      if (!Apply(list, false)) return false;
     }
-    timeline_->Ship();
+  } else {
+    for (const ControlMessage& m : messages) {
+      if (!ApplyMessage(m)) return false;
+    }
+    // Only the coordinator's loss matters here (some transports also report other ranks; their
+    // failures reach this rank through the coordinator or the data plane).
+    if (std::find(lost.begin(), lost.end(), 0) != lost.end()) {
+      StopAfterCoordinatorLoss("it exited or crashed");
+      return false;
+    }
+    if (have_news) {
+      st = transport_->SendControl(0, SerializeRequestList(mine));
+      if (!st.ok()) {
+        StopAfterCoordinatorLoss(st.message());
+        return false;
+      }
+    }
   }
+  timeline_->Ship();
+  return true;
 }
 
 bool Runtime::ApplyMessage(const ControlMessage& message) {
@@ -501,7 +619,7 @@ void Runtime::Linger(double seconds) {
 Status Runtime::Shutdown() {
   if (started_ && thread_.joinable()) {
     shutdown_requested_ = true;
-    transport_->Wake();
+    WakeBackground();
     thread_.join();
   }
   if (timeline_) timeline_->Shutdown();

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -46,10 +48,19 @@ class Runtime {
   const Config& config() const { return config_; }
   ProcessSetTable& process_sets() { return sets_; }
   ExecutorStats stats() const { return executor_->Stats(); }
+  // Passes that moved something, by callers (Drive) and by the background thread.
+  void CountPasses(int64_t* by_callers, int64_t* by_background) const {
+    *by_callers = caller_passes_.load();
+    *by_background = background_passes_.load();
+  }
   HandleManager& handles() { return handles_; }
 
   Status Enqueue(OpType op, const horo_tensor_t* tensors, int32_t count, const horo_op_options_t& options,
                  horo_handle_t* handles);
+  // Blocks until the handle completes or timeout_seconds (< 0: forever) passes, as
+  // HandleManager::Wait; meanwhile the calling thread may run the negotiation and the collectives
+  // itself (see "Who makes progress" in runtime.cc).
+  Status Wait(int64_t handle, double timeout_seconds);
   // Starts adding (ranks) or removing (id) a process set; the handle's result value is the id.
   Status ChangeProcessSet(bool add, const std::vector<int32_t>& ranks, int32_t id, horo_handle_t* handle);
 
@@ -72,6 +83,17 @@ class Runtime {
   Status StoppedStatus();
   void FailIfStoppedMeanwhile(const std::vector<TensorEntry>& entries);
   void Loop();
+  // One round of negotiation and execution, under progress_mutex_: polls the control plane for up
+  // to poll_ms, takes the queued requests, and (rank 0) builds and sends responses; every rank
+  // executes the responses it has. *progress tells whether anything happened. Returns false when
+  // the runtime stopped.
+  bool Pass(int poll_ms, bool* progress);
+  // A caller waiting on done runs passes while they make progress (see runtime.cc).
+  void Drive(const std::atomic<bool>& done);
+  // The background thread between passes when callers may drive.
+  void BackgroundWait(std::chrono::steady_clock::time_point spin_until);
+  // Makes the background thread run a pass soon, whatever it is waiting on.
+  void WakeBackground();
   // Executes a response list; returns false when the loop must end.
   bool Apply(ResponseList& list, bool parsed);
   bool ApplyMessage(const ControlMessage& message);
@@ -100,6 +122,19 @@ class Runtime {
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<ParameterManager> tuner_;  // rank 0 with HORO_AUTOTUNE only
   double cycle_time_ms_;                     // HORO_CYCLE_TIME, or what the autotuner chose
+
+  // Who makes progress (runtime.cc).
+  bool callers_drive_ = false;     // set by Connect: the transport can wait without reading
+  std::mutex progress_mutex_;      // one Pass at a time
+  std::atomic<bool> loop_ended_{false};
+  std::atomic<int> drivers_{0};    // callers inside Drive
+  std::atomic<int64_t> caller_passes_{0};
+  std::atomic<int64_t> background_passes_{0};
+  std::atomic<int64_t> last_drive_ns_{0};  // steady-clock time the last Drive ended
+  std::mutex park_mutex_;
+  std::condition_variable park_cv_;
+  bool park_wake_ = false;         // under park_mutex_
+  int poll_ms_ = 1000;             // the coordinator's stall checks set it
 
   std::thread thread_;
   std::atomic<bool> started_{false};

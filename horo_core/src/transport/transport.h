@@ -50,6 +50,14 @@ class Transport {
                              std::vector<int>* lost_peers) = 0;
   // Thread-safe: makes a PollControl in progress (or the next one) return promptly.
   virtual void Wake() = 0;
+
+  // Waiting without reading, so that the thread that waits need not be the one that reads (see
+  // "Who makes progress" in runtime/runtime.cc). True when WaitControl is available; valid once
+  // connected.
+  virtual bool CanWaitControl() const { return false; }
+  // Thread-safe: sleeps until a control message may be available, Wake() is called, the transport
+  // closes, or about timeout_ms passes (spurious returns are allowed); reads nothing.
+  virtual void WaitControl(int timeout_ms) { (void)timeout_ms; }
   // Thread-safe: closes every connection; blocked calls return an error. Idempotent.
   virtual void Close() = 0;
 

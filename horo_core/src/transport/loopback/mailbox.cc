@@ -47,7 +47,7 @@ Status Mailbox::Poll(int timeout_ms, std::vector<ControlMessage>* messages, std:
   std::unique_lock<std::mutex> lock(mutex_);
   if (timeout_ms < 0) {
     changed_.wait(lock, [this] { return ReadyLocked(); });
-  } else {
+  } else if (timeout_ms > 0) {
     changed_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [this] { return ReadyLocked(); });
   }
   if (closed_) {
@@ -61,6 +61,15 @@ Status Mailbox::Poll(int timeout_ms, std::vector<ControlMessage>* messages, std:
   lost_peers->insert(lost_peers->end(), lost_peers_.begin(), lost_peers_.end());
   lost_peers_.clear();
   return Status::OK();
+}
+
+void Mailbox::WaitReady(int timeout_ms) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (timeout_ms < 0) {
+    changed_.wait(lock, [this] { return ReadyLocked(); });
+  } else {
+    changed_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [this] { return ReadyLocked(); });
+  }
 }
 
 }  // namespace horo

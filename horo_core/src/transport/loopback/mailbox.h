@@ -31,6 +31,8 @@ class Mailbox {
 
   // timeout_ms < 0 waits without limit. Returns OK when woken, timed out or given something.
   Status Poll(int timeout_ms, std::vector<ControlMessage>* messages, std::vector<int>* lost_peers);
+  // Waits as Poll does, but takes nothing.
+  void WaitReady(int timeout_ms);
 
  private:
   bool ReadyLocked() const { return !messages_.empty() || !lost_peers_.empty() || woken_ || closed_; }

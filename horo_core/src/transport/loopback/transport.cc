@@ -66,6 +66,8 @@ Status LoopbackTransport::PollControl(int timeout_ms, std::vector<ControlMessage
 
 void LoopbackTransport::Wake() { hub_->mailbox(rank_).Wake(); }
 
+void LoopbackTransport::WaitControl(int timeout_ms) { hub_->mailbox(rank_).WaitReady(timeout_ms); }
+
 void LoopbackTransport::Close() { hub_->CloseRank(rank_); }
 
 }  // namespace horo

@@ -33,6 +33,8 @@ class LoopbackTransport : public Transport {
   Status SendControl(int peer, const std::string& payload) override;
   Status PollControl(int timeout_ms, std::vector<ControlMessage>* messages, std::vector<int>* lost_peers) override;
   void Wake() override;
+  bool CanWaitControl() const override { return true; }
+  void WaitControl(int timeout_ms) override;
   void Close() override;
   std::vector<int> HostIds() const override { return hub_->host_ids(); }
 

@@ -33,9 +33,31 @@ shm::Link* ShmTransport::ControlLink(int peer) const {
 
 void ShmTransport::Wake() {
   wake_requested_.store(true, std::memory_order_release);
-  if (connected_ && control_links_ && links_.own) links_.own->doorbell().Ring();
-  // PollControl waits in TCP's poll() when some control peer (or none at all: one rank) is on TCP.
-  if (!connected_ || !control_links_ || tcp_control_peers_) tcp_->Wake();
+  if (connected_) ControlDoorbell().Ring();
+  // PollControl waits in TCP's poll() when some control peer is on TCP.
+  if (!connected_ || tcp_control_peers_) tcp_->Wake();
+}
+
+bool ShmTransport::ControlReady() {
+  if (closed_ || wake_requested_.load(std::memory_order_acquire)) return true;
+  for (const auto& owned : links_.links) {
+    if (owned && ControlLink(owned->peer) == owned.get() && owned->control_in.CanRead()) return true;
+  }
+  std::lock_guard<std::mutex> lock(control_read_mutex_);
+  return !pending_control_.empty();
+}
+
+void ShmTransport::WaitControl(int timeout_ms) {
+  if (!CanWaitControl()) return;
+  shm::Doorbell doorbell = ControlDoorbell();
+  const uint32_t armed = doorbell.Arm();
+  if (ControlReady()) {
+    doorbell.Disarm();
+    return;
+  }
+  // At most kLongestSleepNs, so that the caller's next PollControl looks at TCP for lost peers.
+  const int64_t timeout_ns = timeout_ms < 0 ? kLongestSleepNs : std::min<int64_t>(timeout_ms * 1000000LL, kLongestSleepNs);
+  doorbell.Wait(armed, timeout_ns);
 }
 
 Status ShmTransport::SendControl(int peer, const std::string& payload) {
@@ -157,7 +179,8 @@ void ShmTransport::DrainControlWhileWaiting() {
 
 Status ShmTransport::PollControl(int timeout_ms, std::vector<ControlMessage>* messages,
                                  std::vector<int>* lost_peers) {
-  if (!connected_ || !control_links_) return tcp_->PollControl(timeout_ms, messages, lost_peers);
+  // With no control peer at all (one rank) this path still serves Wake() through the doorbell.
+  if (!connected_ || (!control_links_ && tcp_control_peers_)) return tcp_->PollControl(timeout_ms, messages, lost_peers);
   std::lock_guard<std::mutex> lock(control_read_mutex_);
   const size_t first = messages->size();
   const size_t first_lost = lost_peers->size();
@@ -186,7 +209,7 @@ Status ShmTransport::PollControl(int timeout_ms, std::vector<ControlMessage>* me
       // that the caller sees it before (in the same call as) the loss.
       return DrainControlLocked(messages);
     }
-    if (woken || messages->size() > first) return Status::OK();
+    if (woken || messages->size() > first || timeout_ms == 0) return Status::OK();
     if (now < spin_until) {
       SpinRound(&round);
       continue;
@@ -200,7 +223,7 @@ Status ShmTransport::PollControl(int timeout_ms, std::vector<ControlMessage>* me
       if (lost_peers->size() > first_lost) return DrainControlLocked(messages);
       if (messages->size() > first) return Status::OK();
     } else {
-      shm::Doorbell doorbell = links_.own->doorbell();
+      shm::Doorbell doorbell = ControlDoorbell();
       const uint32_t armed = doorbell.Arm();
       bool ready = closed_ || wake_requested_.load(std::memory_order_acquire);
       for (const auto& owned : links_.links) {

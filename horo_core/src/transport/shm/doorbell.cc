@@ -27,15 +27,15 @@ void FutexWakeAll(std::atomic<uint32_t>* word) {
 
 uint32_t Doorbell::Arm() {
   uint32_t armed = shared_->sequence.load(std::memory_order_acquire);
-  shared_->sleeping.store(1, std::memory_order_seq_cst);
+  shared_->sleeping.fetch_add(1, std::memory_order_seq_cst);
   return armed;
 }
 
-void Doorbell::Disarm() { shared_->sleeping.store(0, std::memory_order_relaxed); }
+void Doorbell::Disarm() { shared_->sleeping.fetch_sub(1, std::memory_order_relaxed); }
 
 void Doorbell::Wait(uint32_t armed, int64_t timeout_ns) {
   if (timeout_ns > 0) FutexWait(&shared_->sequence, armed, timeout_ns);
-  shared_->sleeping.store(0, std::memory_order_relaxed);
+  shared_->sleeping.fetch_sub(1, std::memory_order_relaxed);
 }
 
 void Doorbell::Ring() {

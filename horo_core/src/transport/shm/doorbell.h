@@ -1,5 +1,7 @@
-// Doorbell: the futex word on which one rank's data-plane thread sleeps while it waits for any of
-// its same-host peers, and which those peers ring after they make progress the rank may need.
+// Doorbell: the futex word on which one rank's waiting thread sleeps while it waits for any of its
+// same-host peers, and which those peers ring after they make progress the rank may need. Two
+// threads of the rank may sleep on it at once (the background thread waiting for control messages
+// and a caller running a collective), so "sleeping" counts sleepers and a ring wakes them all.
 //
 // One doorbell per rank, in that rank's segment, so that a rank waiting for two peers at once (a
 // ring step receives from one and sends to another) sleeps on one word. The protocol avoids both
@@ -7,10 +9,10 @@
 //
 //   owner (waiter)                          anyone (ringer)
 //   v = sequence (acquire)                  publish ring progress (release)
-//   sleeping = 1                            sequence += 1
-//   re-check the rings; if ready: Disarm    if sleeping: FUTEX_WAKE
+//   sleeping += 1                           sequence += 1
+//   re-check the rings; if ready: Disarm    if sleeping: FUTEX_WAKE (all)
 //   FUTEX_WAIT(sequence, v, timeout)
-//   sleeping = 0
+//   sleeping -= 1
 //
 // A ring that increments sequence before the owner read v is visible to the re-check; one that
 // increments it later makes FUTEX_WAIT return at once, or finds sleeping set and wakes the owner.

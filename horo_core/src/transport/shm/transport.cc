@@ -80,7 +80,7 @@ void ShmTransport::Close() {
         link->control_out.CloseWriter();
         link->control_in.CloseReader();
       }
-      if (links_.own) links_.own->doorbell().RingAlways();
+      ControlDoorbell().RingAlways();
     }
   }
   tcp_->Close();

@@ -62,6 +62,9 @@ class ShmTransport : public Transport {
   Status SendControl(int peer, const std::string& payload) override;
   Status PollControl(int timeout_ms, std::vector<ControlMessage>* messages, std::vector<int>* lost_peers) override;
   void Wake() override;
+  // Available when no control peer is on TCP: every source of news then rings one doorbell.
+  bool CanWaitControl() const override { return connected_ && !tcp_control_peers_; }
+  void WaitControl(int timeout_ms) override;
   void Close() override;
   // From the host digests exchanged while connecting (link_builder.h).
   std::vector<int> HostIds() const override;
@@ -114,7 +117,14 @@ class ShmTransport : public Transport {
   bool connect_called_ = false;
   shm::LinkSet links_;
 
+  // The doorbell this rank's control waits sleep on: its segment's, or a private word when no
+  // same-host peer maps a segment of this rank (then only Wake() and Close() ring it).
+  shm::Doorbell ControlDoorbell() { return links_.own ? links_.own->doorbell() : shm::Doorbell(&private_bell_); }
+  // A control message is waiting in a ring or in pending_control_, or a wake-up was asked for.
+  bool ControlReady();
+
   // Control plane state (control.cc).
+  shm::DoorbellShared private_bell_{};
   bool control_links_ = false;      // some control peer uses shared memory
   bool tcp_control_peers_ = false;  // some control peer uses TCP
   std::atomic<bool> wake_requested_{false};

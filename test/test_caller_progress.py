@@ -1,0 +1,124 @@
+"""Who makes progress: a caller waiting on a handle runs the negotiation and the collectives itself
+(HORO_CALLER_PROGRESS, runtime/runtime.cc), the background thread otherwise. Results must not
+depend on which thread ran a pass, however many threads wait at once."""
+import threading
+
+import numpy as np
+import pytest
+
+from horo_core._binding import lib
+from horo_core.runtime import TensorSpec
+from loopback_world import World
+
+
+def _allreduce(rt, name, values, caller_waits):
+    out = np.empty_like(values)
+    spec = TensorSpec(name, values.ctypes.data, out.ctypes.data, lib.HORO_FLOAT32, values.shape, 0)
+    (handle,) = rt.enqueue(lib.HORO_ALLREDUCE, [spec], caller_waits=caller_waits)
+    return handle, out
+
+
+def _threads_reduce(rt, threads, steps, caller_waits):
+    """threads threads of this rank each run steps synchronous allreduces of their own names at
+    once; returns {(thread, step): result}."""
+    results = {}
+    errors = []
+
+    def body(t):
+        try:
+            for s in range(steps):
+                values = np.full(5, rt.rank + 1 + 10 * t + 100 * s, dtype=np.float32)
+                handle, out = _allreduce(rt, f"t{t}.s{s}", values, caller_waits)
+                rt.wait_release(handle)
+                results[(t, s)] = out
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    workers = [threading.Thread(target=body, args=(t,)) for t in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(120)
+        assert not w.is_alive(), "a waiting thread did not finish (hang)"
+    if errors:
+        raise errors[0]
+    return results
+
+
+@pytest.mark.parametrize("progress", ["1", "0"])
+@pytest.mark.parametrize("caller_waits", [True, False])
+def test_many_waiting_threads_per_rank_get_exact_results(progress, caller_waits):
+    size, threads, steps = 3, 4, 25
+    world = World(size, rank_env=lambda r: {"HORO_CALLER_PROGRESS": progress})
+    try:
+        per_rank = world.run(lambda rt: _threads_reduce(rt, threads, steps, caller_waits))
+        stats = [rt.stats() for rt in world.runtimes]
+    finally:
+        for rt in world.runtimes:
+            rt.destroy()
+    ranks_sum = size * (size + 1) // 2
+    for results in per_rank:
+        for t in range(threads):
+            for s in range(steps):
+                expected = ranks_sum + size * (10 * t + 100 * s)
+                np.testing.assert_array_equal(results[(t, s)], np.full(5, expected, dtype=np.float32))
+    if progress == "1":
+        # Waiting callers ran passes on every rank (the background thread may have run some too).
+        assert all(st.passes_by_callers > 0 for st in stats), stats
+    else:
+        assert all(st.passes_by_callers == 0 and st.passes_by_background > 0 for st in stats), stats
+
+
+def test_handle_whose_caller_said_it_waits_but_polls_still_completes():
+    """caller_waits=True leaves the background thread asleep; a caller that only polls (which
+    does not drive) must still see the handle complete, through the background thread."""
+    world = World(2)
+    try:
+        def body(rt):
+            values = np.full(3, rt.rank + 1.0, dtype=np.float32)
+            handle, out = _allreduce(rt, "polled", values, caller_waits=True)
+            done = threading.Event()
+
+            def poll_until_done():
+                while not rt.poll(handle):
+                    pass
+                done.set()
+
+            poller = threading.Thread(target=poll_until_done, daemon=True)
+            poller.start()
+            assert done.wait(60), "the background thread never ran the negotiation"
+            rt.wait_release(handle)
+            return out
+
+        for out in world.run(body):
+            np.testing.assert_array_equal(out, np.full(3, 3.0, dtype=np.float32))
+        assert all(rt.stats().passes_by_background > 0 for rt in world.runtimes)
+    finally:
+        for rt in world.runtimes:
+            rt.destroy()
+
+
+def test_async_operations_complete_while_nobody_waits():
+    """Enqueued without caller_waits, a batch completes through the background thread alone;
+    waiting afterwards finds every handle done."""
+    world = World(3)
+    try:
+        def body(rt):
+            pending = []
+            for i in range(20):
+                values = np.full(4, float(rt.rank + i), dtype=np.float32)
+                pending.append(_allreduce(rt, f"async.{i}", values, caller_waits=False))
+            while not all(rt.poll(h) for h, _ in pending):
+                pass
+            outs = []
+            for h, out in pending:
+                rt.wait_release(h)
+                outs.append(out)
+            return outs
+
+        for outs in world.run(body):
+            for i, out in enumerate(outs):
+                np.testing.assert_array_equal(out, np.full(4, 3.0 + 3 * i, dtype=np.float32))
+    finally:
+        for rt in world.runtimes:
+            rt.destroy()

@@ -150,6 +150,8 @@ typedef struct horo_runtime_stats {
   int64_t allreduce_hierarchical;        /* inside hosts, then across them (sets spanning hosts) */
   int64_t bytes_sent_same_host;          /* data-plane bytes sent to peers on this rank's host */
   int64_t bytes_sent_other_hosts;        /* data-plane bytes sent to peers on other hosts */
+  int64_t allgather_ring;
+  int64_t allgather_hierarchical;        /* inside hosts, across them, inside again (sets spanning hosts) */
 } horo_runtime_stats_t;
 
 /* One setting of the configuration table. */

@@ -143,7 +143,9 @@ typedef struct horo_result {
 } horo_result_t;
 
 /* What one rank's runtime has done since it was created (horo_runtime_stats). An allreduce
- * counts once per collective run, however many tensors were fused into it. */
+ * counts once per collective run, however many tensors were fused into it; an allgather once per
+ * tensor (allgathers are not fused). Collectives of a one-member process set, and allreduces of
+ * no elements, are not counted. */
 typedef struct horo_runtime_stats {
   int64_t allreduce_recursive_doubling;  /* latency-optimal algorithm, small messages */
   int64_t allreduce_ring;

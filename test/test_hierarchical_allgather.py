@@ -7,14 +7,13 @@ on rank 0 deciding for every rank, and the runtime's stats showing which algorit
 how many bytes crossed hosts, against the ring's. Multi-process jobs (horo_runner.run, HORO_HOSTNAME
 set per rank) do the same over TCP and shared memory, with 4 ranks on 2 hosts (2+2 and 3+1).
 """
-import dataclasses
-
 import numpy as np
 import pytest
 
 import horo_runner
 from core_values import ALL, make, name, read
-from horo_core import config, dtypes
+from emulated_hosts import check_toggle_setting, delta, hosts_of, is_hierarchical, process_sets_to_try, world_per_layout
+from horo_core import dtypes
 from horo_core import numpy_ops as ops
 from horo_core._binding import lib
 from loopback_world import World
@@ -40,21 +39,6 @@ def expected(size, row_shape, dtype):
     return read(dtype, make(dtype, np.concatenate([piece(r, row_shape, dtype) for r in range(size)])))
 
 
-def hosts_of(hosts, ranks):
-    """{host: [member index, ...]} of the members ranks (global ranks, in set order), hosts in the
-    order of their first member."""
-    out = {}
-    for m, r in enumerate(ranks):
-        out.setdefault(hosts[r], []).append(m)
-    return out
-
-
-def is_hierarchical(hosts, ranks):
-    """The core's rule: the set spans hosts and some host has several of its members."""
-    by_host = hosts_of(hosts, ranks)
-    return len(by_host) > 1 and max(len(m) for m in by_host.values()) > 1
-
-
 def hierarchical_bytes_to_other_hosts(hosts, ranks, nbytes):
     """Bytes each member sends across hosts in one hierarchical allgather of nbytes[m] per member:
     shard owner s (local index s < S = smallest host) sends, in a ring over the hosts, shard s of
@@ -77,10 +61,6 @@ def ring_bytes_to_other_hosts(hosts, ranks, nbytes):
             for i in range(n)]
 
 
-def delta(before, after):
-    return {f.name: getattr(after, f.name) - getattr(before, f.name) for f in dataclasses.fields(after)}
-
-
 def grouped_allgather(rt, arrays, names, dtype=None, process_set_id=0):
     """Allgathers of several arrays negotiated as one group (what grouped_allgather enqueues)."""
     def read_all(rt, results):
@@ -95,11 +75,7 @@ def grouped_allgather(rt, arrays, names, dtype=None, process_set_id=0):
     return ops._run(rt, lib.HORO_ALLGATHER, specs, read=read_all, process_set_id=process_set_id)
 
 
-@pytest.fixture(scope="module", params=list(LAYOUTS), ids=lambda k: k.replace(" ", "-"))
-def layout(request):
-    hosts = LAYOUTS[request.param]
-    with World(len(hosts), hosts=hosts) as world:
-        yield world, hosts
+layout = world_per_layout(LAYOUTS)
 
 
 def test_values_of_every_dtype(layout):
@@ -161,11 +137,7 @@ def test_bytes_across_hosts(layout):
 
 def test_process_sets(layout):
     world, hosts = layout
-    n = world.size
-    # Spanning the hosts unevenly (hierarchical), inside one host and one rank per host (the ring).
-    first_host = [r for r in range(n) if hosts[r] == hosts[0]]
-    across = [0, next(r for r in range(n) if hosts[r] != hosts[0])]
-    sets = [list(range(1, n)), first_host, across]
+    sets = process_sets_to_try(hosts)  # hierarchical, inside one host, one rank per host (the ring)
 
     def body(rt):
         ids = [rt.add_process_set(ranks) for ranks in sets]
@@ -222,15 +194,7 @@ def test_rank_0_setting_decides(coordinator, others, path):
 
 
 def test_setting_values(monkeypatch):
-    monkeypatch.delenv("HORO_HIERARCHICAL_ALLGATHER", raising=False)
-    monkeypatch.delenv("HOROVOD_HIERARCHICAL_ALLGATHER", raising=False)
-    assert config.value("HIERARCHICAL_ALLGATHER") == "auto"
-    for text, value in (("1", "1"), ("true", "1"), ("0", "0"), ("off", "0"), ("AUTO", "auto")):
-        monkeypatch.setenv("HOROVOD_HIERARCHICAL_ALLGATHER", text)
-        assert config.value("HIERARCHICAL_ALLGATHER") == value
-    monkeypatch.setenv("HORO_HIERARCHICAL_ALLGATHER", "sometimes")
-    with pytest.raises(ValueError, match="HORO_HIERARCHICAL_ALLGATHER='sometimes'"):
-        config.settings()
+    check_toggle_setting(monkeypatch, "HIERARCHICAL_ALLGATHER")
 
 
 # Multi-process jobs over TCP and shared memory ----------------------------------------------------

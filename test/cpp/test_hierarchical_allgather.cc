@@ -8,15 +8,13 @@
 // (exactly each host's data once to every other host, less than the ring); a lost member;
 // argument errors. Exits 1 on the first failure.
 #include <cstdio>
-#include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "collective_checks.h"
 #include "collectives/collectives.h"
 #include "collectives/host_topology.h"
-#include "transport/counting/transport.h"
+#include "host_layouts.h"
 #include "unit_check.h"
 
 using namespace horo;
@@ -24,28 +22,11 @@ using namespace horo_test;
 
 namespace {
 
-struct Layout {
-  const char* name;
-  std::vector<int> host_of_rank;  // one entry per rank of the world
-};
-
 const std::vector<Layout> kLayouts = {
     {"2+2", {0, 0, 1, 1}},          {"interleaved 2+2", {0, 1, 0, 1}}, {"3+1", {0, 0, 0, 1}},
     {"2+1", {0, 0, 1}},             {"1+2", {0, 1, 1}},                {"interleaved 3+2", {0, 1, 0, 1, 0}},
     {"2+2+2", {0, 0, 1, 1, 2, 2}},  {"4+1+3", {0, 0, 0, 0, 1, 2, 2, 2}},
 };
-
-std::vector<int> Iota(int n) {
-  std::vector<int> v(n);
-  for (int i = 0; i < n; ++i) v[i] = i;
-  return v;
-}
-
-HostTopology TopologyOrFail(const std::vector<int>& ranks, int index, const std::vector<int>& host_ids) {
-  HostTopology topology;
-  CheckOk(BuildHostTopology(ranks, index, host_ids, &topology), "BuildHostTopology");
-  return topology;
-}
 
 uint8_t PatternByte(int member, int64_t k) { return static_cast<uint8_t>(member * 37 + k * 11 + (k >> 8) + 1); }
 
@@ -132,45 +113,28 @@ void CheckChoice() {
 
 // ---- where the bytes go ---------------------------------------------------------------------------
 
-// One allgather of bytes_per_member on every member of the layout through counting transports;
-// returns the bytes each member sent to other hosts.
-std::vector<int64_t> BytesToOtherHosts(const Layout& layout, const std::vector<int64_t>& sizes, Toggle hierarchical) {
+// One allgather of sizes[m] bytes per member on every member of the layout through counting
+// transports; returns the bytes each member sent to other hosts.
+std::vector<int64_t> AllgatherBytesToOtherHosts(const Layout& layout, const std::vector<int64_t>& sizes,
+                                                Toggle hierarchical) {
   const int n = static_cast<int>(layout.host_of_rank.size());
-  auto hub = std::make_shared<LoopbackHub>(n, layout.host_of_rank);
-  std::vector<std::unique_ptr<LoopbackTransport>> loopbacks;
-  std::vector<std::unique_ptr<CountingTransport>> counters;
-  for (int r = 0; r < n; ++r) {
-    loopbacks.push_back(std::make_unique<LoopbackTransport>(hub, r, 60.0));
-    counters.push_back(std::make_unique<CountingTransport>(loopbacks.back().get()));
-  }
   int64_t total = 0;
   for (int64_t s : sizes) total += s;
-  std::vector<std::thread> threads;
-  for (int m = 0; m < n; ++m) {
-    threads.emplace_back([&, m] {
-      CommGroup g;
-      g.transport = counters[m].get();
-      g.ranks = Iota(n);
-      g.index = m;
-      const HostTopology topology = TopologyOrFail(g.ranks, m, layout.host_of_rank);
-      AllgatherOptions options;
-      options.topology = &topology;
-      options.hierarchical = hierarchical;
-      std::vector<uint8_t> input(sizes[m], static_cast<uint8_t>(m + 1)), output(total);
-      CheckOk(Allgather(g, input.data(), output.data(), sizes, options), Label(g, "traffic"));
-      int64_t offset = 0;
-      for (int i = 0; i < n; ++i) {
-        ++g_checks;
-        Check(sizes[i] == 0 || (output[offset] == i + 1 && output[offset + sizes[i] - 1] == i + 1),
-              Label(g, "traffic allgather value"));
-        offset += sizes[i];
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  std::vector<int64_t> sent(n);
-  for (int m = 0; m < n; ++m) sent[m] = counters[m]->sent().other_hosts;
-  return sent;
+  return BytesToOtherHosts(layout.host_of_rank, [&](const CommGroup& g) {
+    const HostTopology topology = TopologyOrFail(g.ranks, g.index, layout.host_of_rank);
+    AllgatherOptions options;
+    options.topology = &topology;
+    options.hierarchical = hierarchical;
+    std::vector<uint8_t> input(sizes[g.index], static_cast<uint8_t>(g.index + 1)), output(total);
+    CheckOk(Allgather(g, input.data(), output.data(), sizes, options), Label(g, "traffic"));
+    int64_t offset = 0;
+    for (int i = 0; i < n; ++i) {
+      ++g_checks;
+      Check(sizes[i] == 0 || (output[offset] == i + 1 && output[offset + sizes[i] - 1] == i + 1),
+            Label(g, "traffic allgather value"));
+      offset += sizes[i];
+    }
+  });
 }
 
 void CheckTraffic() {
@@ -186,8 +150,8 @@ void CheckTraffic() {
       for (int h = 0; h < hosts; ++h) {
         for (int m : any.hosts[h]) host_bytes[h] += sizes[m];
       }
-      const std::vector<int64_t> hierarchical = BytesToOtherHosts(layout, sizes, Toggle::kAuto);
-      const std::vector<int64_t> flat = BytesToOtherHosts(layout, sizes, Toggle::kOff);
+      const std::vector<int64_t> hierarchical = AllgatherBytesToOtherHosts(layout, sizes, Toggle::kAuto);
+      const std::vector<int64_t> flat = AllgatherBytesToOtherHosts(layout, sizes, Toggle::kOff);
       int64_t total_hierarchical = 0, total_flat = 0;
       for (int m = 0; m < n; ++m) {
         const HostTopology t = TopologyOrFail(Iota(n), m, layout.host_of_rank);
@@ -225,26 +189,12 @@ void CheckTraffic() {
 
 void CheckPeerLost() {
   const std::vector<int> host_ids = {0, 0, 1, 1};
-  auto hub = std::make_shared<LoopbackHub>(4, host_ids);
-  std::vector<std::unique_ptr<LoopbackTransport>> transports;
-  for (int r = 0; r < 4; ++r) transports.push_back(std::make_unique<LoopbackTransport>(hub, r, 60.0));
-  transports[3]->Close();  // member 3 is gone before the collective starts
-  std::vector<Status> results(3);
-  std::vector<std::thread> threads;
-  for (int m = 0; m < 3; ++m) {
-    threads.emplace_back([&, m] {
-      CommGroup g;
-      g.transport = transports[m].get();
-      g.ranks = Iota(4);
-      g.index = m;
-      const HostTopology topology = TopologyOrFail(g.ranks, m, host_ids);
-      const std::vector<int64_t> sizes(4, 4000);
-      std::vector<uint8_t> input(4000, 1), output(16000);
-      results[m] = AllgatherHierarchical(g, topology, input.data(), output.data(), sizes);
-      transports[m]->Close();  // as the runtime does after a failure
-    });
-  }
-  for (auto& t : threads) t.join();
+  const std::vector<Status> results = RunWithLostMember(host_ids, 3, [&](const CommGroup& g) {
+    const HostTopology topology = TopologyOrFail(g.ranks, g.index, host_ids);
+    const std::vector<int64_t> sizes(4, 4000);
+    std::vector<uint8_t> input(4000, 1), output(16000);
+    return AllgatherHierarchical(g, topology, input.data(), output.data(), sizes);
+  });
   for (int m = 0; m < 3; ++m) {
     ++g_checks;
     CheckCode(results[m], HORO_ERR_PEER_LOST, "allgather hierarchical",

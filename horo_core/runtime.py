@@ -74,16 +74,18 @@ class _CallGuard:
 class Stats:
     """What one rank's runtime has done since it was created (``horo_runtime_stats_t``).
 
-    Allreduce counts are collectives run (fused tensors count once), by algorithm; the byte counts
-    are data-plane bytes this rank sent to peers on its own host and on other hosts; the pass
-    counts are negotiation rounds that moved something, run by callers waiting on a handle and by
-    the background thread.
+    Allreduce and allgather counts are collectives run (fused tensors count once), by algorithm;
+    the byte counts are data-plane bytes this rank sent to peers on its own host and on other hosts;
+    the pass counts are negotiation rounds that moved something, run by callers waiting on a handle
+    and by the background thread.
     """
     allreduce_recursive_doubling: int
     allreduce_ring: int
     allreduce_hierarchical: int
     bytes_sent_same_host: int
     bytes_sent_other_hosts: int
+    allgather_ring: int
+    allgather_hierarchical: int
     passes_by_callers: int
     passes_by_background: int
 

@@ -40,6 +40,8 @@ SETTINGS_FLAGS: tuple[tuple[str, str, Callable[[object], Optional[str]]], ...] =
     ("log_without_timestamp", "HORO_LOG_HIDE_TIME", _flag),
     ("hierarchical_allreduce", "HORO_HIERARCHICAL_ALLREDUCE", _flag),
     ("no_hierarchical_allreduce", "HORO_HIERARCHICAL_ALLREDUCE", lambda value: "0" if value else None),
+    ("hierarchical_allgather", "HORO_HIERARCHICAL_ALLGATHER", _flag),
+    ("no_hierarchical_allgather", "HORO_HIERARCHICAL_ALLGATHER", lambda value: "0" if value else None),
     ("autotune", "HORO_AUTOTUNE", _flag),
     ("autotune_log_file", "HORO_AUTOTUNE_LOG", str),
     ("autotune_warmup_samples", "HORO_AUTOTUNE_WARMUP_SAMPLES", str),
@@ -52,7 +54,6 @@ SETTINGS_FLAGS: tuple[tuple[str, str, Callable[[object], Optional[str]]], ...] =
 _IGNORED_FLAGS = (
     (("--gloo",), False), (("--mpi",), False), (("--jsrun",), False),
     (("--disable-cache",), False), (("--tcp",), False), (("--mpi-threads-disable",), False),
-    (("--hierarchical-allgather",), False), (("--no-hierarchical-allgather",), False),
     (("--torus-allreduce",), False), (("--no-torus-allreduce",), False),
     (("--network-interfaces",), True), (("--network-interface",), True),
     (("-p", "--ssh-port"), True), (("-i", "--ssh-identity-file"), True),
@@ -148,6 +149,14 @@ def _build_parser() -> argparse.ArgumentParser:
     hierarchical.add_argument("--no-hierarchical-allreduce", action="store_true",
                               help="always use the flat allreduce algorithms "
                                    "(HORO_HIERARCHICAL_ALLREDUCE=0)")
+    hierarchical_gather = tuning.add_mutually_exclusive_group()
+    hierarchical_gather.add_argument("--hierarchical-allgather", action="store_true",
+                                     help="gather inside each host first, then across hosts "
+                                          "(HORO_HIERARCHICAL_ALLGATHER=1; the default already "
+                                          "does so whenever a process set spans hosts)")
+    hierarchical_gather.add_argument("--no-hierarchical-allgather", action="store_true",
+                                     help="always use the ring allgather "
+                                          "(HORO_HIERARCHICAL_ALLGATHER=0)")
 
     timeline = p.add_argument_group("timeline")
     timeline.add_argument("--timeline-filename", metavar="FILE",

@@ -7,14 +7,13 @@ results on every rank, and the runtime's stats showing which algorithm ran and h
 crossed hosts. Multi-process jobs (horo_runner.run, HORO_HOSTNAME set per rank) do the same over
 TCP and shared memory, with 4 ranks on 2 hosts and 3 ranks on 2 hosts.
 """
-import dataclasses
-
 import numpy as np
 import pytest
 
 import horo_runner
 from core_values import ALL, contribution, expected_allreduce, make, name, read
-from horo_core import config, dtypes
+from emulated_hosts import check_toggle_setting, delta, hosts_of, is_hierarchical, process_sets_to_try, world_per_layout
+from horo_core import dtypes
 from horo_core import numpy_ops as ops
 from horo_core._binding import lib
 from loopback_world import World
@@ -23,20 +22,6 @@ OPS = {"sum": lib.HORO_OP_SUM, "average": lib.HORO_OP_AVERAGE, "min": lib.HORO_O
        "max": lib.HORO_OP_MAX, "product": lib.HORO_OP_PRODUCT}
 COUNTS = [1, 7, 1000, 65537]  # up to 64 KiB the small-message path, above it the sharded one
 LAYOUTS = {"2+2": ["a", "a", "b", "b"], "2+1": ["a", "a", "b"], "interleaved 3+2": ["a", "b", "a", "b", "a"]}
-
-
-def hosts_of(hosts, ranks):
-    """{host: [member index, ...]} of the members ranks (global ranks, in set order)."""
-    out = {}
-    for m, r in enumerate(ranks):
-        out.setdefault(hosts[r], []).append(m)
-    return out
-
-
-def is_hierarchical(hosts, ranks):
-    """The core's rule: the set spans hosts and some host has several of its members."""
-    by_host = hosts_of(hosts, ranks)
-    return len(by_host) > 1 and max(len(m) for m in by_host.values()) > 1
 
 
 def bytes_to_other_hosts(hosts, ranks, nbytes):
@@ -48,15 +33,7 @@ def bytes_to_other_hosts(hosts, ranks, nbytes):
     return [2 * (count - 1) * (nbytes // shards) // count if local[m] < shards else 0 for m in range(len(ranks))]
 
 
-def delta(before, after):
-    return {f.name: getattr(after, f.name) - getattr(before, f.name) for f in dataclasses.fields(after)}
-
-
-@pytest.fixture(scope="module", params=list(LAYOUTS), ids=lambda k: k.replace(" ", "-"))
-def layout(request):
-    hosts = LAYOUTS[request.param]
-    with World(len(hosts), hosts=hosts) as world:
-        yield world, hosts
+layout = world_per_layout(LAYOUTS)
 
 
 def test_values_of_every_dtype_and_op(layout):
@@ -134,14 +111,7 @@ def test_bytes_across_hosts_are_the_shards(layout):
 
 def test_process_sets(layout):
     world, hosts = layout
-    n = world.size
-    first_host = [r for r in range(n) if hosts[r] == hosts[0]]
-    across = [0, next(r for r in range(n) if hosts[r] != hosts[0])]
-    candidates = [list(range(1, n)), first_host, across]
-    sets = []
-    for ranks in candidates:
-        if len(ranks) > 1 and sorted(ranks) not in [sorted(s) for s in sets]:
-            sets.append(ranks)
+    sets = process_sets_to_try(hosts)
 
     def body(rt):
         ids = [rt.add_process_set(ranks) for ranks in sets]
@@ -217,15 +187,7 @@ def test_rank_0_setting_decides(coordinator, others, path):
 
 
 def test_setting_values(monkeypatch):
-    monkeypatch.delenv("HORO_HIERARCHICAL_ALLREDUCE", raising=False)
-    monkeypatch.delenv("HOROVOD_HIERARCHICAL_ALLREDUCE", raising=False)
-    assert config.value("HIERARCHICAL_ALLREDUCE") == "auto"
-    for text, value in (("1", "1"), ("true", "1"), ("0", "0"), ("off", "0"), ("AUTO", "auto")):
-        monkeypatch.setenv("HOROVOD_HIERARCHICAL_ALLREDUCE", text)
-        assert config.value("HIERARCHICAL_ALLREDUCE") == value
-    monkeypatch.setenv("HORO_HIERARCHICAL_ALLREDUCE", "sometimes")
-    with pytest.raises(ValueError, match="HORO_HIERARCHICAL_ALLREDUCE='sometimes'"):
-        config.settings()
+    check_toggle_setting(monkeypatch, "HIERARCHICAL_ALLREDUCE")
 
 
 # Multi-process jobs over TCP and shared memory ----------------------------------------------------

@@ -291,6 +291,12 @@ def test_settings_env_only_for_given_flags(runner_path):
     assert on["HORO_HIERARCHICAL_ALLREDUCE"] == "1" and off["HORO_HIERARCHICAL_ALLREDUCE"] == "0"
     with pytest.raises(SystemExit):
         parse_args(["-np", "2", "--hierarchical-allreduce", "--no-hierarchical-allreduce", "true"])
+    on = settings_env(parse_args(["-np", "2", "--hierarchical-allgather", "true"]))
+    off = settings_env(parse_args(["-np", "2", "--no-hierarchical-allgather", "true"]))
+    assert on["HORO_HIERARCHICAL_ALLGATHER"] == "1" and off["HORO_HIERARCHICAL_ALLGATHER"] == "0"
+    assert "HORO_HIERARCHICAL_ALLREDUCE" not in on and "HORO_HIERARCHICAL_ALLGATHER" not in env
+    with pytest.raises(SystemExit):
+        parse_args(["-np", "2", "--hierarchical-allgather", "--no-hierarchical-allgather", "true"])
     env = settings_env(parse_args(["-np", "2", "--timeline-filename", "t.json", "--timeline-mark-cycles", "true"]))
     assert env["HORO_TIMELINE"] == "t.json" and env["HORO_TIMELINE_MARK_CYCLES"] == "1"
 
@@ -346,6 +352,7 @@ def test_version_and_help(child_env, runner_path):
                  "-prefix-timestamp", "--prefix-output-with-timestamp", "--verbose",
                  "-cb", "--check-build", "-v", "--version", "--gloo", "--network-interfaces",
                  "--hierarchical-allreduce", "--no-hierarchical-allreduce",
+                 "--hierarchical-allgather", "--no-hierarchical-allgather",
                  "--timeline-filename", "--timeline-mark-cycles"):
         assert re.search(rf"(^|[\s,\[]){re.escape(flag)}([\s,\]]|$)", help_text), flag
 

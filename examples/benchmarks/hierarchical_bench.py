@@ -1,4 +1,4 @@
-"""Flat against hierarchical allreduce with ranks on emulated hosts, in one run.
+"""Flat against hierarchical allreduce (or allgather) with ranks on emulated hosts, in one run.
 
 Every rank sets ``HORO_HOSTNAME`` from its rank before ``init`` (ranks 0..np/hosts-1 on the first
 host, and so on), so ranks of one "host" talk through shared memory and ranks of different hosts
@@ -8,7 +8,8 @@ the machine's load hits both alike. In a job every rank times each allreduce of 
 (same name every time, so the response cache answers negotiation) after warm-up and keeps the
 median; the job's value is the slowest rank's median, and the table shows the median over the
 repeats, the ratio hierarchical / flat, and the bytes that crossed hosts per allreduce (summed
-over ranks, from ``Runtime.stats()``).
+over ranks, from ``Runtime.stats()``). ``--collective allgather`` does the same for allgather
+(``HORO_HIERARCHICAL_ALLGATHER``): a size is the gathered result, each rank contributing 1/np of it.
 
 On one machine "hosts" differ only in shared memory against TCP loopback, which is far faster than
 a real network, so the gains here understate those between real hosts. On a small shared machine
@@ -17,6 +18,7 @@ the timings are noisy: compare ratios from the same run only.
     python examples/benchmarks/hierarchical_bench.py                  # 4 ranks on 2 hosts
     python examples/benchmarks/hierarchical_bench.py -np 6 --hosts 2 --sizes 64K,4M
     python examples/benchmarks/hierarchical_bench.py --variants       # also the C++ design variants
+    python examples/benchmarks/hierarchical_bench.py --collective allgather
 
 ``--variants`` compiles and runs ``allreduce_variants.cc``: the hierarchical algorithm against the
 leader-based variant and the flat ring, and one against two ring channels on shared memory.
@@ -40,7 +42,10 @@ def format_time(seconds):
     return f"{seconds * 1e6:.0f} us" if seconds < 1e-3 else f"{seconds * 1e3:.2f} ms"
 
 
-def worker(sizes, hosts, seconds_per_size):
+ALGORITHMS = {"allreduce": ("recursive_doubling", "ring", "hierarchical"), "allgather": ("ring", "hierarchical")}
+
+
+def worker(sizes, hosts, seconds_per_size, collective="allreduce"):
     """One rank of a job: returns {size: (median seconds, bytes sent to other hosts per call,
     algorithm counts per call)}."""
     import numpy as np
@@ -54,11 +59,13 @@ def worker(sizes, hosts, seconds_per_size):
     rt = basics.runtime()
     out = {}
     for nbytes in sizes:
-        x = np.ones(nbytes // 4, dtype=np.float32)
+        gather = collective == "allgather"
+        x = np.ones(nbytes // 4 // (size if gather else 1), dtype=np.float32)
         name = f"bench.{nbytes}"
+        call = ops.allgather if gather else ops.allreduce
         start = time.perf_counter()
         for _ in range(3):  # warm-up: connections, caches, page faults
-            ops.allreduce(rt, x, name)
+            call(rt, x, name)
         per_call = (time.perf_counter() - start) / 3
         # Every rank must run the same number of iterations: derive it from rank 0's estimate.
         estimate = ops.broadcast(rt, np.array([per_call]), 0, f"bench.estimate.{nbytes}")[0]
@@ -67,11 +74,11 @@ def worker(sizes, hosts, seconds_per_size):
         times = []
         for _ in range(iterations):
             start = time.perf_counter()
-            ops.allreduce(rt, x, name)
+            call(rt, x, name)
             times.append(time.perf_counter() - start)
         after = rt.stats()
-        algorithms = {a: (getattr(after, f"allreduce_{a}") - getattr(before, f"allreduce_{a}")) / iterations
-                      for a in ("recursive_doubling", "ring", "hierarchical")}
+        algorithms = {a: (getattr(after, f"{collective}_{a}") - getattr(before, f"{collective}_{a}")) / iterations
+                      for a in ALGORITHMS[collective]}
         cross = (after.bytes_sent_other_hosts - before.bytes_sent_other_hosts) / iterations
         out[nbytes] = (statistics.median(times), cross, algorithms)
     ops.barrier(rt)
@@ -89,15 +96,15 @@ def run_jobs(args, sizes):
     for repeat in range(args.repeats):
         order = list(modes) if repeat % 2 == 0 else list(reversed(modes))
         for mode in order:
-            reports = horo_runner.run(worker, args=(sizes, args.hosts, args.seconds), np=args.np,
-                                      env={"HORO_HIERARCHICAL_ALLREDUCE": modes[mode]})
+            reports = horo_runner.run(worker, args=(sizes, args.hosts, args.seconds, args.collective), np=args.np,
+                                      env={f"HORO_HIERARCHICAL_{args.collective.upper()}": modes[mode]})
             for s in sizes:
                 values[mode][s].append(max(r[s][0] for r in reports))
                 cross[mode][s] = sum(r[s][1] for r in reports)
                 algorithms[mode][s] = max(reports[0][s][2], key=reports[0][s][2].get)
         print(f"repeat {repeat + 1}/{args.repeats} done", file=sys.stderr, flush=True)
 
-    print(f"\n{args.np} ranks on {args.hosts} emulated hosts, {args.repeats} repeats "
+    print(f"\n{args.collective}: {args.np} ranks on {args.hosts} emulated hosts, {args.repeats} repeats "
           f"(median of per-job values; lower is better)")
     print(f"{'size':>8} {'flat':>11} {'hierarchical':>13} {'ratio':>7}   {'cross-host bytes/call':>23}   algorithms")
     for s in sizes:
@@ -133,14 +140,17 @@ def main():
     p.add_argument("--sizes", default="4K,64K,256K,1M,4M,16M", help="comma-separated message sizes")
     p.add_argument("--repeats", type=int, default=3, help="jobs per mode (default 3)")
     p.add_argument("--seconds", type=float, default=1.0, help="timed seconds per size and job (default 1)")
+    p.add_argument("--collective", choices=sorted(ALGORITHMS), default="allreduce",
+                   help="collective to time (default allreduce); allgather sizes are the gathered result")
     p.add_argument("--variants", action="store_true", help="also run the C++ design variants")
     p.add_argument("--variants-max-mb", type=int, default=64, help="largest size of the variants (default 64)")
     args = p.parse_args()
     if args.hosts < 2 or args.np < args.hosts:
         p.error("need at least 2 hosts and at least one rank per host")
     sizes = [parse_size(s) for s in args.sizes.split(",")]
-    if any(s % 4 or s <= 0 for s in sizes):
-        p.error("sizes must be positive multiples of 4 bytes (float32)")
+    unit = 4 * (args.np if args.collective == "allgather" else 1)
+    if any(s % unit or s <= 0 for s in sizes):
+        p.error(f"sizes must be positive multiples of {unit} bytes (float32{' per rank' if unit > 4 else ''})")
     run_jobs(args, sizes)
     if args.variants:
         run_variants(args)

@@ -1,4 +1,4 @@
-// sources: collectives/allreduce.cc collectives/allreduce_ring.cc collectives/allreduce_tree.cc collectives/allreduce_hierarchical.cc collectives/host_topology.cc collectives/allgather_ring.cc collectives/broadcast_tree.cc collectives/alltoall_pairwise.cc collectives/reducescatter_ring.cc collectives/ring_phases.cc collectives/group_io.cc collectives/reduce_kernels.cc transport/loopback/*.cc common/dtype.cc
+// sources: collectives/allreduce.cc collectives/allreduce_ring.cc collectives/allreduce_tree.cc collectives/allreduce_hierarchical.cc collectives/host_topology.cc collectives/allgather.cc collectives/allgather_ring.cc collectives/allgather_hierarchical.cc collectives/broadcast_tree.cc collectives/alltoall_pairwise.cc collectives/reducescatter_ring.cc collectives/ring_phases.cc collectives/group_io.cc collectives/reduce_kernels.cc transport/loopback/*.cc common/dtype.cc
 //
 // The collective algorithms over the loopback transport, ranks being threads. Every value checked
 // is exact and derived from the member index: member m contributes small integers chosen so that

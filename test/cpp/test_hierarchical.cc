@@ -17,7 +17,7 @@
 #include "collective_checks.h"
 #include "collectives/collectives.h"
 #include "collectives/host_topology.h"
-#include "transport/counting/transport.h"
+#include "host_layouts.h"
 #include "unit_check.h"
 
 using namespace horo;
@@ -25,28 +25,11 @@ using namespace horo_test;
 
 namespace {
 
-struct Layout {
-  const char* name;
-  std::vector<int> host_of_rank;  // one entry per rank of the world; the group is the whole world
-};
-
 const std::vector<Layout> kLayouts = {
     {"2+2", {0, 0, 1, 1}},       {"interleaved 2+2", {0, 1, 0, 1}}, {"2+1", {0, 0, 1}},
     {"1+2", {0, 1, 1}},          {"3+2", {0, 0, 0, 1, 1}},          {"2+2+2", {0, 0, 1, 1, 2, 2}},
     {"4+1+3", {0, 0, 0, 0, 1, 2, 2, 2}},
 };
-
-std::vector<int> Iota(int n) {
-  std::vector<int> v(n);
-  for (int i = 0; i < n; ++i) v[i] = i;
-  return v;
-}
-
-HostTopology TopologyOrFail(const std::vector<int>& ranks, int index, const std::vector<int>& host_ids) {
-  HostTopology topology;
-  CheckOk(BuildHostTopology(ranks, index, host_ids, &topology), "BuildHostTopology");
-  return topology;
-}
 
 // ---- topology -----------------------------------------------------------------------------------
 
@@ -209,36 +192,18 @@ void CheckBitwiseIdentical() {
 
 // Runs one allreduce of count float32 on every member of the layout through counting transports
 // and returns the bytes each member sent to other hosts.
-std::vector<int64_t> BytesToOtherHosts(const Layout& layout, int64_t count, bool hierarchical) {
+std::vector<int64_t> AllreduceBytesToOtherHosts(const Layout& layout, int64_t count, bool hierarchical) {
   const int n = static_cast<int>(layout.host_of_rank.size());
-  auto hub = std::make_shared<LoopbackHub>(n, layout.host_of_rank);
-  std::vector<std::unique_ptr<LoopbackTransport>> loopbacks;
-  std::vector<std::unique_ptr<CountingTransport>> counters;
-  for (int r = 0; r < n; ++r) {
-    loopbacks.push_back(std::make_unique<LoopbackTransport>(hub, r, 60.0));
-    counters.push_back(std::make_unique<CountingTransport>(loopbacks.back().get()));
-  }
-  std::vector<std::thread> threads;
-  for (int m = 0; m < n; ++m) {
-    threads.emplace_back([&, m] {
-      CommGroup g;
-      g.transport = counters[m].get();
-      g.ranks = Iota(n);
-      g.index = m;
-      const HostTopology topology = TopologyOrFail(g.ranks, m, layout.host_of_rank);
-      AllreduceOptions options;
-      options.topology = &topology;
-      options.hierarchical = hierarchical ? Toggle::kAuto : Toggle::kOff;
-      std::vector<float> buffer(count, static_cast<float>(m + 1));
-      CheckOk(Allreduce(g, buffer.data(), count, DataType::kFloat32, ReduceOp::kSum, options), Label(g, "traffic"));
-      ++g_checks;
-      Check(buffer[count - 1] == static_cast<float>(n * (n + 1) / 2), Label(g, "traffic allreduce value"));
-    });
-  }
-  for (auto& t : threads) t.join();
-  std::vector<int64_t> sent(n);
-  for (int m = 0; m < n; ++m) sent[m] = counters[m]->sent().other_hosts;
-  return sent;
+  return BytesToOtherHosts(layout.host_of_rank, [&](const CommGroup& g) {
+    const HostTopology topology = TopologyOrFail(g.ranks, g.index, layout.host_of_rank);
+    AllreduceOptions options;
+    options.topology = &topology;
+    options.hierarchical = hierarchical ? Toggle::kAuto : Toggle::kOff;
+    std::vector<float> buffer(count, static_cast<float>(g.index + 1));
+    CheckOk(Allreduce(g, buffer.data(), count, DataType::kFloat32, ReduceOp::kSum, options), Label(g, "traffic"));
+    ++g_checks;
+    Check(buffer[count - 1] == static_cast<float>(n * (n + 1) / 2), Label(g, "traffic allreduce value"));
+  });
 }
 
 void CheckTraffic() {
@@ -248,8 +213,8 @@ void CheckTraffic() {
     for (int64_t count : {int64_t{7}, int64_t{120000}}) {
       const int64_t bytes = count * 4;
       const bool small = bytes <= AllreduceOptions().small_message_bytes;
-      const std::vector<int64_t> hierarchical = BytesToOtherHosts(layout, count, true);
-      const std::vector<int64_t> flat = BytesToOtherHosts(layout, count, false);
+      const std::vector<int64_t> hierarchical = AllreduceBytesToOtherHosts(layout, count, true);
+      const std::vector<int64_t> flat = AllreduceBytesToOtherHosts(layout, count, false);
       const HostTopology any = TopologyOrFail(Iota(n), 0, layout.host_of_rank);
       const int hosts = any.num_hosts(), shards = any.min_local_size();
       int64_t total_hierarchical = 0, total_flat = 0;
@@ -287,27 +252,13 @@ void CheckTraffic() {
 void CheckPeerLost() {
   for (bool sharded : {false, true}) {
     const std::vector<int> host_ids = {0, 0, 1, 1};
-    auto hub = std::make_shared<LoopbackHub>(4, host_ids);
-    std::vector<std::unique_ptr<LoopbackTransport>> transports;
-    for (int r = 0; r < 4; ++r) transports.push_back(std::make_unique<LoopbackTransport>(hub, r, 60.0));
-    transports[3]->Close();  // member 3 is gone before the collective starts
-    std::vector<Status> results(3);
-    std::vector<std::thread> threads;
-    for (int m = 0; m < 3; ++m) {
-      threads.emplace_back([&, m] {
-        CommGroup g;
-        g.transport = transports[m].get();
-        g.ranks = Iota(4);
-        g.index = m;
-        const HostTopology topology = TopologyOrFail(g.ranks, m, host_ids);
-        const int64_t count = sharded ? 100000 : 1000;  // 4 KB: the small-message path
-        std::vector<float> buffer(count, 1.0f);
-        results[m] = AllreduceHierarchical(g, topology, buffer.data(), count, DataType::kFloat32, ReduceOp::kSum,
-                                           PathOptions(sharded));
-        transports[m]->Close();  // as the runtime does after a failure
-      });
-    }
-    for (auto& t : threads) t.join();
+    const std::vector<Status> results = RunWithLostMember(host_ids, 3, [&](const CommGroup& g) {
+      const HostTopology topology = TopologyOrFail(g.ranks, g.index, host_ids);
+      const int64_t count = sharded ? 100000 : 1000;  // 4 KB: the small-message path
+      std::vector<float> buffer(count, 1.0f);
+      return AllreduceHierarchical(g, topology, buffer.data(), count, DataType::kFloat32, ReduceOp::kSum,
+                                   PathOptions(sharded));
+    });
     for (int m = 0; m < 3; ++m) {
       ++g_checks;
       CheckCode(results[m], HORO_ERR_PEER_LOST, "allreduce hierarchical",

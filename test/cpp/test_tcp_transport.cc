@@ -34,15 +34,15 @@
 #include "transport/tcp/handshake.h"
 #include "transport/tcp/socket_address.h"
 #include "transport/tcp/transport.h"
+#include "tcp_mesh.h"
 #include "transport_checks.h"
 
 using namespace horo;
-using namespace horo_test;  // transport_checks.h
+using namespace horo_test;  // transport_checks.h, tcp_mesh.h
 using Clock = std::chrono::steady_clock;
 
 namespace {
 
-const std::string kSecret = "per-job secret \x01\x02\x03 for the tcp transport test";
 constexpr size_t kLarge = size_t{64} << 20;
 
 std::string Hex(const uint8_t* data, size_t len) {
@@ -54,72 +54,6 @@ std::string Hex(const uint8_t* data, size_t len) {
   }
   return out;
 }
-
-TcpOptions Options(int rank, int size) {
-  TcpOptions options;
-  options.rank = rank;
-  options.size = size;
-  options.secret = kSecret;
-  options.connect_timeout_seconds = 20;
-  options.data_timeout_seconds = 20;
-  return options;
-}
-
-// A mesh of n in-process ranks. Listen on every rank first, exchange addresses in memory, then
-// Connect all ranks at once (as a rendezvous would).
-struct Mesh {
-  std::vector<std::unique_ptr<TcpTransport>> ranks;
-  std::vector<std::string> addresses;
-};
-
-void ListenAll(int n, Mesh* mesh, const std::function<void(TcpOptions*)>& adjust = nullptr) {
-  mesh->ranks.resize(n);
-  mesh->addresses.resize(n);
-  for (int rank = 0; rank < n; ++rank) {
-    TcpOptions options = Options(rank, n);
-    if (adjust) adjust(&options);
-    ExpectOk(TcpTransport::Listen(options, &mesh->ranks[rank]), "Listen rank " + std::to_string(rank));
-    mesh->addresses[rank] = mesh->ranks[rank]->address();
-  }
-}
-
-std::vector<Status> ConnectAll(Mesh* mesh) {
-  int n = static_cast<int>(mesh->ranks.size());
-  std::vector<Status> results(n);
-  RunRanks(n, [&](int rank) { results[rank] = mesh->ranks[rank]->Connect(mesh->addresses); });
-  return results;
-}
-
-Mesh BuildMesh(int n, const std::function<void(TcpOptions*)>& adjust = nullptr) {
-  Mesh mesh;
-  ListenAll(n, &mesh, adjust);
-  std::vector<Status> results = ConnectAll(&mesh);
-  for (int rank = 0; rank < n; ++rank) ExpectOk(results[rank], "Connect rank " + std::to_string(rank));
-  return mesh;
-}
-
-class Barrier {
- public:
-  explicit Barrier(int count) : count_(count) {}
-  void Wait() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    int generation = generation_;
-    if (++arrived_ == count_) {
-      arrived_ = 0;
-      ++generation_;
-      cv_.notify_all();
-    } else {
-      cv_.wait(lock, [&] { return generation != generation_; });
-    }
-  }
-
- private:
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  int count_;
-  int arrived_ = 0;
-  int generation_ = 0;
-};
 
 // ---------------------------------------------------------------------------------------------
 // Crypto primitives.

@@ -145,13 +145,17 @@ typedef struct horo_result {
 } horo_result_t;
 
 /* What one rank's runtime has done since it was created (horo_runtime_stats). An allreduce
- * counts once per collective run, however many tensors were fused into it. */
+ * counts once per collective run, however many tensors were fused into it; an allgather once per
+ * tensor (allgathers are not fused). Collectives of a one-member process set, and allreduces of
+ * no elements, are not counted. */
 typedef struct horo_runtime_stats {
   int64_t allreduce_recursive_doubling;  /* latency-optimal algorithm, small messages */
   int64_t allreduce_ring;
   int64_t allreduce_hierarchical;        /* inside hosts, then across them (sets spanning hosts) */
   int64_t bytes_sent_same_host;          /* data-plane bytes sent to peers on this rank's host */
   int64_t bytes_sent_other_hosts;        /* data-plane bytes sent to peers on other hosts */
+  int64_t allgather_ring;
+  int64_t allgather_hierarchical;        /* inside hosts, across them, inside again (sets spanning hosts) */
   int64_t passes_by_callers;             /* negotiation rounds that moved something, run by a thread
                                             waiting on a handle (HORO_CALLER_PROGRESS) ... */
   int64_t passes_by_background;          /* ... and by the background thread */

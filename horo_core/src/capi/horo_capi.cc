@@ -265,6 +265,8 @@ horo_status_t horo_runtime_stats(horo_runtime_t* rt, horo_runtime_stats_t* out) 
   out->allreduce_hierarchical = stats.allreduce_runs[static_cast<int>(horo::AllreduceAlgorithm::kHierarchical)];
   out->bytes_sent_same_host = stats.sent.same_host;
   out->bytes_sent_other_hosts = stats.sent.other_hosts;
+  out->allgather_ring = stats.allgather_runs[static_cast<int>(horo::AllgatherAlgorithm::kRing)];
+  out->allgather_hierarchical = stats.allgather_runs[static_cast<int>(horo::AllgatherAlgorithm::kHierarchical)];
   rt->impl->CountPasses(&out->passes_by_callers, &out->passes_by_background);
   return HORO_OK;
   HORO_API_END();

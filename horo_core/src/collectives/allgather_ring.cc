@@ -16,8 +16,8 @@
 
 namespace horo {
 
-Status Allgather(const CommGroup& group, const void* input, void* output,
-                 const std::vector<int64_t>& bytes_per_member) {
+Status AllgatherRing(const CommGroup& group, const void* input, void* output,
+                     const std::vector<int64_t>& bytes_per_member) {
   HORO_RETURN_IF_ERROR(CheckGroup(group, "allgather"));
   const int members = group.size();
   HORO_RETURN_IF_ERROR(CheckMemberSizes(bytes_per_member, members, "allgather", "size"));

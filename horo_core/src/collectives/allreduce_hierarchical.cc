@@ -43,19 +43,6 @@
 namespace horo {
 namespace {
 
-Status CheckTopology(const CommGroup& group, const HostTopology& topology) {
-  int members = 0;
-  for (const auto& host : topology.hosts) members += static_cast<int>(host.size());
-  const bool valid = members == group.size() && topology.host >= 0 && topology.host < topology.num_hosts() &&
-                     topology.local_index >= 0 && topology.local_index < topology.local_size() &&
-                     topology.hosts[topology.host][topology.local_index] == group.index;
-  if (valid) return Status::OK();
-  return Status::InvalidArgument("allreduce hierarchical: the host topology (" + std::to_string(members) +
-                                 " members on " + std::to_string(topology.num_hosts()) +
-                                 " hosts) does not describe member " + std::to_string(group.index) +
-                                 " of a group of " + std::to_string(group.size()));
-}
-
 // A failure inside the flat allreduce between hosts keeps its code and says which phase it was.
 Status InCrossPhase(Status status) {
   if (status.ok()) return status;
@@ -102,7 +89,7 @@ Status AllreduceHierarchical(const CommGroup& group, const HostTopology& topolog
                              DataType dtype, ReduceOp op, const AllreduceOptions& options) {
   HORO_RETURN_IF_ERROR(CheckGroup(group, "allreduce hierarchical"));
   HORO_RETURN_IF_ERROR(CheckReduceOp(op, "allreduce hierarchical"));
-  HORO_RETURN_IF_ERROR(CheckTopology(group, topology));
+  HORO_RETURN_IF_ERROR(CheckHostTopology(group, topology, "allreduce hierarchical"));
   if (count < 0) return Status::InvalidArgument("allreduce hierarchical: negative count " + std::to_string(count));
   if (options.chunk_bytes <= 0) {
     return Status::InvalidArgument("allreduce hierarchical: chunk_bytes must be positive, got " +

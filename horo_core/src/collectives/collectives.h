@@ -65,15 +65,38 @@ Status AllreduceHierarchical(const CommGroup& group, const HostTopology& topolog
 const char* AllreduceAlgorithmTimelineName(AllreduceAlgorithm algorithm);
 
 // The algorithms of the other collectives, as the timeline names them.
-constexpr char kAllgatherAlgorithmName[] = "RING_ALLGATHER";
 constexpr char kBroadcastAlgorithmName[] = "BINOMIAL_TREE_BROADCAST";
 constexpr char kAlltoallAlgorithmName[] = "PAIRWISE_ALLTOALL";
 constexpr char kReducescatterAlgorithmName[] = "RING_REDUCESCATTER";
 
+struct AllgatherOptions {
+  // Where the members run. Null: as if each member were alone on its host (always the ring).
+  const HostTopology* topology = nullptr;
+  // kAuto and kOn gather hierarchically whenever the group spans hosts and some host has several
+  // members (otherwise hierarchical and ring are the same thing); kOff never does.
+  Toggle hierarchical = Toggle::kAuto;
+};
+
+enum class AllgatherAlgorithm { kRing = 0, kHierarchical = 1 };
+constexpr int kAllgatherAlgorithmCount = 2;
+const char* AllgatherAlgorithmName(AllgatherAlgorithm algorithm);
+// As the timeline names it: "RING_ALLGATHER", "HIERARCHICAL_ALLGATHER".
+const char* AllgatherAlgorithmTimelineName(AllgatherAlgorithm algorithm);
+
+// The algorithm Allgather runs (allgather.cc): a pure function of what every member has alike.
+AllgatherAlgorithm ChooseAllgatherAlgorithm(const AllgatherOptions& options);
+
 // Gathers each member's bytes into output, concatenated in set order. bytes_per_member[i] is the
 // number of bytes member i contributes (may be 0). input may alias output + offset of this member.
 Status Allgather(const CommGroup& group, const void* input, void* output,
-                 const std::vector<int64_t>& bytes_per_member);
+                 const std::vector<int64_t>& bytes_per_member, const AllgatherOptions& options = AllgatherOptions());
+// The algorithms Allgather chooses from, exposed for tests and benchmarks: the ring over all
+// members (allgather_ring.cc), and inside hosts, across hosts, inside hosts again
+// (allgather_hierarchical.cc), whose topology must describe this group.
+Status AllgatherRing(const CommGroup& group, const void* input, void* output,
+                     const std::vector<int64_t>& bytes_per_member);
+Status AllgatherHierarchical(const CommGroup& group, const HostTopology& topology, const void* input, void* output,
+                             const std::vector<int64_t>& bytes_per_member);
 
 // Copies bytes from the member at root_index to every member.
 Status Broadcast(const CommGroup& group, void* buffer, int64_t bytes, int root_index);

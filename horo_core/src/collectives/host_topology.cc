@@ -61,6 +61,19 @@ Status BuildHostTopology(const std::vector<int>& member_ranks, int my_index, con
   return Status::OK();
 }
 
+Status CheckHostTopology(const CommGroup& group, const HostTopology& topology, const char* collective) {
+  int members = 0;
+  for (const auto& host : topology.hosts) members += static_cast<int>(host.size());
+  const bool valid = members == group.size() && topology.host >= 0 && topology.host < topology.num_hosts() &&
+                     topology.local_index >= 0 && topology.local_index < topology.local_size() &&
+                     topology.hosts[topology.host][topology.local_index] == group.index;
+  if (valid) return Status::OK();
+  return Status::InvalidArgument(std::string(collective) + ": the host topology (" + std::to_string(members) +
+                                 " members on " + std::to_string(topology.num_hosts()) +
+                                 " hosts) does not describe member " + std::to_string(group.index) +
+                                 " of a group of " + std::to_string(group.size()));
+}
+
 CommGroup LocalGroup(const CommGroup& group, const HostTopology& topology) {
   CommGroup local;
   local.transport = group.transport;

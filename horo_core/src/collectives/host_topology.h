@@ -35,6 +35,10 @@ struct HostTopology {
 Status BuildHostTopology(const std::vector<int>& member_ranks, int my_index, const std::vector<int>& host_ids,
                          HostTopology* out);
 
+// InvalidArgument, prefixed with collective, unless topology describes this member of group: as
+// many members as the group, and this member where topology says it is.
+Status CheckHostTopology(const CommGroup& group, const HostTopology& topology, const char* collective);
+
 // The members of this member's host, as a group of their own.
 CommGroup LocalGroup(const CommGroup& group, const HostTopology& topology);
 

@@ -118,6 +118,13 @@ const std::vector<Setting>& Table() {
               "uses the flat algorithms. Rank 0's value applies to the whole job.",
               [](const std::string& t, Config* c) { return ParseToggle(t, &c->hierarchical_allreduce); },
               [](const Config& c) { return FormatToggle(c.hierarchical_allreduce); }},
+      Setting{"HIERARCHICAL_ALLGATHER", Kind::kString,
+              "auto, 1 or 0. Allgather of a process set that spans hosts gathers inside each host, then across hosts "
+              "among one rank per host and shard (every byte crosses to each other host once), then shares inside "
+              "each host. auto (the default) and 1 do so whenever a set spans hosts and some host has several of its "
+              "ranks; 0 always uses the ring. Rank 0's value applies to the whole job.",
+              [](const std::string& t, Config* c) { return ParseToggle(t, &c->hierarchical_allgather); },
+              [](const Config& c) { return FormatToggle(c.hierarchical_allgather); }},
       HORO_BOOL_SETTING("DYNAMIC_PROCESS_SETS", dynamic_process_sets,
                         "Allow add_process_set/remove_process_set after init."),
       HORO_STRING_SETTING("HOSTNAME", hostname,

@@ -28,6 +28,7 @@ struct Config {
   int64_t small_message_bytes = 64 * 1024;  // allreduce: latency-optimal algorithm up to this size
   int64_t chunk_bytes = 1 << 20;        // ring pipeline chunk
   Toggle hierarchical_allreduce = Toggle::kAuto;  // allreduce inside hosts first, then across them
+  Toggle hierarchical_allgather = Toggle::kAuto;  // allgather inside hosts, across them, inside again
   bool dynamic_process_sets = false;
   std::string hostname;                 // host identity for same-host detection; empty = gethostname()
   bool shm_disable = false;             // ranks of one host exchange data over TCP, not shared memory

@@ -12,6 +12,8 @@ int64_t Response::NumElements() const {
 
 namespace {
 
+bool IsValidToggle(int32_t value) { return value >= 0 && value <= static_cast<int32_t>(Toggle::kOff); }
+
 void WriteResponse(WireWriter& w, const Response& r) {
   w.I32(static_cast<int32_t>(r.kind));
   w.I32(static_cast<int32_t>(r.op_type));
@@ -32,6 +34,7 @@ void WriteResponse(WireWriter& w, const Response& r) {
   w.U8(r.on_device ? 1 : 0);
   w.I32(static_cast<int32_t>(r.hierarchical_allreduce));
   w.I64(r.small_message_bytes);
+  w.I32(static_cast<int32_t>(r.hierarchical_allgather));
 }
 
 bool ReadResponse(WireReader& rd, Response* r) {
@@ -54,12 +57,14 @@ bool ReadResponse(WireReader& rd, Response* r) {
   r->on_device = rd.U8() != 0;
   int32_t hierarchical = rd.I32();
   r->small_message_bytes = rd.I64();
+  int32_t hierarchical_allgather = rd.I32();
   if (!rd.ok() || kind < 0 || kind > static_cast<int32_t>(ResponseKind::kShutdown) || !IsValidOpType(op) ||
-      !IsValidDataType(dtype) || !IsValidReduceOp(reduce_op) || hierarchical < 0 ||
-      hierarchical > static_cast<int32_t>(Toggle::kOff)) {
+      !IsValidDataType(dtype) || !IsValidReduceOp(reduce_op) || !IsValidToggle(hierarchical) ||
+      !IsValidToggle(hierarchical_allgather)) {
     return false;
   }
   r->hierarchical_allreduce = static_cast<Toggle>(hierarchical);
+  r->hierarchical_allgather = static_cast<Toggle>(hierarchical_allgather);
   r->kind = static_cast<ResponseKind>(kind);
   r->op_type = static_cast<OpType>(op);
   r->dtype = static_cast<DataType>(dtype);

@@ -47,6 +47,8 @@ struct Response {
   // rather than from its own environment, so that all members choose alike.
   Toggle hierarchical_allreduce = Toggle::kAuto;
   int64_t small_message_bytes = 64 * 1024;
+  // Allgather: the coordinator's setting, for the same reason.
+  Toggle hierarchical_allgather = Toggle::kAuto;
 
   int64_t NumElements() const;
 };

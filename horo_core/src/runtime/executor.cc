@@ -105,6 +105,7 @@ Status Executor::ReduceAcrossGroup(const CommGroup& group, const Response& head,
 ExecutorStats Executor::Stats() const {
   ExecutorStats stats;
   for (int a = 0; a < kAllreduceAlgorithmCount; ++a) stats.allreduce_runs[a] = allreduce_runs_[a].load(std::memory_order_relaxed);
+  for (int a = 0; a < kAllgatherAlgorithmCount; ++a) stats.allgather_runs[a] = allgather_runs_[a].load(std::memory_order_relaxed);
   stats.sent = transport_.sent();
   return stats;
 }
@@ -283,8 +284,14 @@ Status Executor::RunAllgather(const CommGroup& group, Slot& slot) {
   result.data.resize(rows * row_bytes);
   result.shape = r.shape;
   result.shape[0] = rows;
-  trace_.Activity(kAllgatherAlgorithmName);
-  HORO_RETURN_IF_ERROR(Allgather(group, slot.entry.input, result.data.data(), bytes_per_member));
+  // The coordinator's setting (stamped in the response) and the set's hosts: every member chooses alike.
+  AllgatherOptions options;
+  options.hierarchical = r.hierarchical_allgather;
+  HORO_RETURN_IF_ERROR(TopologyOf(r.process_set_id, group, &options.topology));
+  const AllgatherAlgorithm algorithm = ChooseAllgatherAlgorithm(options);
+  if (group.size() > 1) allgather_runs_[static_cast<int>(algorithm)].fetch_add(1, std::memory_order_relaxed);
+  trace_.Activity(AllgatherAlgorithmTimelineName(algorithm));
+  HORO_RETURN_IF_ERROR(Allgather(group, slot.entry.input, result.data.data(), bytes_per_member, options));
   Finish(slot, Status::OK(), &result);
   return Status::OK();
 }

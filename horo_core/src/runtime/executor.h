@@ -33,6 +33,7 @@ namespace horo {
 // What this rank's executor has done so far, for tests and monitoring.
 struct ExecutorStats {
   int64_t allreduce_runs[kAllreduceAlgorithmCount] = {};  // collectives run, indexed by AllreduceAlgorithm
+  int64_t allgather_runs[kAllgatherAlgorithmCount] = {};  // indexed by AllgatherAlgorithm
   SentBytes sent;                         // data-plane bytes this rank sent
 };
 
@@ -115,6 +116,7 @@ class Executor {
   bool host_ids_fetched_ = false;
   std::map<int32_t, SetTopology> topologies_;
   std::atomic<int64_t> allreduce_runs_[kAllreduceAlgorithmCount] = {};
+  std::atomic<int64_t> allgather_runs_[kAllgatherAlgorithmCount] = {};
   ExecutionTrace trace_;
 };
 

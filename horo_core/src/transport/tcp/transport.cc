@@ -329,11 +329,59 @@ Status TcpTransport::SendControl(int peer, const std::string& payload) {
       conn->MarkBroken(status);
       return status;
     }
-    pollfd fd = {conn->fd(), POLLOUT, 0};
-    if (::poll(&fd, 1, static_cast<int>((left.count() + 999) / 1000)) < 0 && errno != EINTR) {
-      return Status::Internal(Who() + ": poll failed on the control plane: " + std::strerror(errno));
+    HORO_RETURN_IF_ERROR(WaitControlSpace(conn, static_cast<int>((left.count() + 999) / 1000)));
+  }
+}
+
+Status TcpTransport::WaitControlSpace(tcp::Connection* conn, int wait_ms) {
+  std::vector<pollfd> fds = {{conn->fd(), POLLOUT, 0}};
+  std::vector<int> peers = {-1};
+  {
+    std::lock_guard<std::mutex> lock(inbound_mutex_);
+    for (int peer = 0; peer < options_.size; ++peer) {
+      if (control_[peer] && !control_lost_[peer]) {
+        fds.push_back({control_[peer]->fd(), POLLIN, 0});
+        peers.push_back(peer);
+      }
     }
   }
+  if (::poll(fds.data(), fds.size(), wait_ms) < 0) {
+    if (errno == EINTR) return Status::OK();
+    return Status::Internal(Who() + ": poll failed on the control plane: " + std::strerror(errno));
+  }
+  bool buffered = false;
+  {
+    std::lock_guard<std::mutex> lock(inbound_mutex_);
+    const size_t before = pending_control_.size() + pending_lost_.size();
+    for (size_t i = 1; i < fds.size(); ++i) {
+      if (fds[i].revents != 0 && !control_lost_[peers[i]]) ReadControl(peers[i], &pending_control_, &pending_lost_);
+    }
+    buffered = pending_control_.size() + pending_lost_.size() > before;
+  }
+  if (buffered) Wake();  // a PollControl on another thread may sleep on the sockets just read
+  return Status::OK();
+}
+
+void TcpTransport::ReadControl(int peer, std::vector<ControlMessage>* messages, std::vector<int>* lost_peers) {
+  int error = 0;
+  tcp::Connection::Io io = control_[peer]->ReadFrames(messages, &error);
+  if (io == tcp::Connection::Io::kOk) return;
+  std::string reason = io == tcp::Connection::Io::kClosed ? "peer closed the connection"
+                       : error == 0                  ? "it sent a corrupt frame header"
+                                                     : std::strerror(error);
+  HORO_LOG(kDebug, options_.rank) << "control connection to rank " << peer << " lost: " << reason;
+  control_[peer]->Shutdown();
+  control_lost_[peer] = true;
+  lost_peers->push_back(peer);
+}
+
+bool TcpTransport::TakePending(std::vector<ControlMessage>* messages, std::vector<int>* lost_peers) {
+  if (pending_control_.empty() && pending_lost_.empty()) return false;
+  for (ControlMessage& m : pending_control_) messages->push_back(std::move(m));
+  lost_peers->insert(lost_peers->end(), pending_lost_.begin(), pending_lost_.end());
+  pending_control_.clear();
+  pending_lost_.clear();
+  return true;
 }
 
 Status TcpTransport::PollControl(int timeout_ms, std::vector<ControlMessage>* messages, std::vector<int>* lost_peers) {
@@ -348,10 +396,15 @@ Status TcpTransport::PollControl(int timeout_ms, std::vector<ControlMessage>* me
     poll_peers_.push_back(-1);
     poll_fds_.push_back({wake_fd_, POLLIN, 0});
     poll_peers_.push_back(-1);
-    for (int peer = 0; peer < options_.size; ++peer) {
-      if (control_[peer] && !control_lost_[peer]) {
-        poll_fds_.push_back({control_[peer]->fd(), POLLIN, 0});
-        poll_peers_.push_back(peer);
+    {
+      std::lock_guard<std::mutex> lock(inbound_mutex_);
+      // What a waiting SendControl read comes first: it arrived before anything read from now on.
+      if (TakePending(messages, lost_peers)) return Status::OK();
+      for (int peer = 0; peer < options_.size; ++peer) {
+        if (control_[peer] && !control_lost_[peer]) {
+          poll_fds_.push_back({control_[peer]->fd(), POLLIN, 0});
+          poll_peers_.push_back(peer);
+        }
       }
     }
     int wait_ms = -1;
@@ -372,22 +425,15 @@ Status TcpTransport::PollControl(int timeout_ms, std::vector<ControlMessage>* me
       (void)ignored;
       returned_something = true;
     }
-    for (size_t i = 2; i < poll_fds_.size(); ++i) {
-      if (poll_fds_[i].revents == 0) continue;
-      const int peer = poll_peers_[i];
-      size_t before = messages->size();
-      int error = 0;
-      tcp::Connection::Io io = control_[peer]->ReadFrames(messages, &error);
-      returned_something |= messages->size() > before;
-      if (io == tcp::Connection::Io::kOk) continue;
-      std::string reason = io == tcp::Connection::Io::kClosed ? "peer closed the connection"
-                           : error == 0                  ? "it sent a corrupt frame header"
-                                                         : std::strerror(error);
-      HORO_LOG(kDebug, options_.rank) << "control connection to rank " << peer << " lost: " << reason;
-      control_[peer]->Shutdown();
-      control_lost_[peer] = true;
-      lost_peers->push_back(peer);
-      returned_something = true;
+    {
+      std::lock_guard<std::mutex> lock(inbound_mutex_);
+      const size_t before = messages->size() + lost_peers->size();
+      TakePending(messages, lost_peers);  // read by a SendControl during our poll(): older than what follows
+      for (size_t i = 2; i < poll_fds_.size(); ++i) {
+        const int peer = poll_peers_[i];
+        if (poll_fds_[i].revents != 0 && !control_lost_[peer]) ReadControl(peer, messages, lost_peers);
+      }
+      returned_something |= messages->size() + lost_peers->size() > before;
     }
     if (returned_something) return Status::OK();
     if (timeout_ms >= 0 && Clock::now() >= deadline) return Status::OK();

@@ -8,6 +8,12 @@
 //
 // Threading: the data plane (Send/Recv/SendRecv) is used by one thread at a time. SendControl may
 // be called from any thread (serialized per connection); PollControl from one thread at a time.
+//
+// A control send never waits on a peer that is itself waiting to send: while SendControl waits for
+// socket space it keeps reading every control connection, buffering complete frames (and peers
+// found closed) in a pending queue that PollControl returns before anything it reads later. Rank 0
+// sending a large response list to a worker while that worker sends it a large request list would
+// otherwise stall both until the data timeout (test/cpp/test_tcp_control.cc).
 // Wake() and Close() are safe from any thread at any time. Close() shuts every socket down, so
 // blocked calls return Status::ShutDown at once; descriptors are released by the destructor.
 #pragma once
@@ -81,6 +87,15 @@ class TcpTransport : public Transport {
   Status TimeoutFailure(tcp::Connection* send_conn, size_t sent, size_t send_len, tcp::Connection* recv_conn,
                         size_t received, size_t recv_len);
   tcp::Connection* ControlConnection(int peer) const;
+  // Waits (up to wait_ms) until conn can take more bytes, reading meanwhile whatever arrives on
+  // the control connections into the pending queue (waking a PollControl on another thread if it
+  // buffered something).
+  Status WaitControlSpace(tcp::Connection* conn, int wait_ms);
+  // Reads what control_[peer] has into *messages; a closed or corrupt connection is shut down,
+  // marked lost and appended to *lost_peers. Caller holds inbound_mutex_.
+  void ReadControl(int peer, std::vector<ControlMessage>* messages, std::vector<int>* lost_peers);
+  // Moves the pending queue to the caller's vectors; false if it was empty. Caller holds inbound_mutex_.
+  bool TakePending(std::vector<ControlMessage>* messages, std::vector<int>* lost_peers);
   std::string Who() const { return "rank " + std::to_string(options_.rank); }
 
   const TcpOptions options_;
@@ -101,7 +116,13 @@ class TcpTransport : public Transport {
   std::mutex poll_mutex_;           // one PollControl at a time
   std::vector<pollfd> poll_fds_;    // reused by PollControl
   std::vector<int> poll_peers_;     // rank of poll_fds_[i], -1 for the wake/close fds
-  std::vector<bool> control_lost_;  // reported in lost_peers already
+
+  // Reading control connections, from PollControl or from a waiting SendControl, happens under
+  // inbound_mutex_, which also guards the three members below.
+  std::mutex inbound_mutex_;
+  std::vector<bool> control_lost_;               // reported (or queued to be reported) in lost_peers
+  std::vector<ControlMessage> pending_control_;  // read by a waiting SendControl, not yet returned
+  std::vector<int> pending_lost_;                // control connections found closed meanwhile
 };
 
 }  // namespace horo

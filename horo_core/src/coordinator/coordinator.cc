@@ -415,7 +415,7 @@ bool Coordinator::BuildResponses(ResponseList* out) {
   }
   Fuse(std::move(parts), resolved, out);
 
-  const std::string losses = DescribeUnexpectedLosses();
+  const std::string losses = lost_.empty() ? std::string() : DescribeUnexpectedLosses();
   if (!losses.empty()) {
     EmitShutdown(HORO_ERR_PEER_LOST, losses, out);
   } else if (stall_shutdown_) {

@@ -378,9 +378,11 @@ void Runtime::Drive(const std::atomic<bool>& done) {
   int round = 0;
   while (!done.load(std::memory_order_acquire) && !loop_ended_) {
     bool progress = false;
-    std::unique_lock<std::mutex> lock(progress_mutex_, std::try_to_lock);
-    if (lock.owns_lock() && !loop_ended_ && !Pass(0, &progress)) loop_ended_ = true;
-    if (lock.owns_lock()) lock.unlock();
+    // A pass with nothing queued and no control message would only poll: look first, cheaply.
+    if (queue_.HasRequests() || transport_->ControlPending()) {
+      std::unique_lock<std::mutex> lock(progress_mutex_, std::try_to_lock);
+      if (lock.owns_lock() && !loop_ended_ && !Pass(0, &progress)) loop_ended_ = true;
+    }
     const Clock::time_point now = Clock::now();
     if (progress) {
       caller_passes_.fetch_add(1, std::memory_order_relaxed);
@@ -391,10 +393,13 @@ void Runtime::Drive(const std::atomic<bool>& done) {
       SpinRound(&round);
     }
   }
-  last_drive_ns_.store(SteadyNanos());
+  const bool finished = done.load(std::memory_order_acquire);
+  // A caller that finished will likely be back soon (a loop of synchronous collectives): the
+  // background thread stays parked a little longer. One that gives up leaves it the work, and it
+  // must listen to the doorbell again at once.
+  last_drive_ns_.store(finished ? SteadyNanos() : 0);
   drivers_.fetch_sub(1);
-  // Leaving undone work (or a stopped loop) to the background thread.
-  if (!done.load(std::memory_order_acquire) || loop_ended_ || queue_.HasRequests()) WakeBackground();
+  if (!finished || loop_ended_ || queue_.HasRequests()) WakeBackground();
 }
 
 bool Runtime::Pass(int poll_ms, bool* progress) {

@@ -58,6 +58,9 @@ class Transport {
   // Thread-safe: sleeps until a control message may be available, Wake() is called, the transport
   // closes, or about timeout_ms passes (spurious returns are allowed); reads nothing.
   virtual void WaitControl(int timeout_ms) { (void)timeout_ms; }
+  // Thread-safe and cheap: a control message may be available, Wake() was called or the transport
+  // closed, i.e. PollControl(0) may return something. False only when it surely would not.
+  virtual bool ControlPending() { return true; }
   // Thread-safe: closes every connection; blocked calls return an error. Idempotent.
   virtual void Close() = 0;
 

@@ -33,6 +33,11 @@ class Mailbox {
   Status Poll(int timeout_ms, std::vector<ControlMessage>* messages, std::vector<int>* lost_peers);
   // Waits as Poll does, but takes nothing.
   void WaitReady(int timeout_ms);
+  // Poll would return something now.
+  bool Ready() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return ReadyLocked();
+  }
 
  private:
   bool ReadyLocked() const { return !messages_.empty() || !lost_peers_.empty() || woken_ || closed_; }

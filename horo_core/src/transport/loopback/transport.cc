@@ -68,6 +68,8 @@ void LoopbackTransport::Wake() { hub_->mailbox(rank_).Wake(); }
 
 void LoopbackTransport::WaitControl(int timeout_ms) { hub_->mailbox(rank_).WaitReady(timeout_ms); }
 
+bool LoopbackTransport::ControlPending() { return hub_->mailbox(rank_).Ready(); }
+
 void LoopbackTransport::Close() { hub_->CloseRank(rank_); }
 
 }  // namespace horo

@@ -35,6 +35,7 @@ class LoopbackTransport : public Transport {
   void Wake() override;
   bool CanWaitControl() const override { return true; }
   void WaitControl(int timeout_ms) override;
+  bool ControlPending() override;
   void Close() override;
   std::vector<int> HostIds() const override { return hub_->host_ids(); }
 

@@ -43,8 +43,9 @@ bool ShmTransport::ControlReady() {
   for (const auto& owned : links_.links) {
     if (owned && ControlLink(owned->peer) == owned.get() && owned->control_in.CanRead()) return true;
   }
-  std::lock_guard<std::mutex> lock(control_read_mutex_);
-  return !pending_control_.empty();
+  // Held by a PollControl that is reading: it may be returning something, so say so.
+  std::unique_lock<std::mutex> lock(control_read_mutex_, std::try_to_lock);
+  return !lock.owns_lock() || !pending_control_.empty();
 }
 
 void ShmTransport::WaitControl(int timeout_ms) {

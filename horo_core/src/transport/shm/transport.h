@@ -65,6 +65,7 @@ class ShmTransport : public Transport {
   // Available when no control peer is on TCP: every source of news then rings one doorbell.
   bool CanWaitControl() const override { return connected_ && !tcp_control_peers_; }
   void WaitControl(int timeout_ms) override;
+  bool ControlPending() override { return !CanWaitControl() || ControlReady(); }
   void Close() override;
   // From the host digests exchanged while connecting (link_builder.h).
   std::vector<int> HostIds() const override;

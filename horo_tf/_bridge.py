@@ -111,7 +111,8 @@ def execute(op_type, names, arrays, codes, outputs, set_id, **options):
     rt = basics.runtime()
     specs = [TensorSpec(n, a.ctypes.data, 0 if o is None else o.ctypes.data, c, tuple(a.shape))
              for n, a, c, o in zip(names, arrays, codes, outputs)]
-    handles = rt.enqueue(op_type, specs, process_set_id=set_id, **options)
+    # This thread waits at once, and its wait runs the negotiation (no background-thread hand-off).
+    handles = rt.enqueue(op_type, specs, process_set_id=set_id, caller_waits=True, **options)
     outs, results, error = list(outputs), [], None
     try:
         for i, h in enumerate(handles):

@@ -314,8 +314,9 @@ void Runtime::Loop() {
   using Clock = std::chrono::steady_clock;
   const auto spin = std::chrono::nanoseconds(static_cast<int64_t>(config_.spin_microseconds * 1e3));
   Clock::time_point spin_until = Clock::now();
+  int wait_ms = kLongestWaitMs;
   while (true) {
-    if (callers_drive_) BackgroundWait(spin_until);
+    if (callers_drive_) BackgroundWait(spin_until, wait_ms);
     bool progress = false;
     {
       std::lock_guard<std::mutex> lock(progress_mutex_);
@@ -324,6 +325,8 @@ void Runtime::Loop() {
         loop_ended_ = true;
         return;
       }
+      // poll_ms_ and the timeline belong to whoever runs a pass: read them here, under the lock.
+      wait_ms = std::min(kLongestWaitMs, timeline_->PollTimeoutMs(poll_ms_));
     }
     if (progress) {
       background_passes_.fetch_add(1, std::memory_order_relaxed);
@@ -332,7 +335,7 @@ void Runtime::Loop() {
   }
 }
 
-void Runtime::BackgroundWait(std::chrono::steady_clock::time_point spin_until) {
+void Runtime::BackgroundWait(std::chrono::steady_clock::time_point spin_until, int wait_ms) {
   const bool recently_driven =
       drivers_.load() > 0 ||
       SteadyNanos() - last_drive_ns_.load() < std::chrono::duration_cast<std::chrono::nanoseconds>(kParkTime).count();
@@ -347,7 +350,7 @@ void Runtime::BackgroundWait(std::chrono::steady_clock::time_point spin_until) {
     SpinRound(&round);
     return;
   }
-  transport_->WaitControl(std::min(kLongestWaitMs, timeline_->PollTimeoutMs(poll_ms_)));
+  transport_->WaitControl(wait_ms);
 }
 
 void Runtime::WakeBackground() {
@@ -360,23 +363,34 @@ void Runtime::WakeBackground() {
 }
 
 Status Runtime::Wait(int64_t handle, double timeout_seconds) {
+  using Clock = std::chrono::steady_clock;
   if (callers_drive_ && timeout_seconds != 0) {
     std::shared_ptr<const std::atomic<bool>> done = handles_.DoneFlag(handle);
     if (done && !done->load(std::memory_order_acquire)) {
-      Drive(*done);
-      return handles_.Wait(handle, timeout_seconds, /*spin=*/false);
+      const Clock::time_point start = Clock::now();
+      const Clock::time_point deadline =
+          timeout_seconds < 0 || timeout_seconds > 1e6 ? Clock::time_point::max()
+                              : start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_seconds));
+      Drive(*done, deadline);
+      double left = timeout_seconds;
+      if (timeout_seconds > 0) {
+        left = std::max(0.0, timeout_seconds - std::chrono::duration<double>(Clock::now() - start).count());
+      }
+      return handles_.Wait(handle, left, /*spin=*/false);
     }
   }
   return handles_.Wait(handle, timeout_seconds);
 }
 
-void Runtime::Drive(const std::atomic<bool>& done) {
+void Runtime::Drive(const std::atomic<bool>& done, std::chrono::steady_clock::time_point deadline) {
   using Clock = std::chrono::steady_clock;
   const auto spin = std::chrono::nanoseconds(static_cast<int64_t>(config_.spin_microseconds * 1e3));
   drivers_.fetch_add(1);
   Clock::time_point idle_since = Clock::now();
   int round = 0;
-  while (!done.load(std::memory_order_acquire) && !loop_ended_) {
+  // A pass already under way is not interrupted (it may move a large collective), so a timed wait
+  // can overrun its deadline by one pass; it never starts another after it.
+  while (!done.load(std::memory_order_acquire) && !loop_ended_ && Clock::now() < deadline) {
     bool progress = false;
     // A pass with nothing queued and no control message would only poll: look first, cheaply.
     if (queue_.HasRequests() || transport_->ControlPending()) {

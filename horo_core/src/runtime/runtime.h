@@ -88,10 +88,12 @@ class Runtime {
   // executes the responses it has. *progress tells whether anything happened. Returns false when
   // the runtime stopped.
   bool Pass(int poll_ms, bool* progress);
-  // A caller waiting on done runs passes while they make progress (see runtime.cc).
-  void Drive(const std::atomic<bool>& done);
-  // The background thread between passes when callers may drive.
-  void BackgroundWait(std::chrono::steady_clock::time_point spin_until);
+  // A caller waiting on done runs passes while they make progress (see runtime.cc), starting none
+  // after deadline.
+  void Drive(const std::atomic<bool>& done, std::chrono::steady_clock::time_point deadline);
+  // The background thread between passes when callers may drive; wait_ms: its longest sleep, which
+  // the last pass computed (from poll_ms_ and the timeline's shipping, both read under the lock).
+  void BackgroundWait(std::chrono::steady_clock::time_point spin_until, int wait_ms);
   // Makes the background thread run a pass soon, whatever it is waiting on.
   void WakeBackground();
   // Executes a response list; returns false when the loop must end.
@@ -134,7 +136,7 @@ class Runtime {
   std::mutex park_mutex_;
   std::condition_variable park_cv_;
   bool park_wake_ = false;         // under park_mutex_
-  int poll_ms_ = 1000;             // the coordinator's stall checks set it
+  int poll_ms_ = 1000;             // the coordinator's stall checks set it; under progress_mutex_
 
   std::thread thread_;
   std::atomic<bool> started_{false};

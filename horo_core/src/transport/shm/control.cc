@@ -40,8 +40,10 @@ void ShmTransport::Wake() {
 
 bool ShmTransport::ControlReady() {
   if (closed_ || wake_requested_.load(std::memory_order_acquire)) return true;
+  // Not the reader: a pass may be reading these rings on another thread right now, so look at the
+  // shared counters only (CanRead would overwrite the reader's private copy of head).
   for (const auto& owned : links_.links) {
-    if (owned && ControlLink(owned->peer) == owned.get() && owned->control_in.CanRead()) return true;
+    if (owned && ControlLink(owned->peer) == owned.get() && owned->control_in.HasUnread()) return true;
   }
   // Held by a PollControl that is reading: it may be returning something, so say so.
   std::unique_lock<std::mutex> lock(control_read_mutex_, std::try_to_lock);

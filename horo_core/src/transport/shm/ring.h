@@ -46,9 +46,16 @@ class Ring {
   // Consumer: copies up to len published bytes out without waiting; returns the count.
   size_t Read(char* destination, size_t len);
 
-  // Fresh looks at the other side's counter, for the re-check before sleeping.
+  // Fresh looks at the other side's counter, for the re-check before sleeping. They refresh the
+  // calling side's private copy, so only the producer (CanWrite) or the consumer (CanRead) may call
+  // them, under whatever serialises that side's Write or Read.
   bool CanWrite();
   bool CanRead();
+  // Published bytes not read yet, from the shared counters alone: safe from any thread while the
+  // consumer reads (a waiter that is not the consumer, ShmTransport::WaitControl).
+  bool HasUnread() const {
+    return shared_->head.load(std::memory_order_acquire) != shared_->tail.load(std::memory_order_acquire);
+  }
 
   void CloseWriter();
   void CloseReader();

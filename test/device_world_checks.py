@@ -38,7 +38,7 @@ def spec(name, arr, dtype, ordinal, out=None):
 
 
 def run_op(rt, op_type, specs, **options):
-    handles = rt.enqueue(op_type, specs, **options)
+    handles = rt.enqueue(op_type, specs, caller_waits=True, **options)
     for h in handles:
         rt.wait(h)
         rt.release(h)
@@ -51,6 +51,10 @@ def collectives(ordinal_of, enable_nccl, tag):
             r = rt.rank
             version = rt.enable_cuda(NCCL_PATH if enable_nccl else None)
             expect(f"{tag}: NCCL version", version, 22907 if enable_nccl else 0)
+            # This thread waits on its handles, so it runs device work itself (caller passes): its
+            # own current CUDA context must be what it was afterwards.
+            mine = ctypes.c_void_p(0xC0DE0 + r)
+            fake_cuda.cuCtxSetCurrent(mine)
             dev = ordinal_of(r)
             a = (ctypes.c_float * 5)(*[r + 1.0] * 5)
             out = (ctypes.c_float * 5)()
@@ -82,6 +86,9 @@ def collectives(ordinal_of, enable_nccl, tag):
             expect(f"{tag}: broadcast from rank 1", list(w), [10 + i for i in range(6)])
             empty = (ctypes.c_float * 0)()
             run_op(rt, lib.HORO_ALLREDUCE, [spec("empty", empty, lib.HORO_FLOAT32, dev)])
+            current = ctypes.c_void_p()
+            fake_cuda.cuCtxGetCurrent(ctypes.byref(current))
+            expect(f"{tag}: the waiting thread's CUDA context is its own again", current.value, mine.value)
             return True
 
         before = (fake_nccl.fake_nccl_allreduce_calls(), fake_nccl.fake_nccl_broadcast_calls(),

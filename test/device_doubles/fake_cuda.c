@@ -12,7 +12,9 @@ int cuDeviceGetCount(int* n) { *n = 2; return 0; }
 int cuDeviceGet(int* d, int ordinal) { *d = ordinal; return 0; }
 int cuDeviceGetUuid(unsigned char* uuid, int d) { memset(uuid, d + 1, 16); return 0; }
 int cuDevicePrimaryCtxRetain(void** ctx, int d) { *ctx = (void*)(long)(d + 1); return 0; }
-int cuCtxSetCurrent(void* ctx) { return 0; }
+static __thread void* current_context = 0;
+int cuCtxSetCurrent(void* ctx) { current_context = ctx; return 0; }
+int cuCtxGetCurrent(void** ctx) { *ctx = current_context; return 0; }
 int cuStreamCreate(void** s, unsigned int flags) { *s = malloc(1); return 0; }
 int cuStreamWaitEvent(void* s, void* e, unsigned int flags) { __atomic_add_fetch(&event_waits, 1, __ATOMIC_SEQ_CST); return 0; }
 int cuStreamQuery(void* s) { return 0; }

@@ -32,6 +32,7 @@ Status CudaDriver::Load(const std::string& path, CudaDriver* out) {
   Resolve(library, "cuDeviceGetUuid", &d.cuDeviceGetUuid, &missing);
   Resolve(library, "cuDevicePrimaryCtxRetain", &d.cuDevicePrimaryCtxRetain, &missing);
   Resolve(library, "cuCtxSetCurrent", &d.cuCtxSetCurrent, &missing);
+  Resolve(library, "cuCtxGetCurrent", &d.cuCtxGetCurrent, &missing);
   Resolve(library, "cuStreamCreate", &d.cuStreamCreate, &missing);
   Resolve(library, "cuStreamWaitEvent", &d.cuStreamWaitEvent, &missing);
   Resolve(library, "cuStreamQuery", &d.cuStreamQuery, &missing);

@@ -37,6 +37,7 @@ class CudaDriver {
   CuResult (*cuDeviceGetUuid)(uint8_t uuid[16], CuDevice device) = nullptr;
   CuResult (*cuDevicePrimaryCtxRetain)(CuContext* ctx, CuDevice device) = nullptr;
   CuResult (*cuCtxSetCurrent)(CuContext ctx) = nullptr;
+  CuResult (*cuCtxGetCurrent)(CuContext* ctx) = nullptr;
   CuResult (*cuStreamCreate)(CuStream* stream, unsigned int flags) = nullptr;
   CuResult (*cuStreamWaitEvent)(CuStream stream, CuEvent event, unsigned int flags) = nullptr;
   CuResult (*cuStreamQuery)(CuStream stream) = nullptr;

@@ -167,6 +167,18 @@ Status DeviceExecutor::Run(const CommGroup& group, const Response& head, const s
                                      std::to_string(device) + "; one rank must use one GPU");
     }
   }
+  // Device work may run in a user thread that waits on a handle (runtime.cc, "Who makes
+  // progress"): give that thread its own current context back afterwards.
+  CuContext callers_context = nullptr;
+  const bool saved = cuda_.cuCtxGetCurrent(&callers_context) == kCudaSuccess;
+  struct Restore {
+    const CudaDriver& cuda;
+    bool saved;
+    CuContext context;
+    ~Restore() {
+      if (saved) cuda.cuCtxSetCurrent(context);
+    }
+  } restore{cuda_, saved, callers_context};
   DeviceState* dev = nullptr;
   HORO_RETURN_IF_ERROR(Activate(device, &dev));
 

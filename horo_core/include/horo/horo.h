@@ -218,9 +218,9 @@ void horo_op_options_init(horo_op_options_t* options);
 horo_status_t horo_enqueue(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t* tensors, int32_t count,
                            const horo_op_options_t* options, horo_handle_t* handles);
 
-/* Enqueue, wait and release in one call, for operations whose outputs the caller gave (every
- * tensor's output, or broadcast's in place): as horo_enqueue with options->caller_waits set, then
- * horo_wait and horo_release on every handle. Returns the first failure, with its message. */
+/* Enqueue, wait and release in one call, for allreduce, broadcast and barrier (operations whose
+ * outputs the caller gives): as horo_enqueue with options->caller_waits set, then horo_wait and
+ * horo_release on every handle. Returns the first failure, with its message. */
 horo_status_t horo_run(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t* tensors, int32_t count,
                        const horo_op_options_t* options);
 

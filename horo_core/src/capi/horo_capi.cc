@@ -388,6 +388,12 @@ horo_status_t horo_run(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t*
   }
   run_options.caller_waits = 1;
   const horo::OpType op = static_cast<horo::OpType>(op_type);
+  if (op != horo::OpType::kAllreduce && op != horo::OpType::kBroadcast && op != horo::OpType::kBarrier) {
+    // The others produce results the core allocates (or a value), which only a handle can hand back.
+    return Fail(HORO_ERR_INVALID_ARGUMENT, std::string("horo_run takes allreduce, broadcast and barrier; use "
+                                                       "horo_enqueue and horo_handle_result for ") +
+                                               horo::OpTypeName(op));
+  }
   const int32_t handle_count = op == horo::OpType::kBarrier || op == horo::OpType::kJoin ? 1 : std::max(count, 1);
   std::vector<horo_handle_t> handles(handle_count);
   horo::Status st = rt->impl->Enqueue(op, tensors, count, run_options, handles.data());

@@ -10,7 +10,9 @@
 // once, where the ring copies each byte twice (into the shared ring and out of it).
 //
 // Every variant runs on two kinds of buffer: plain malloc memory (4 KiB pages, what a torch tensor
-// is unless THP_MEM_ALLOC_ENABLE=1) and memory advised to transparent huge pages. Variants take turns
+// is unless THP_MEM_ALLOC_ENABLE=1) and memory advised to transparent huge pages. The ring runs
+// as the core runs it (its scatter-reduce reduces straight out of the shared-memory ring) and as
+// it ran before (received into a scratch buffer, then reduced), each with 1 MiB and 256 KiB chunks. Variants take turns
 // iteration by iteration, so that drift in machine load hits all of them alike; an iteration counts
 // as the slower rank's time and the table shows medians and busbw (= S / time for 2 ranks).
 //
@@ -110,6 +112,30 @@ float* Allocate(size_t bytes, bool huge) {
   return static_cast<float*>(p);
 }
 
+// The shared-memory transport as the ring saw it before it reduced on receive: SendRecvReduce is
+// left to the base class (Unsupported), so the scatter-reduce receives into scratch and reduces.
+class CopyingTransport : public Transport {
+ public:
+  explicit CopyingTransport(Transport* inner) : inner_(inner) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  Status Send(int peer, const void* data, size_t len) override { return inner_->Send(peer, data, len); }
+  Status Recv(int peer, void* data, size_t len) override { return inner_->Recv(peer, data, len); }
+  Status SendRecv(int send_peer, const void* send_data, size_t send_len, int recv_peer, void* recv_data,
+                  size_t recv_len) override {
+    return inner_->SendRecv(send_peer, send_data, send_len, recv_peer, recv_data, recv_len);
+  }
+  Status SendControl(int peer, const std::string& payload) override { return inner_->SendControl(peer, payload); }
+  Status PollControl(int timeout_ms, std::vector<ControlMessage>* messages, std::vector<int>* lost_peers) override {
+    return inner_->PollControl(timeout_ms, messages, lost_peers);
+  }
+  void Wake() override { inner_->Wake(); }
+  void Close() override { inner_->Close(); }
+
+ private:
+  Transport* inner_;
+};
+
 struct Variant {
   std::string name;
   bool huge;
@@ -157,16 +183,24 @@ int main(int argc, char** argv) {
     peers[kind].address = theirs[1];
   }
 
+  CopyingTransport copying(transport);
+  CommGroup copying_group = group;
+  copying_group.transport = &copying;
   std::vector<float> scratch;
   std::vector<Variant> variants;
   for (int huge = 0; huge < 2; ++huge) {
-    for (int64_t chunk : {int64_t{1} << 20, int64_t{256} << 10, int64_t{64} << 10}) {
-      variants.push_back({"ring " + std::to_string(chunk >> 10) + "K", huge == 1, [chunk](const CommGroup& g, float* d,
-                                                                                       int64_t n) {
-                            AllreduceOptions options;
-                            options.chunk_bytes = chunk;
-                            Require(AllreduceRing(g, d, n, DataType::kFloat32, ReduceOp::kSum, options), "ring");
-                          }});
+    for (int copying = 1; copying >= 0; --copying) {
+      for (int64_t chunk : {int64_t{1} << 20, int64_t{256} << 10}) {
+        variants.push_back({std::string(copying ? "ring, scratch " : "ring, from ring ") + std::to_string(chunk >> 10) +
+                                "K",
+                            huge == 1, [chunk, copying, &copying_group](const CommGroup& g, float* d, int64_t n) {
+                              AllreduceOptions options;
+                              options.chunk_bytes = chunk;
+                              Require(AllreduceRing(copying ? copying_group : g, d, n, DataType::kFloat32,
+                                                    ReduceOp::kSum, options),
+                                      "ring");
+                            }});
+      }
     }
     for (size_t piece : {size_t{256} << 10, size_t{1} << 20}) {
       variants.push_back({"cma " + std::to_string(piece >> 10) + "K", huge == 1,

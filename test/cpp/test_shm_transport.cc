@@ -10,8 +10,8 @@
 // that are SIGKILLed or exit mid-transfer, and the control plane (in order, larger than its ring,
 // both ways at once, Wake, a closed worker), and SendRecvReduce (reducing straight from the ring:
 // element sizes 1-8, streams skewed so elements straddle calls and the ring's end, exact sums;
-// Unsupported with nothing moved for a TCP peer; PeerLost when the sender is SIGKILLed). Prints one line per check and exits 1 on the first
-// failure. Timings are printed, never asserted.
+// Unsupported with nothing moved for a TCP peer; PeerLost when the sender is SIGKILLed). Prints
+// one line per check and exits 1 on the first failure. Timings are printed, never asserted.
 #include <dirent.h>
 #include <signal.h>
 #include <sys/wait.h>

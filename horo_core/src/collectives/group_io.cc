@@ -93,7 +93,9 @@ Status ExchangeReduceWithMembers(const CommGroup& group, int send_index, const v
   if (recv_peer != -1 && static_cast<int64_t>(scratch->size()) < recv_bytes) scratch->resize(recv_bytes);
   HORO_RETURN_IF_ERROR(ExchangeWithMembers(group, send_index, send_data, send_bytes, recv_index, scratch->data(),
                                            recv_bytes, phase, step));
-  if (recv_peer != -1) ReduceInto(recv_data, scratch->data(), recv_bytes / static_cast<int64_t>(DataTypeSize(dtype)), dtype, op);
+  if (recv_peer != -1) {
+    ReduceInto(recv_data, scratch->data(), recv_bytes / static_cast<int64_t>(DataTypeSize(dtype)), dtype, op);
+  }
   return Status::OK();
 }
 

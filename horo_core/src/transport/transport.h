@@ -54,7 +54,7 @@ class Transport {
   // copy into a scratch buffer. recv_len is a whole number of reducer.element_size elements, and
   // recv_data holds whole elements from its start. A transport that cannot do this for recv_peer
   // returns Unsupported before moving any byte, and the caller receives into scratch instead
-  // (collectives/group_io.h). recv_peer -1 or recv_len 0 make it a SendRecv.
+  // (collectives/group_io.h); that is the default.
   virtual Status SendRecvReduce(int send_peer, const void* send_data, size_t send_len, int recv_peer,
                                 void* recv_data, size_t recv_len, const ReceiveReducer& reducer) {
     return Status::Unsupported("this transport does not reduce on receive");

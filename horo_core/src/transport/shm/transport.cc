@@ -141,7 +141,9 @@ Status ShmTransport::SendRecvReduce(int send_peer, const void* send_data, size_t
   Direction send, recv;
   if (send_peer != -1) HORO_RETURN_IF_ERROR(Prepare(send_peer, send_data, send_len, "SendRecvReduce", &send));
   HORO_RETURN_IF_ERROR(Prepare(recv_peer, recv_data, recv_len, "SendRecvReduce", &recv));
-  if (recv.link == nullptr) return Status::Unsupported(Who() + ": no shared memory with rank " + std::to_string(recv_peer));
+  if (recv.link == nullptr) {
+    return Status::Unsupported(Who() + ": no shared memory with rank " + std::to_string(recv_peer));
+  }
   if (reducer.reduce == nullptr || reducer.element_size == 0 || reducer.element_size > sizeof(recv.carry.bytes) ||
       recv_len % reducer.element_size != 0) {
     return Status::InvalidArgument(Who() + ": SendRecvReduce of " + std::to_string(recv_len) +

@@ -39,12 +39,6 @@ def _job(counts):
     ops_by_name = {"sum": lib.HORO_OP_SUM, "average": lib.HORO_OP_AVERAGE, "min": lib.HORO_OP_MIN,
                    "max": lib.HORO_OP_MAX, "product": lib.HORO_OP_PRODUCT}
 
-    def same_values(what, got, want):
-        c.count += 1
-        if got.shape != want.shape or not np.array_equal(got, want):
-            bad = np.flatnonzero(got != want)[:1].tolist() if got.shape == want.shape else "shape"
-            c.fail(f"{what}: got {got[:6].tolist()}, want {want[:6].tolist()} (first difference at {bad})")
-
     try:
         start = rt.stats()
         for count in counts:
@@ -54,7 +48,7 @@ def _job(counts):
                         continue
                     tag = f"shm.{count}.{name(dtype)}.{op_name}"
                     out = ops.allreduce(rt, make(dtype, contribution(op_name, rank, count)), tag, op=op, dtype=dtype)
-                    same_values(tag, read(dtype, out), expected_allreduce(op_name, dtype, n, count))
+                    c.same_array(tag, read(dtype, out), expected_allreduce(op_name, dtype, n, count))
                     digests.append(hashlib.sha256(out.tobytes()).hexdigest())
         # Scale factors: exact in binary (x4 before, /8 after).
         for dtype in (dtypes.FLOAT16, dtypes.BFLOAT16, dtypes.FLOAT32, dtypes.FLOAT64, dtypes.INT32):
@@ -63,7 +57,7 @@ def _job(counts):
             want = expected_allreduce("sum", dtype, n, 70001) * 4.0 / 8.0
             if dtype == dtypes.INT32:
                 want = np.trunc(want)
-            same_values(f"scaled {name(dtype)}", read(dtype, out), want)
+            c.same_array(f"scaled {name(dtype)}", read(dtype, out), want)
             digests.append(hashlib.sha256(out.tobytes()).hexdigest())
         # Random float32 values (rounding differs with the order of operations); the group's members
         # are under 1 MiB each, so they are reduced together in the fusion buffer.
@@ -79,7 +73,7 @@ def _job(counts):
         rows = 3 * n + 1
         block = ops.reducescatter(rt, np.full((rows, 1001), rank + 1.0, dtype=np.float64), "reducescatter")
         my_rows = rows // n + (1 if rank < rows % n else 0)
-        same_values("reducescatter block", block, np.full((my_rows, 1001), n * (n + 1) / 2.0))
+        c.same_array("reducescatter block", block, np.full((my_rows, 1001), n * (n + 1) / 2.0))
         gathered = ops.allgather(rt, block, "reducescatter.gather")
         digests.append(hashlib.sha256(gathered.tobytes()).hexdigest())
         ring_runs = rt.stats().allreduce_ring - start.allreduce_ring

@@ -35,7 +35,10 @@ size_t Ring::Write(const char* source, size_t len) {
   return done;
 }
 
-size_t Ring::Read(char* destination, size_t len) {
+// Hands up to len published bytes to take(message_offset, ring_bytes, n), in at most two runs per
+// piece (the second from the ring's start), then frees the piece for the producer.
+template <typename Take>
+size_t Ring::Consume(size_t len, Take&& take) {
   size_t done = 0;
   while (done < len) {
     const size_t want = std::min<size_t>(len - done, kPieceBytes);
@@ -48,14 +51,20 @@ size_t Ring::Read(char* destination, size_t len) {
     const size_t piece = std::min<size_t>(want, available);
     const size_t offset = static_cast<size_t>(tail_ & mask_);
     const size_t first = std::min<size_t>(piece, capacity_ - offset);
-    std::memcpy(destination + done, data_ + offset, first);
-    if (first < piece) std::memcpy(destination + done + first, data_, piece - first);
+    take(done, data_ + offset, first);
+    if (first < piece) take(done + first, data_, piece - first);
     tail_ += piece;
     shared_->tail.store(tail_, std::memory_order_release);
     other_end_.Ring();
     done += piece;
   }
   return done;
+}
+
+size_t Ring::Read(char* destination, size_t len) {
+  return Consume(len, [destination](size_t at, const char* bytes, size_t n) {
+    std::memcpy(destination + at, bytes, n);
+  });
 }
 
 namespace {
@@ -98,26 +107,9 @@ void ReduceRun(char* destination, const char* source, size_t n, const ReceiveRed
 }  // namespace
 
 size_t Ring::ReadReduce(char* destination, size_t len, const ReceiveReducer& reducer, Carry* carry) {
-  size_t done = 0;
-  while (done < len) {
-    const size_t want = std::min<size_t>(len - done, kPieceBytes);
-    uint64_t available = head_ - tail_;
-    if (available < want) {
-      head_ = shared_->head.load(std::memory_order_acquire);
-      available = head_ - tail_;
-      if (available == 0) break;
-    }
-    const size_t piece = std::min<size_t>(want, available);
-    const size_t offset = static_cast<size_t>(tail_ & mask_);
-    const size_t first = std::min<size_t>(piece, capacity_ - offset);
-    ReduceRun(destination + done, data_ + offset, first, reducer, carry);
-    if (first < piece) ReduceRun(destination + done + first, data_, piece - first, reducer, carry);
-    tail_ += piece;
-    shared_->tail.store(tail_, std::memory_order_release);
-    other_end_.Ring();
-    done += piece;
-  }
-  return done;
+  return Consume(len, [&](size_t at, const char* bytes, size_t n) {
+    ReduceRun(destination + at, bytes, n, reducer, carry);
+  });
 }
 
 bool Ring::CanWrite() {

@@ -70,6 +70,9 @@ class Ring {
   bool reader_closed() const { return shared_->reader_closed.load(std::memory_order_acquire) != 0; }
 
  private:
+  template <typename Take>
+  size_t Consume(size_t len, Take&& take);
+
   RingShared* shared_ = nullptr;
   char* data_ = nullptr;
   uint64_t capacity_ = 0;

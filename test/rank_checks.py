@@ -18,6 +18,15 @@ class Checks:
         if got != want:
             self.fail(f"{what}: got {got!r}, want {want!r}")
 
+    def same_array(self, what, got, want):
+        """NumPy arrays of equal shape and exactly equal values."""
+        import numpy as np
+
+        self.count += 1
+        if got.shape != want.shape or not np.array_equal(got, want):
+            bad = np.flatnonzero(got != want)[:1].tolist() if got.shape == want.shape else "shape"
+            self.fail(f"{what}: got {got[:6].tolist()}, want {want[:6].tolist()} (first difference at {bad})")
+
     def raises(self, what, types, text, fn):
         """fn() must raise an instance of every class in types whose message contains text."""
         self.count += 1

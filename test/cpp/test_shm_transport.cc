@@ -8,8 +8,10 @@
 // disabled on one rank, fallback to TCP when a segment cannot be created, no segment left in
 // /dev/shm, a peer that Close()s, Close() from another thread, data timeouts, forked children
 // that are SIGKILLed or exit mid-transfer, and the control plane (in order, larger than its ring,
-// both ways at once, Wake, a closed worker). Prints one line per check and exits 1 on the first
-// failure. Timings are printed, never asserted.
+// both ways at once, Wake, a closed worker), and SendRecvReduce (reducing straight from the ring:
+// element sizes 1-8, streams skewed so elements straddle calls and the ring's end, exact sums;
+// Unsupported with nothing moved for a TCP peer; PeerLost when the sender is SIGKILLed). Prints
+// one line per check and exits 1 on the first failure. Timings are printed, never asserted.
 #include <dirent.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -232,11 +234,29 @@ void TestDataTimeout() {
 }
 
 // Forked children that die mid-transfer. Run first, while the program has a single thread.
-enum class ChildDeath { kSigkillWhileSending, kExitWhileReceiving };
+// Element i of a SendRecvReduce test: unsigned of element_size bytes, so sums wrap exactly.
+uint64_t TestValue(uint64_t i, int rank, int salt) { return i * 2654435761u + rank * 97 + salt; }
+
+void AddUnsigned(void* dst, const void* src, size_t count, const void* context) {
+  const size_t size = *static_cast<const size_t*>(context);
+  for (size_t i = 0; i < count; ++i) {
+    uint64_t a = 0, b = 0;
+    std::memcpy(&a, static_cast<char*>(dst) + i * size, size);
+    std::memcpy(&b, static_cast<const char*>(src) + i * size, size);
+    a += b;
+    std::memcpy(static_cast<char*>(dst) + i * size, &a, size);
+  }
+}
+
+// kSigkillWhileParentReduces: the child dies as in kSigkillWhileSending while the parent receives
+// with SendRecvReduce (reducing straight from the ring).
+enum class ChildDeath { kSigkillWhileSending, kExitWhileReceiving, kSigkillWhileParentReduces };
 
 void TestForkedPeerDies(ChildDeath how) {
-  const char* name = how == ChildDeath::kSigkillWhileSending ? "child SIGKILLed while sending"
-                                                             : "child _exit()s while receiving";
+  const bool child_sends = how != ChildDeath::kExitWhileReceiving;
+  const char* name = how == ChildDeath::kSigkillWhileSending         ? "child SIGKILLed while sending"
+                     : how == ChildDeath::kSigkillWhileParentReduces ? "child SIGKILLed while the parent reduces"
+                                                                     : "child _exit()s while receiving";
   std::unique_ptr<TcpTransport> parent_tcp;
   ExpectOk(TcpTransport::Listen(Setup(0, 2).tcp, &parent_tcp), "parent Listen");
   const std::string parent_address = parent_tcp->address();
@@ -255,7 +275,7 @@ void TestForkedPeerDies(ChildDeath how) {
     if (::write(pipe_fds[1], address, sizeof(address)) != sizeof(address)) ::_exit(4);
     if (!t.Connect({parent_address, t.address()}).ok() || !t.SharedMemoryPeer(0)) ::_exit(5);
     std::vector<uint8_t> data(8 << 20, 9);
-    if (how == ChildDeath::kSigkillWhileSending) {
+    if (child_sends) {
       t.Send(0, data.data(), data.size());  // 8 MB of the 64 MB the parent expects
       ::raise(SIGKILL);
     } else {
@@ -281,6 +301,14 @@ void TestForkedPeerDies(ChildDeath how) {
     std::vector<uint8_t> buffer(kLarge);
     ExpectCode(parent.Recv(1, buffer.data(), buffer.size()), HORO_ERR_PEER_LOST, name,
                {"rank 0", "rank 1", "lost during recv", "exited"});
+  } else if (how == ChildDeath::kSigkillWhileParentReduces) {
+    std::vector<uint8_t> buffer(kLarge);
+    size_t one = 1;
+    ReceiveReducer reducer;
+    reducer.reduce = AddUnsigned;
+    reducer.context = &one;
+    ExpectCode(parent.SendRecvReduce(-1, nullptr, 0, 1, buffer.data(), buffer.size(), reducer), HORO_ERR_PEER_LOST,
+               name, {"rank 0", "rank 1", "lost during recv", "exited"});
   } else {
     std::vector<uint8_t> buffer(size_t{256} << 20, 1);
     ExpectCode(parent.Send(1, buffer.data(), buffer.size()), HORO_ERR_PEER_LOST, name,
@@ -293,7 +321,7 @@ void TestForkedPeerDies(ChildDeath how) {
   Check(lost == std::vector<int>{1}, std::string(name) + ": lost_peers should be {1}");
   int wstatus = 0;
   Check(::waitpid(child, &wstatus, 0) == child, "waitpid");
-  if (how == ChildDeath::kSigkillWhileSending) {
+  if (child_sends) {
     Check(WIFSIGNALED(wstatus) && WTERMSIG(wstatus) == SIGKILL, "child did not die of SIGKILL");
   } else {
     Check(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0, "child exit status " + std::to_string(wstatus));
@@ -411,6 +439,81 @@ void TestSingleRankWake() {
 }
 
 // One-way and ring bandwidth of 64 MB, shared memory against TCP on the same ranks (printed only).
+// Both ranks send count elements to each other and reduce what they receive into their own
+// buffer. skew bytes sent first shift the ring's stream so that elements straddle the ring's end
+// and the pieces published by the writer.
+void ExerciseReceiveReduce(Mesh& mesh, size_t element_size, size_t count, size_t skew, const std::string& tag) {
+  RunRanks(2, [&](int rank) {
+    ShmTransport* t = mesh[rank].get();
+    const int peer = 1 - rank;
+    std::vector<uint8_t> skew_out(skew, 1), skew_in(skew);
+    ExpectOk(t->SendRecv(peer, skew_out.data(), skew, peer, skew_in.data(), skew), tag + "skew");
+    const size_t bytes = count * element_size;
+    std::vector<uint64_t> out_words(count + 1), mine_words(count + 1);
+    char* out = reinterpret_cast<char*>(out_words.data());
+    char* mine = reinterpret_cast<char*>(mine_words.data());
+    for (size_t i = 0; i < count; ++i) {
+      const uint64_t sent = TestValue(i, rank, 1), own = TestValue(i, rank, 2);
+      std::memcpy(out + i * element_size, &sent, element_size);
+      std::memcpy(mine + i * element_size, &own, element_size);
+    }
+    std::memset(mine + bytes, 0xAB, element_size);  // must stay untouched
+    ReceiveReducer reducer;
+    reducer.element_size = element_size;
+    reducer.reduce = AddUnsigned;
+    reducer.context = &element_size;
+    ExpectOk(t->SendRecvReduce(peer, out, bytes, peer, mine, bytes, reducer), tag + "SendRecvReduce");
+    const uint64_t mask = element_size == 8 ? ~uint64_t{0} : (uint64_t{1} << (8 * element_size)) - 1;
+    for (size_t i = 0; i < count; ++i) {
+      uint64_t got = 0;
+      std::memcpy(&got, mine + i * element_size, element_size);
+      const uint64_t expected = (TestValue(i, rank, 2) + TestValue(i, peer, 1)) & mask;
+      if (got != expected) {
+        Check(false, tag + "element " + std::to_string(i) + " of rank " + std::to_string(rank) + " is " +
+                         std::to_string(got) + ", expected " + std::to_string(expected));
+      }
+    }
+    for (size_t b = 0; b < element_size; ++b) {
+      Check(static_cast<uint8_t>(mine[bytes + b]) == 0xAB, tag + "byte after the message overwritten");
+    }
+  });
+}
+
+void TestReceiveReduce() {
+  // 64 KiB rings: the larger counts wrap the ring many times.
+  Mesh mesh = BuildMesh(2, [](RankSetup* s) { s->shm.ring_bytes = uint64_t{64} << 10; });
+  for (size_t element_size : {1, 2, 4, 8}) {
+    for (size_t count : {1, 7, 1000, 100003}) {
+      for (size_t skew : {0, 3}) {
+        ExerciseReceiveReduce(mesh, element_size, count, skew,
+                              "[reduce " + std::to_string(element_size) + "B x " + std::to_string(count) + " skew " +
+                                  std::to_string(skew) + "] ");
+      }
+    }
+  }
+  Pass("SendRecvReduce over shared memory: element sizes 1, 2, 4, 8 x 1, 7, 1000, 100003 elements, aligned and "
+       "skewed streams through 64 KiB rings, exact sums, nothing written past the message");
+
+  // A TCP pair cannot reduce on receive: Unsupported, and the streams are still in step.
+  Mesh mixed = BuildMesh(2, [](RankSetup* s) { s->shm.host = s->tcp.rank == 0 ? "host-a" : "host-b"; });
+  RunRanks(2, [&](int rank) {
+    const int peer = 1 - rank;
+    uint32_t out = 5, mine = 1;
+    size_t four = 4;
+    ReceiveReducer reducer;
+    reducer.element_size = 4;
+    reducer.reduce = AddUnsigned;
+    reducer.context = &four;
+    ExpectCode(mixed[rank]->SendRecvReduce(peer, &out, 4, peer, &mine, 4, reducer), HORO_ERR_UNSUPPORTED,
+               "SendRecvReduce with a TCP peer", {"no shared memory with rank " + std::to_string(peer)});
+    Check(mine == 1, "SendRecvReduce with a TCP peer changed the buffer");
+    uint32_t in = 0;
+    ExpectOk(mixed[rank]->SendRecv(peer, &out, 4, peer, &in, 4), "SendRecv after Unsupported");
+    Check(in == 5, "SendRecv after Unsupported received " + std::to_string(in));
+  });
+  Pass("SendRecvReduce with a TCP peer: Unsupported naming the peer, nothing moved");
+}
+
 void Measure() {
   for (bool enabled : {true, false}) {
     Mesh mesh = BuildMesh(2, [&](RankSetup* s) { s->shm.enabled = enabled; });
@@ -439,9 +542,11 @@ int main() {
   auto start = Clock::now();
   TestForkedPeerDies(ChildDeath::kSigkillWhileSending);
   TestForkedPeerDies(ChildDeath::kExitWhileReceiving);
+  TestForkedPeerDies(ChildDeath::kSigkillWhileParentReduces);
   for (int n : {2, 3, 4}) TestAllLocal(n, uint64_t{4} << 20);
   TestAllLocal(3, uint64_t{64} << 10);
   TestMixedHosts();
+  TestReceiveReduce();
   TestFallbacks();
   TestPeerClose();
   TestDataTimeout();

@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "collectives/reduce_kernels.h"
+
 namespace horo {
 
 Status CheckGroup(const CommGroup& group, const char* collective) {
@@ -54,6 +56,49 @@ Status CheckReduceOp(ReduceOp op, const char* collective) {
   }
 }
 
+namespace {
+
+struct ReduceSpec {
+  DataType dtype;
+  ReduceOp op;
+};
+
+void ReduceReceived(void* dst, const void* src, size_t count, const void* context) {
+  const ReduceSpec* spec = static_cast<const ReduceSpec*>(context);
+  ReduceInto(dst, src, static_cast<int64_t>(count), spec->dtype, spec->op);
+}
+
+Status WithStep(const Status& status, const char* phase, int step) {
+  if (status.ok()) return status;
+  return Status(status.code(), std::string(phase) + " step " + std::to_string(step) + ": " + status.message());
+}
+
+}  // namespace
+
+Status ExchangeReduceWithMembers(const CommGroup& group, int send_index, const void* send_data, int64_t send_bytes,
+                                 int recv_index, void* recv_data, int64_t recv_bytes, DataType dtype, ReduceOp op,
+                                 std::vector<uint8_t>* scratch, const char* phase, int step) {
+  const int send_peer = (send_index >= 0 && send_bytes > 0) ? group.peer(send_index) : -1;
+  const int recv_peer = (recv_index >= 0 && recv_bytes > 0) ? group.peer(recv_index) : -1;
+  if (recv_peer != -1) {
+    const ReduceSpec spec{dtype, op};
+    ReceiveReducer reducer;
+    reducer.element_size = DataTypeSize(dtype);
+    reducer.reduce = ReduceReceived;
+    reducer.context = &spec;
+    Status status = group.transport->SendRecvReduce(send_peer, send_data, send_peer == -1 ? 0 : send_bytes, recv_peer,
+                                                    recv_data, static_cast<size_t>(recv_bytes), reducer);
+    if (status.code() != HORO_ERR_UNSUPPORTED) return WithStep(status, phase, step);
+  }
+  if (recv_peer != -1 && static_cast<int64_t>(scratch->size()) < recv_bytes) scratch->resize(recv_bytes);
+  HORO_RETURN_IF_ERROR(ExchangeWithMembers(group, send_index, send_data, send_bytes, recv_index, scratch->data(),
+                                           recv_bytes, phase, step));
+  if (recv_peer != -1) {
+    ReduceInto(recv_data, scratch->data(), recv_bytes / static_cast<int64_t>(DataTypeSize(dtype)), dtype, op);
+  }
+  return Status::OK();
+}
+
 Status ExchangeWithMembers(const CommGroup& group, int send_index, const void* send_data, int64_t send_bytes,
                            int recv_index, void* recv_data, int64_t recv_bytes, const char* phase, int step) {
   const int send_peer = (send_index >= 0 && send_bytes > 0) ? group.peer(send_index) : -1;
@@ -61,9 +106,8 @@ Status ExchangeWithMembers(const CommGroup& group, int send_index, const void* s
   if (send_peer == -1 && recv_peer == -1) return Status::OK();
   const size_t send_len = send_peer == -1 ? 0 : static_cast<size_t>(send_bytes);
   const size_t recv_len = recv_peer == -1 ? 0 : static_cast<size_t>(recv_bytes);
-  Status status = group.transport->SendRecv(send_peer, send_data, send_len, recv_peer, recv_data, recv_len);
-  if (status.ok()) return status;
-  return Status(status.code(), std::string(phase) + " step " + std::to_string(step) + ": " + status.message());
+  return WithStep(group.transport->SendRecv(send_peer, send_data, send_len, recv_peer, recv_data, recv_len), phase,
+                  step);
 }
 
 }  // namespace horo

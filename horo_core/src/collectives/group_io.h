@@ -27,4 +27,12 @@ Status CheckReduceOp(ReduceOp op, const char* collective);
 Status ExchangeWithMembers(const CommGroup& group, int send_index, const void* send_data, int64_t send_bytes,
                            int recv_index, void* recv_data, int64_t recv_bytes, const char* phase, int step);
 
+// ExchangeWithMembers whose received elements are reduced into recv_data (recv_data[i] =
+// recv_data[i] op received[i], the order ReduceInto uses) instead of overwriting it: straight from
+// the transport where it can (Transport::SendRecvReduce: shared memory), else through *scratch,
+// grown to recv_bytes only then. recv_bytes is a whole number of elements. Same results either way.
+Status ExchangeReduceWithMembers(const CommGroup& group, int send_index, const void* send_data, int64_t send_bytes,
+                                 int recv_index, void* recv_data, int64_t recv_bytes, DataType dtype, ReduceOp op,
+                                 std::vector<uint8_t>* scratch, const char* phase, int step);
+
 }  // namespace horo

@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "collectives/group_io.h"
-#include "collectives/reduce_kernels.h"
 
 namespace horo {
 namespace {
@@ -32,8 +31,7 @@ Status RingScatterReduce(const CommGroup& group, uint8_t* buffer, const RingBloc
   const int64_t element_size = static_cast<int64_t>(DataTypeSize(dtype));
   // Chunks hold whole elements, at least one.
   const int64_t chunk = std::max<int64_t>(1, chunk_bytes / element_size) * element_size;
-  const int64_t largest_block = *std::max_element(blocks.bytes.begin(), blocks.bytes.end());
-  std::vector<uint8_t> scratch(static_cast<size_t>(std::min(chunk, largest_block)));
+  std::vector<uint8_t> scratch;  // only where the transport cannot reduce on receive
 
   for (int step = 0; step < members - 1; ++step) {
     const int send_block = Wrap(int64_t{me} + final_shift - 1 - step, members);
@@ -46,9 +44,9 @@ Status RingScatterReduce(const CommGroup& group, uint8_t* buffer, const RingBloc
       const int64_t begin = c * chunk;
       const int64_t send_len = std::max<int64_t>(0, std::min(chunk, send_bytes - begin));
       const int64_t recv_len = std::max<int64_t>(0, std::min(chunk, recv_bytes - begin));
-      HORO_RETURN_IF_ERROR(ExchangeWithMembers(group, next, buffer + blocks.offset[send_block] + begin, send_len,
-                                               previous, scratch.data(), recv_len, phase, step));
-      ReduceInto(buffer + blocks.offset[recv_block] + begin, scratch.data(), recv_len / element_size, dtype, op);
+      HORO_RETURN_IF_ERROR(ExchangeReduceWithMembers(group, next, buffer + blocks.offset[send_block] + begin,
+                                                     send_len, previous, buffer + blocks.offset[recv_block] + begin,
+                                                     recv_len, dtype, op, &scratch, phase, step));
     }
   }
   return Status::OK();

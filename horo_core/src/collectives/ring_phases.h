@@ -5,9 +5,12 @@
 // in every step and each member sends and receives (N-1)/N of the buffer per phase.
 //  * Scatter-reduce: N-1 steps. At step s member i sends block (i + final_shift - 1 - s) and
 //    receives block (i + final_shift - 2 - s), which it reduces into its own copy. The received
-//    block is moved in chunks of at most chunk_bytes through one scratch buffer of that size, so
-//    memory stays bounded whatever the message size. After the last step member i holds the fully
-//    reduced block (i + final_shift): each block was reduced by exactly one chain of members.
+//    block moves in chunks of at most chunk_bytes. Over shared memory each chunk is reduced
+//    straight out of the ring (Transport::SendRecvReduce), which saves copying it into a scratch
+//    buffer and reading it back; other transports receive it into one scratch buffer of chunk
+//    size, so memory stays bounded whatever the message size. After the last step member i holds
+//    the fully reduced block (i + final_shift): each block was reduced by exactly one chain of
+//    members.
 //  * Allgather: N-1 steps. Member i starts with block (i + start_shift) complete; at step s it
 //    sends block (i + start_shift - s) and receives block (i + start_shift - s - 1) straight into
 //    the buffer. Blocks are only copied, so every member ends with bitwise identical bytes.

@@ -20,6 +20,15 @@
 
 namespace horo {
 
+// How SendRecvReduce combines received bytes: reduce(dst, src, count, context) must compute
+// dst[i] = dst[i] op src[i] for count elements of element_size bytes (at most 16). The transport
+// calls it with element-aligned src and any split of the message into runs of whole elements.
+struct ReceiveReducer {
+  size_t element_size = 1;
+  void (*reduce)(void* dst, const void* src, size_t count, const void* context) = nullptr;
+  const void* context = nullptr;
+};
+
 struct ControlMessage {
   int peer = -1;        // the rank that sent it
   std::string payload;  // one complete framed message, frame header removed
@@ -40,6 +49,16 @@ class Transport {
   // to skip that direction; send_peer may equal recv_peer.
   virtual Status SendRecv(int send_peer, const void* send_data, size_t send_len, int recv_peer,
                           void* recv_data, size_t recv_len) = 0;
+  // SendRecv whose received bytes are combined into recv_data by reducer instead of overwriting
+  // it, straight from where they arrive, for the scatter-reduce of ring algorithms: it saves the
+  // copy into a scratch buffer. recv_len is a whole number of reducer.element_size elements, and
+  // recv_data holds whole elements from its start. A transport that cannot do this for recv_peer
+  // returns Unsupported before moving any byte, and the caller receives into scratch instead
+  // (collectives/group_io.h); that is the default.
+  virtual Status SendRecvReduce(int send_peer, const void* send_data, size_t send_len, int recv_peer,
+                                void* recv_data, size_t recv_len, const ReceiveReducer& reducer) {
+    return Status::Unsupported("this transport does not reduce on receive");
+  }
 
   // Control plane. Sends one message (framing is the transport's business).
   virtual Status SendControl(int peer, const std::string& payload) = 0;

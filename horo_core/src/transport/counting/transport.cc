@@ -34,4 +34,11 @@ Status CountingTransport::SendRecv(int send_peer, const void* send_data, size_t 
   return status;
 }
 
+Status CountingTransport::SendRecvReduce(int send_peer, const void* send_data, size_t send_len, int recv_peer,
+                                         void* recv_data, size_t recv_len, const ReceiveReducer& reducer) {
+  Status status = inner_->SendRecvReduce(send_peer, send_data, send_len, recv_peer, recv_data, recv_len, reducer);
+  if (status.ok()) Count(send_peer, send_len);
+  return status;
+}
+
 }  // namespace horo

@@ -35,7 +35,10 @@ size_t Ring::Write(const char* source, size_t len) {
   return done;
 }
 
-size_t Ring::Read(char* destination, size_t len) {
+// Hands up to len published bytes to take(message_offset, ring_bytes, n), in at most two runs per
+// piece (the second from the ring's start), then frees the piece for the producer.
+template <typename Take>
+size_t Ring::Consume(size_t len, Take&& take) {
   size_t done = 0;
   while (done < len) {
     const size_t want = std::min<size_t>(len - done, kPieceBytes);
@@ -48,14 +51,65 @@ size_t Ring::Read(char* destination, size_t len) {
     const size_t piece = std::min<size_t>(want, available);
     const size_t offset = static_cast<size_t>(tail_ & mask_);
     const size_t first = std::min<size_t>(piece, capacity_ - offset);
-    std::memcpy(destination + done, data_ + offset, first);
-    if (first < piece) std::memcpy(destination + done + first, data_, piece - first);
+    take(done, data_ + offset, first);
+    if (first < piece) take(done + first, data_, piece - first);
     tail_ += piece;
     shared_->tail.store(tail_, std::memory_order_release);
     other_end_.Ring();
     done += piece;
   }
   return done;
+}
+
+size_t Ring::Read(char* destination, size_t len) {
+  return Consume(len, [destination](size_t at, const char* bytes, size_t n) {
+    std::memcpy(destination + at, bytes, n);
+  });
+}
+
+namespace {
+
+// Reduces the n bytes at source into destination (the carry's bytes belong just before it),
+// completing a split element first and keeping the bytes of an unfinished one in the carry.
+// source may lie anywhere in the ring: runs that are not element-aligned are staged through an
+// aligned buffer, since the kernels address elements by type.
+void ReduceRun(char* destination, const char* source, size_t n, const ReceiveReducer& reducer, Ring::Carry* carry) {
+  const size_t element = reducer.element_size;
+  size_t at = 0;
+  if (carry->have > 0) {
+    const size_t take = std::min(n, element - carry->have);
+    std::memcpy(carry->bytes + carry->have, source, take);
+    carry->have += take;
+    at = take;
+    if (carry->have < element) return;
+    reducer.reduce(destination + at - element, carry->bytes, 1, reducer.context);
+    carry->have = 0;
+  }
+  const size_t whole = (n - at) / element;
+  if (reinterpret_cast<uintptr_t>(source + at) % element == 0) {
+    if (whole > 0) reducer.reduce(destination + at, source + at, whole, reducer.context);
+    at += whole * element;
+  } else {
+    alignas(64) char staged[4096];
+    const size_t per_round = sizeof(staged) / element;
+    for (size_t left = whole; left > 0;) {
+      const size_t count = std::min(left, per_round);
+      std::memcpy(staged, source + at, count * element);
+      reducer.reduce(destination + at, staged, count, reducer.context);
+      at += count * element;
+      left -= count;
+    }
+  }
+  std::memcpy(carry->bytes, source + at, n - at);
+  carry->have = n - at;
+}
+
+}  // namespace
+
+size_t Ring::ReadReduce(char* destination, size_t len, const ReceiveReducer& reducer, Carry* carry) {
+  return Consume(len, [&](size_t at, const char* bytes, size_t n) {
+    ReduceRun(destination + at, bytes, n, reducer, carry);
+  });
 }
 
 bool Ring::CanWrite() {

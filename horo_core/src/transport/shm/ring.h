@@ -10,7 +10,9 @@
 //
 // Large messages are streamed: Write() publishes every kPieceBytes, so the consumer copies piece k
 // out while the producer copies piece k+1 in (a two-stage pipeline through the shared cache), and
-// every publish rings the other side's doorbell in case it sleeps. The closed flags let either
+// every publish rings the other side's doorbell in case it sleeps. ReadReduce is Read for a
+// scatter-reduce: it hands the published bytes to a ReceiveReducer where they lie, instead of
+// copying them out, and frees each piece once it has been reduced. The closed flags let either
 // side see that the other called Close(): a consumer still reads what was published before.
 #pragma once
 
@@ -19,6 +21,7 @@
 #include <cstdint>
 
 #include "transport/shm/doorbell.h"
+#include "transport/transport.h"
 
 namespace horo {
 namespace shm {
@@ -46,6 +49,17 @@ class Ring {
   // Consumer: copies up to len published bytes out without waiting; returns the count.
   size_t Read(char* destination, size_t len);
 
+  // An element of a ReadReduce that is split across calls or across the ring's end: its bytes so
+  // far (have < element size between calls).
+  struct Carry {
+    alignas(16) char bytes[16];
+    size_t have = 0;
+  };
+  // Consumer: reduces up to len published bytes into destination with reducer, without waiting;
+  // returns the count consumed. destination is where the next byte belongs; the carry's bytes
+  // (the start of a split element) belong just before it. A message is read with one Carry.
+  size_t ReadReduce(char* destination, size_t len, const ReceiveReducer& reducer, Carry* carry);
+
   // Fresh looks at the other side's counter, for the re-check before sleeping. They refresh the
   // calling side's private copy, so only the producer (CanWrite) or the consumer (CanRead) may call
   // them, under whatever serialises that side's Write or Read.
@@ -63,6 +77,9 @@ class Ring {
   bool reader_closed() const { return shared_->reader_closed.load(std::memory_order_acquire) != 0; }
 
  private:
+  template <typename Take>
+  size_t Consume(size_t len, Take&& take);
+
   RingShared* shared_ = nullptr;
   char* data_ = nullptr;
   uint64_t capacity_ = 0;

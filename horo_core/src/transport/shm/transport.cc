@@ -135,6 +135,25 @@ Status ShmTransport::SendRecv(int send_peer, const void* send_data, size_t send_
   return Transfer(&send, &recv);
 }
 
+Status ShmTransport::SendRecvReduce(int send_peer, const void* send_data, size_t send_len, int recv_peer,
+                                    void* recv_data, size_t recv_len, const ReceiveReducer& reducer) {
+  if (recv_peer == -1 || recv_len == 0) return SendRecv(send_peer, send_data, send_len, -1, nullptr, 0);
+  Direction send, recv;
+  if (send_peer != -1) HORO_RETURN_IF_ERROR(Prepare(send_peer, send_data, send_len, "SendRecvReduce", &send));
+  HORO_RETURN_IF_ERROR(Prepare(recv_peer, recv_data, recv_len, "SendRecvReduce", &recv));
+  if (recv.link == nullptr) {
+    return Status::Unsupported(Who() + ": no shared memory with rank " + std::to_string(recv_peer));
+  }
+  if (reducer.reduce == nullptr || reducer.element_size == 0 || reducer.element_size > sizeof(recv.carry.bytes) ||
+      recv_len % reducer.element_size != 0) {
+    return Status::InvalidArgument(Who() + ": SendRecvReduce of " + std::to_string(recv_len) +
+                                   " bytes with an invalid reducer (element size " +
+                                   std::to_string(reducer.element_size) + ")");
+  }
+  recv.reducer = &reducer;
+  return Transfer(&send, &recv);
+}
+
 // Both directions are attempted on every pass. A pass that moves nothing first checks for closed
 // peers, then spins, then sleeps; the no-progress clock restarts whenever a byte moves.
 Status ShmTransport::Transfer(Direction* send, Direction* recv) {
@@ -186,7 +205,13 @@ bool ShmTransport::Step(Direction* direction, bool sending, bool* progress, Stat
   char* at = direction->data + direction->done;
   const size_t left = direction->len - direction->done;
   if (direction->link != nullptr) {
-    moved = sending ? direction->link->out.Write(at, left) : direction->link->in.Read(at, left);
+    if (sending) {
+      moved = direction->link->out.Write(at, left);
+    } else if (direction->reducer != nullptr) {
+      moved = direction->link->in.ReadReduce(at, left, *direction->reducer, &direction->carry);
+    } else {
+      moved = direction->link->in.Read(at, left);
+    }
   } else {
     int error = 0;
     tcp::Connection::Io io = sending ? direction->conn->SendSome(at, left, &moved, &error)

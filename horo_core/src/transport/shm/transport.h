@@ -58,6 +58,9 @@ class ShmTransport : public Transport {
   Status Recv(int peer, void* data, size_t len) override;
   Status SendRecv(int send_peer, const void* send_data, size_t send_len, int recv_peer, void* recv_data,
                   size_t recv_len) override;
+  // Reduces straight from the ring when recv_peer is linked; Unsupported for a TCP recv_peer.
+  Status SendRecvReduce(int send_peer, const void* send_data, size_t send_len, int recv_peer, void* recv_data,
+                        size_t recv_len, const ReceiveReducer& reducer) override;
 
   Status SendControl(int peer, const std::string& payload) override;
   Status PollControl(int timeout_ms, std::vector<ControlMessage>* messages, std::vector<int>* lost_peers) override;
@@ -81,6 +84,8 @@ class ShmTransport : public Transport {
     char* data = nullptr;
     size_t len = 0;
     size_t done = 0;
+    const ReceiveReducer* reducer = nullptr;  // recv only: reduce into data instead of copying
+    shm::Ring::Carry carry;
     bool pending() const { return done < len; }
   };
 

@@ -1,0 +1,102 @@
+"""Ring allreduce over shared memory, whose scatter-reduce reduces straight out of the rings
+(Transport::SendRecvReduce), against the same job over TCP, whose scatter-reduce receives into
+scratch and then reduces.
+
+Real processes on this host (horo_runner.run); HORO_SMALL_MESSAGE_BYTES=0 sends every count through
+the ring, so blocks of one element, empty blocks and blocks larger than the ring chunk all occur.
+Every dtype and op, prescale and postscale, zero and odd counts, a fused group and a reducescatter
+(which shares the scatter-reduce) are checked against exact values on every rank, and the SHA-256 of
+every result must be the same on every rank and in both jobs: reducing from the ring changes where
+the bytes are read, never the order of the operations.
+"""
+import pytest
+
+import horo_runner
+
+COUNTS = [0, 1, 7, 1000, 300001]  # 300001 float64 = 2.4 MB: several 1 MiB chunks per block
+
+
+def _job(counts):
+    """Runs on every rank: (number of checks, failures, result digests, ring allreduces run)."""
+    import hashlib
+    import os
+    import traceback
+
+    import numpy as np
+
+    import rank_checks
+    from core_values import ALL, contribution, expected_allreduce, make, name, read
+    from horo_core import basics, dtypes
+    from horo_core import numpy_ops as ops
+    from horo_core._binding import lib
+
+    rank = int(os.environ["HORO_RANK"])
+    basics.init()
+    rt = basics.runtime()
+    n = basics.size()
+    c = rank_checks.Checks()
+    digests = []
+    ops_by_name = {"sum": lib.HORO_OP_SUM, "average": lib.HORO_OP_AVERAGE, "min": lib.HORO_OP_MIN,
+                   "max": lib.HORO_OP_MAX, "product": lib.HORO_OP_PRODUCT}
+
+    try:
+        start = rt.stats()
+        for count in counts:
+            for dtype in ALL:
+                for op_name, op in ops_by_name.items():
+                    if dtype == dtypes.BOOL and op_name == "average":
+                        continue
+                    tag = f"shm.{count}.{name(dtype)}.{op_name}"
+                    out = ops.allreduce(rt, make(dtype, contribution(op_name, rank, count)), tag, op=op, dtype=dtype)
+                    c.same_array(tag, read(dtype, out), expected_allreduce(op_name, dtype, n, count))
+                    digests.append(hashlib.sha256(out.tobytes()).hexdigest())
+        # Scale factors: exact in binary (x4 before, /8 after).
+        for dtype in (dtypes.FLOAT16, dtypes.BFLOAT16, dtypes.FLOAT32, dtypes.FLOAT64, dtypes.INT32):
+            out = ops.allreduce(rt, make(dtype, contribution("sum", rank, 70001)), f"scaled.{name(dtype)}",
+                                prescale_factor=4.0, postscale_factor=0.125, dtype=dtype)
+            want = expected_allreduce("sum", dtype, n, 70001) * 4.0 / 8.0
+            if dtype == dtypes.INT32:
+                want = np.trunc(want)
+            c.same_array(f"scaled {name(dtype)}", read(dtype, out), want)
+            digests.append(hashlib.sha256(out.tobytes()).hexdigest())
+        # Random float32 values (rounding differs with the order of operations); the group's members
+        # are under 1 MiB each, so they are reduced together in the fusion buffer.
+        rng = np.random.default_rng(rank)
+        arrays = [(rng.standard_normal(s) * 10.0 ** rng.integers(-6, 6, s)).astype(np.float32)
+                  for s in (5, 3000, 200001)]
+        before = rt.stats()
+        fused = ops.grouped_allreduce(rt, arrays, ["random.0", "random.1", "random.2"])
+        c.same("a fused group is one ring allreduce", rt.stats().allreduce_ring - before.allreduce_ring, 1)
+        digests += [hashlib.sha256(a.tobytes()).hexdigest() for a in fused]
+        # Reducescatter shares the ring's scatter-reduce; each rank's block differs, so its digest is
+        # compared between the two jobs only, after an allgather of the blocks.
+        rows = 3 * n + 1
+        block = ops.reducescatter(rt, np.full((rows, 1001), rank + 1.0, dtype=np.float64), "reducescatter")
+        my_rows = rows // n + (1 if rank < rows % n else 0)
+        c.same_array("reducescatter block", block, np.full((my_rows, 1001), n * (n + 1) / 2.0))
+        gathered = ops.allgather(rt, block, "reducescatter.gather")
+        digests.append(hashlib.sha256(gathered.tobytes()).hexdigest())
+        ring_runs = rt.stats().allreduce_ring - start.allreduce_ring
+        ops.barrier(rt)
+    except Exception:  # noqa: BLE001 - reported to the test, which names the rank
+        c.fail(f"raised:\n{traceback.format_exc()}")
+    basics.shutdown()
+    return c.count, c.failures, digests, ring_runs if "ring_runs" in locals() else None
+
+
+def _run(np_, shm):
+    env = {"HORO_PEER_TIMEOUT_SECONDS": "60", "HORO_SMALL_MESSAGE_BYTES": "0", "HORO_SHM_DISABLE": "0" if shm else "1"}
+    reports = horo_runner.run(_job, args=(COUNTS,), np=np_, env=env)
+    problems = [f"rank {r}: {f}" for r, (_, failures, _, _) in enumerate(reports) for f in failures]
+    assert not problems, "\n".join(problems[:40])
+    assert all(count > 200 for count, _, _, _ in reports)
+    # Every allreduce of a non-empty tensor ran the ring: 49 per count > 0, 5 scaled, 1 fused group.
+    assert [runs for _, _, _, runs in reports] == [49 * (len(COUNTS) - 1) + 5 + 1] * np_
+    digests = [d for _, _, d, _ in reports]
+    assert all(d == digests[0] for d in digests)
+    return digests[0]
+
+
+@pytest.mark.parametrize("np_", [2, 3, 4])
+def test_shared_memory_matches_tcp(np_):
+    assert _run(np_, shm=True) == _run(np_, shm=False)

@@ -1,9 +1,13 @@
 // SpinRound: one round of a bounded busy wait, shared by every waiter that spins before it sleeps
 // (the shared-memory transport, the control plane, a caller waiting on a handle).
 //
-// A round is a few CPU pause instructions; every few rounds it yields the rest of the time slice
-// instead, so that on an oversubscribed host (more busy threads than cores) the thread being
-// waited for gets the core rather than losing it to the spinner for a whole scheduler tick.
+// A round yields the rest of the time slice (sched_yield), so that on an oversubscribed host (more
+// busy threads than cores) the thread being waited for gets the core rather than losing it to the
+// spinner for a whole scheduler tick; with a core to itself, the system call returns at once and
+// paces the loop. Measured on 2 cores (docs/benchmarks.md): yielding every round instead of every
+// fourth (with CPU pause instructions in between) took a 4-byte allreduce from 13-14 us to 8-10 us
+// on 2 ranks and from 52-87 us to 30-33 us on 4 ranks. kRoundsPerYield keeps the pause path for a
+// host where that measures better.
 #pragma once
 
 #include <sched.h>
@@ -12,7 +16,7 @@ namespace horo {
 
 inline void SpinRound(int* round) {
   constexpr int kPausesPerRound = 16;
-  constexpr int kRoundsPerYield = 4;
+  constexpr int kRoundsPerYield = 1;
   if (++*round % kRoundsPerYield == 0) {
     ::sched_yield();
     return;

@@ -6,28 +6,13 @@
 // spinner for a whole scheduler tick; with a core to itself, the system call returns at once and
 // paces the loop. Measured on 2 cores (docs/benchmarks.md): yielding every round instead of every
 // fourth (with CPU pause instructions in between) took a 4-byte allreduce from 13-14 us to 8-10 us
-// on 2 ranks and from 52-87 us to 30-33 us on 4 ranks. kRoundsPerYield keeps the pause path for a
-// host where that measures better.
+// on 2 ranks and from 52-87 us to 30-33 us on 4 ranks.
 #pragma once
 
 #include <sched.h>
 
 namespace horo {
 
-inline void SpinRound(int* round) {
-  constexpr int kPausesPerRound = 16;
-  constexpr int kRoundsPerYield = 1;
-  if (++*round % kRoundsPerYield == 0) {
-    ::sched_yield();
-    return;
-  }
-  for (int i = 0; i < kPausesPerRound; ++i) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    asm volatile("yield" ::: "memory");
-#endif
-  }
-}
+inline void SpinRound() { ::sched_yield(); }
 
 }  // namespace horo

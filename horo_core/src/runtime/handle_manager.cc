@@ -65,9 +65,8 @@ Status HandleManager::Wait(int64_t handle, double timeout_seconds, bool spin) {
     const auto spin = std::chrono::nanoseconds(timeout_seconds < 0 ? spin_ns_
                                                                     : std::min<int64_t>(spin_ns_, timeout_seconds * 1e9));
     const auto until = std::chrono::steady_clock::now() + spin;
-    int round = 0;
     while (!state->done.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until) {
-      SpinRound(&round);
+      SpinRound();
     }
     lock.lock();
   }

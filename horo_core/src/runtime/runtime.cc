@@ -346,8 +346,7 @@ void Runtime::BackgroundWait(std::chrono::steady_clock::time_point spin_until, i
     return;
   }
   if (std::chrono::steady_clock::now() < spin_until) {
-    int round = 0;
-    SpinRound(&round);
+    SpinRound();
     return;
   }
   transport_->WaitControl(wait_ms);
@@ -387,7 +386,6 @@ void Runtime::Drive(const std::atomic<bool>& done, std::chrono::steady_clock::ti
   const auto spin = std::chrono::nanoseconds(static_cast<int64_t>(config_.spin_microseconds * 1e3));
   drivers_.fetch_add(1);
   Clock::time_point idle_since = Clock::now();
-  int round = 0;
   // A pass already under way is not interrupted (it may move a large collective), so a timed wait
   // can overrun its deadline by one pass; it never starts another after it.
   while (!done.load(std::memory_order_acquire) && !loop_ended_ && Clock::now() < deadline) {
@@ -404,7 +402,7 @@ void Runtime::Drive(const std::atomic<bool>& done, std::chrono::steady_clock::ti
     } else if (now - idle_since >= spin) {
       break;
     } else {
-      SpinRound(&round);
+      SpinRound();
     }
   }
   const bool finished = done.load(std::memory_order_acquire);

@@ -113,8 +113,7 @@ Status ShmTransport::WaitControlSpace(shm::Link* link, int peer, size_t done, si
                            std::to_string(waited) + " s (" + progress + ")");
   }
   if (NanosBetween(*last_progress, now) < SpinNanos()) {
-    int round = 0;
-    SpinRound(&round);
+    SpinRound();
     return Status::OK();
   }
   shm::Doorbell doorbell = links_.own->doorbell();
@@ -192,7 +191,6 @@ Status ShmTransport::PollControl(int timeout_ms, std::vector<ControlMessage>* me
   const Clock::time_point deadline = start + std::chrono::milliseconds(forever ? 0 : timeout_ms);
   Clock::time_point spin_until = start + std::chrono::nanoseconds(SpinNanos());
   int64_t sleep_ns = kFirstSleepNs;
-  int round = 0;
   while (true) {
     if (closed_) return Status::ShutDown(Who() + ": transport closed during PollControl");
     for (ControlMessage& m : pending_control_) messages->push_back(std::move(m));
@@ -214,7 +212,7 @@ Status ShmTransport::PollControl(int timeout_ms, std::vector<ControlMessage>* me
     }
     if (woken || messages->size() > first || timeout_ms == 0) return Status::OK();
     if (now < spin_until) {
-      SpinRound(&round);
+      SpinRound();
       continue;
     }
     if (!forever && now >= deadline) return Status::OK();

@@ -163,7 +163,6 @@ Status ShmTransport::Transfer(Direction* send, Direction* recv) {
   }
   const auto timeout = std::chrono::microseconds(static_cast<int64_t>(tcp_->options().data_timeout_seconds * 1e6));
   const auto spin = std::chrono::nanoseconds(SpinNanos());
-  int round = 0;
   Clock::time_point last_progress = Clock::now();
   Clock::time_point spin_until;
   bool spinning = false;
@@ -188,7 +187,7 @@ Status ShmTransport::Transfer(Direction* send, Direction* recv) {
       spin_until = now + spin;
     }
     if (now < spin_until) {
-      SpinRound(&round);
+      SpinRound();
       continue;
     }
     auto left = std::chrono::duration_cast<std::chrono::microseconds>(timeout - (now - last_progress));

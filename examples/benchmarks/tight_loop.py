@@ -1,0 +1,56 @@
+"""Per-call time of a loop of synchronous allreduces of one small tensor, the pattern of a metric
+averaged every step: what a caller pays per collective when nothing else is in flight.
+
+    hororun -np 2 python examples/benchmarks/tight_loop.py            # 4-byte tensor
+    hororun -np 4 python examples/benchmarks/tight_loop.py --bytes 4096
+    HORO_CALLER_PROGRESS=0 hororun -np 2 python examples/benchmarks/tight_loop.py
+
+Every rank times --blocks blocks of --calls calls of ``hvd.allreduce_(t, op=Sum, name=...)`` after
+a warm-up; rank 0 prints the per-call time of every block of the slowest rank and their median.
+The result is checked against the exact sum once.
+"""
+import argparse
+import statistics
+import time
+
+import torch
+
+import horo_torch as hvd
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--bytes", type=int, default=4, help="tensor size in bytes, a multiple of 4 (default 4)")
+    p.add_argument("--calls", type=int, default=3000, help="calls per timed block (default 3000)")
+    p.add_argument("--blocks", type=int, default=7, help="timed blocks (default 7)")
+    p.add_argument("--warmup", type=int, default=2000, help="untimed calls first (default 2000)")
+    args = p.parse_args()
+    if args.bytes <= 0 or args.bytes % 4:
+        p.error("--bytes must be a positive multiple of 4")
+
+    hvd.init()
+    n = hvd.size()
+    t = torch.full((args.bytes // 4,), float(hvd.rank() + 1))
+    hvd.allreduce_(t, op=hvd.Sum, name="tight")
+    expected = float(n * (n + 1) // 2)
+    if not bool((t == expected).all()):
+        raise SystemExit(f"rank {hvd.rank()}: allreduce gave {t[0].item()}, expected {expected}")
+    for _ in range(args.warmup):
+        hvd.allreduce_(t, op=hvd.Sum, name="tight")
+    blocks = []
+    for _ in range(args.blocks):
+        start = time.perf_counter()
+        for _ in range(args.calls):
+            hvd.allreduce_(t, op=hvd.Sum, name="tight")
+        blocks.append((time.perf_counter() - start) / args.calls)
+    # The slowest rank sets the pace: take every block's maximum over the ranks.
+    slowest = hvd.allreduce(torch.tensor(blocks, dtype=torch.float64), op=hvd.Max, name="tight.times")
+    if hvd.rank() == 0:
+        per_call = [f"{s * 1e6:.1f}" for s in slowest.tolist()]
+        print(f"{n} ranks, {args.bytes} B: per-call us {' '.join(per_call)}; "
+              f"median {statistics.median(slowest.tolist()) * 1e6:.1f} us", flush=True)
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()

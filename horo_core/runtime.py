@@ -54,7 +54,7 @@ class _CallGuard:
 
     def __enter__(self):
         owner = self._owner
-        with owner._calls_done:
+        with owner._calls_lock:
             rt = owner._rt
             if rt is None:
                 check(lib.HORO_ERR_SHUT_DOWN)
@@ -63,7 +63,7 @@ class _CallGuard:
 
     def __exit__(self, *exc):
         owner = self._owner
-        with owner._calls_done:
+        with owner._calls_lock:
             owner._calls -= 1
             if owner._calls == 0 and owner._rt is None:  # destroy() is waiting
                 owner._calls_done.notify_all()
@@ -152,7 +152,10 @@ class Runtime:
         self.rank, self.size = rank, size
         # Calls in progress, so that destroy() never frees the runtime under another thread.
         self._calls = 0
-        self._calls_done = threading.Condition(threading.Lock())
+        # _CallGuard takes the lock itself (a C-level context manager, cheaper per call than the
+        # Condition's Python-level one); destroy() waits on the Condition over the same lock.
+        self._calls_lock = threading.Lock()
+        self._calls_done = threading.Condition(self._calls_lock)
         self._use_guard = _CallGuard(self)
         # Steady-state steps repeat the same names, shapes and options: their C copies are kept.
         self._c_names = {}

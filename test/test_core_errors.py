@@ -352,3 +352,52 @@ def test_destroy_while_other_threads_use_the_runtime_does_not_crash(tmp_path):
     script.write_text(DESTROY_WHILE_POLLING.format(test_dir=os.path.dirname(os.path.abspath(__file__))))
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "survived" in out.stdout, out.stderr[-3000:]
+
+
+SHUTDOWN_TWICE = """
+import sys, threading
+sys.path.insert(0, {test_dir!r})
+from loopback_world import World
+
+world = World(2)
+
+def both(rt):
+    errors = []
+    start = threading.Barrier(2)
+
+    def shut():
+        start.wait()
+        try:
+            rt.shutdown()
+        except Exception as exc:
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=shut) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
+
+print("errors", world.run(both))
+for rt in world.runtimes:
+    rt.destroy()
+print("survived")
+"""
+
+
+def test_shutdown_from_two_threads_at_once_returns_on_both(tmp_path):
+    """Two threads of a rank shutting down at once (say, an atexit hook and the main thread): one
+    joins the background thread, the other waits for it; neither fails, hangs or crashes. In a
+    subprocess, so that a hang fails the test instead of stopping the suite."""
+    import os
+    import subprocess
+    import sys
+    script = tmp_path / "shutdown_twice.py"
+    script.write_text(SHUTDOWN_TWICE.format(test_dir=os.path.dirname(os.path.abspath(__file__))))
+    try:
+        out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("shutdown() from two threads at once did not return within 60 s") from None
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "errors [[], []]" in out.stdout and "survived" in out.stdout, out.stdout + out.stderr[-3000:]

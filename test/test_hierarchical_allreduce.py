@@ -202,7 +202,7 @@ def _job(hosts, sets):
     import numpy as np
 
     import rank_checks
-    from core_values import ALL, contribution, expected_allreduce, make, name, read
+    from core_values import ALL, REDUCE_OPS, contribution, expected_allreduce, make, name, read
     from horo_core import basics, dtypes
     from horo_core import numpy_ops as ops
     from horo_core._binding import lib
@@ -216,8 +216,6 @@ def _job(hosts, sets):
     n = basics.size()
     c = rank_checks.Checks()
     digests = []
-    ops_by_name = {"sum": lib.HORO_OP_SUM, "average": lib.HORO_OP_AVERAGE, "min": lib.HORO_OP_MIN,
-                   "max": lib.HORO_OP_MAX, "product": lib.HORO_OP_PRODUCT}
 
     def same_values(what, got, want):
         c.count += 1
@@ -229,7 +227,7 @@ def _job(hosts, sets):
         runs = 0
         for count in (7, 65537):
             for dtype in ALL:
-                for op_name, op in ops_by_name.items():
+                for op_name, op in REDUCE_OPS.items():
                     if dtype == dtypes.BOOL and op_name == "average":
                         continue
                     tag = f"job.{count}.{name(dtype)}.{op_name}"

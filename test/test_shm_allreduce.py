@@ -25,10 +25,9 @@ def _job(counts):
     import numpy as np
 
     import rank_checks
-    from core_values import ALL, contribution, expected_allreduce, make, name, read
+    from core_values import ALL, REDUCE_OPS, contribution, expected_allreduce, make, name, read
     from horo_core import basics, dtypes
     from horo_core import numpy_ops as ops
-    from horo_core._binding import lib
 
     rank = int(os.environ["HORO_RANK"])
     basics.init()
@@ -36,14 +35,12 @@ def _job(counts):
     n = basics.size()
     c = rank_checks.Checks()
     digests = []
-    ops_by_name = {"sum": lib.HORO_OP_SUM, "average": lib.HORO_OP_AVERAGE, "min": lib.HORO_OP_MIN,
-                   "max": lib.HORO_OP_MAX, "product": lib.HORO_OP_PRODUCT}
 
     try:
         start = rt.stats()
         for count in counts:
             for dtype in ALL:
-                for op_name, op in ops_by_name.items():
+                for op_name, op in REDUCE_OPS.items():
                     if dtype == dtypes.BOOL and op_name == "average":
                         continue
                     tag = f"shm.{count}.{name(dtype)}.{op_name}"

@@ -17,6 +17,7 @@
 #include "common/logging.h"
 #include "transport/shm/transport.h"
 #include "transport/tcp/transport.h"
+#include "tcp_mesh.h"
 #include "transport_checks.h"
 
 using namespace horo;
@@ -25,22 +26,14 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-const std::string kSecret = "per-job secret for the wait-control test";
-
-std::vector<std::unique_ptr<ShmTransport>> BuildMesh(int n) {
+std::vector<std::unique_ptr<ShmTransport>> BuildShmMesh(int n) {
   std::vector<std::unique_ptr<ShmTransport>> mesh(n);
   std::vector<std::string> addresses(n);
   for (int rank = 0; rank < n; ++rank) {
-    TcpOptions tcp;
-    tcp.rank = rank;
-    tcp.size = n;
-    tcp.secret = kSecret;
-    tcp.connect_timeout_seconds = 20;
-    tcp.data_timeout_seconds = 20;
     ShmOptions shm;
     shm.spin_microseconds = 0;
     std::unique_ptr<TcpTransport> t;
-    ExpectOk(TcpTransport::Listen(tcp, &t), "Listen");
+    ExpectOk(TcpTransport::Listen(Options(rank, n), &t), "Listen");
     mesh[rank] = std::make_unique<ShmTransport>(std::move(t), shm);
     addresses[rank] = mesh[rank]->address();
   }
@@ -60,7 +53,7 @@ std::string Payload(int index) {
 int main(int argc, char** argv) {
   SetLogLevel(LogLevel::kError);
   const int count = argc > 1 ? std::atoi(argv[1]) : 200000;
-  auto mesh = BuildMesh(2);
+  auto mesh = BuildShmMesh(2);
   std::atomic<bool> reading{true};
   std::atomic<int64_t> waits{0};
   std::thread sender([&] {

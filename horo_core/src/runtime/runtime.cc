@@ -634,6 +634,8 @@ void Runtime::Linger(double seconds) {
 }
 
 Status Runtime::Shutdown() {
+  // horo_runtime_shutdown and horo_runtime_destroy may run on two threads at once: one joins.
+  std::lock_guard<std::mutex> one_at_a_time(shutdown_mutex_);
   if (started_ && thread_.joinable()) {
     shutdown_requested_ = true;
     WakeBackground();

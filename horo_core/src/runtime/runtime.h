@@ -139,6 +139,7 @@ class Runtime {
   int poll_ms_ = 1000;             // the coordinator's stall checks set it; under progress_mutex_
 
   std::thread thread_;
+  std::mutex shutdown_mutex_;  // one Shutdown at a time
   std::atomic<bool> started_{false};
   std::atomic<bool> shutdown_requested_{false};
   bool shutdown_sent_ = false;

@@ -41,16 +41,12 @@
 #include "transport/shm/transport.h"
 #include "transport/tcp/transport.h"
 
+#include "bench_util.h"
+
 using namespace horo;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-void Require(const Status& status, const std::string& what) {
-  if (status.ok()) return;
-  std::fprintf(stderr, "%s: %s\n", what.c_str(), status.message().c_str());
-  std::exit(1);
-}
 
 // A reusable barrier for the rank threads (C++17 has none).
 class Barrier {

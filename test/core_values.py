@@ -10,6 +10,16 @@ ALL = [dtypes.UINT8, dtypes.INT8, dtypes.INT16, dtypes.INT32, dtypes.INT64, dtyp
 # Every reduce op the core takes for allreduce, by name.
 REDUCE_OPS = {"sum": lib.HORO_OP_SUM, "average": lib.HORO_OP_AVERAGE, "min": lib.HORO_OP_MIN,
               "max": lib.HORO_OP_MAX, "product": lib.HORO_OP_PRODUCT}
+
+
+def reduce_cases():
+    """(dtype, op name, op) for every dtype and allreduce op (Average is not defined for bool)."""
+    for dtype in ALL:
+        for op_name, op in REDUCE_OPS.items():
+            if not (dtype == dtypes.BOOL and op_name == "average"):
+                yield dtype, op_name, op
+
+
 INTEGER = {dtypes.UINT8, dtypes.INT8, dtypes.INT16, dtypes.INT32, dtypes.INT64}
 NUMPY = {dtypes.UINT8: np.uint8, dtypes.INT8: np.int8, dtypes.INT16: np.int16, dtypes.INT32: np.int32,
          dtypes.INT64: np.int64, dtypes.FLOAT16: np.float16, dtypes.BFLOAT16: np.uint16,

@@ -25,7 +25,7 @@ def _job(counts):
     import numpy as np
 
     import rank_checks
-    from core_values import ALL, REDUCE_OPS, contribution, expected_allreduce, make, name, read
+    from core_values import contribution, expected_allreduce, make, name, read, reduce_cases
     from horo_core import basics, dtypes
     from horo_core import numpy_ops as ops
 
@@ -39,14 +39,11 @@ def _job(counts):
     try:
         start = rt.stats()
         for count in counts:
-            for dtype in ALL:
-                for op_name, op in REDUCE_OPS.items():
-                    if dtype == dtypes.BOOL and op_name == "average":
-                        continue
-                    tag = f"shm.{count}.{name(dtype)}.{op_name}"
-                    out = ops.allreduce(rt, make(dtype, contribution(op_name, rank, count)), tag, op=op, dtype=dtype)
-                    c.same_array(tag, read(dtype, out), expected_allreduce(op_name, dtype, n, count))
-                    digests.append(hashlib.sha256(out.tobytes()).hexdigest())
+            for dtype, op_name, op in reduce_cases():
+                tag = f"shm.{count}.{name(dtype)}.{op_name}"
+                out = ops.allreduce(rt, make(dtype, contribution(op_name, rank, count)), tag, op=op, dtype=dtype)
+                c.same_array(tag, read(dtype, out), expected_allreduce(op_name, dtype, n, count))
+                digests.append(hashlib.sha256(out.tobytes()).hexdigest())
         # Scale factors: exact in binary (x4 before, /8 after).
         for dtype in (dtypes.FLOAT16, dtypes.BFLOAT16, dtypes.FLOAT32, dtypes.FLOAT64, dtypes.INT32):
             out = ops.allreduce(rt, make(dtype, contribution("sum", rank, 70001)), f"scaled.{name(dtype)}",

@@ -15,8 +15,10 @@
 // allocated and no message is sent.
 //
 // Threads: Start/Stop/Shutdown come from user threads (serialized here); recording and shipping
-// happen on the background thread only. Stop hands the final batch over through the background
-// thread (it wakes it and waits), so no two threads ever touch the batch at once.
+// happen inside the runtime loop's passes, which run one at a time under its progress mutex (on
+// the background thread, or on a caller that drives the loop while it waits). Stop hands the final
+// batch over through the loop (it wakes the background thread and waits for a pass to ship), so no
+// two threads ever touch the batch at once.
 #pragma once
 
 #include <atomic>
@@ -72,7 +74,7 @@ class Timeline {
   // their system clocks do (NTP).
   int64_t Now() const;
 
-  // Recording (background thread). The coordinator calls these for tensor requests; earlier: the
+  // Recording (inside a pass). The coordinator calls these for tensor requests; earlier: the
   // requests of the same tensor that arrived before this one.
   void NegotiationRequest(const Request& request, const std::map<int32_t, Request>& earlier) {
     if (active()) RecordNegotiationRequest(request, earlier);
@@ -90,7 +92,7 @@ class Timeline {
   int64_t responses_arrived_us() const { return responses_arrived_us_; }
   EventBatch& batch() { return batch_; }
 
-  // Shipping (background thread). Ship at the end of every loop iteration; PollTimeoutMs bounds
+  // Shipping (inside a pass). Ship at the end of every loop iteration; PollTimeoutMs bounds
   // the loop's wait so that a recording worker ships every kShipIntervalMs.
   int PollTimeoutMs(int timeout_ms) const {
     return rank_ == 0 || (batch_.empty() && !active()) ? timeout_ms : ShipDueInMs(timeout_ms);

@@ -1,6 +1,6 @@
 // ProcessSetTable: the process sets this runtime knows, id -> global ranks (sorted). Id 0 is the
-// global set. Read from user threads (enqueue validation), changed only by the background thread
-// when an add/remove response arrives, hence the lock.
+// global set. Read from user threads (enqueue validation), changed only inside the runtime loop's
+// passes when an add/remove response arrives, hence the lock.
 #pragma once
 
 #include <cstdint>

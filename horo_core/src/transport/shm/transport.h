@@ -13,7 +13,7 @@
 // Control plane: between rank 0 and a worker that share a host, control messages travel through
 // the pair's control rings (control.cc) instead of the TCP control connection, and the waiting
 // thread spins (yielding the core) before it sleeps on the same doorbell, so that a request and its
-// response cost microseconds. Every wait of the background thread (PollControl, a blocked
+// response cost microseconds. Every wait of the thread running a pass (PollControl, a blocked
 // SendControl, a data transfer) drains the inbound control rings into a queue, so that two ranks
 // sending to each other never wait for each other. Peers without a link use TCP as before; the
 // idle TCP control connection of a linked peer still reports its process's death.

@@ -3,8 +3,9 @@
 // Two planes share one Transport:
 //  * the data plane carries raw bytes of collectives. Only the thread running the runtime's pass
 //    (the background thread or a caller driving it, one at a time) uses it, always in the globally
-//    agreed order of responses, and both sides know every size in advance, so there is no framing. A peer that closes its connection yields HORO_ERR_PEER_LOST at once; a peer that
-//    makes no progress for data_timeout_seconds yields HORO_ERR_TIMEOUT.
+//    agreed order of responses, and both sides know every size in advance, so there is no framing.
+//    A peer that closes its connection yields HORO_ERR_PEER_LOST at once; a peer that makes no
+//    progress for data_timeout_seconds yields HORO_ERR_TIMEOUT.
 //  * the control plane carries framed negotiation messages between rank 0 (the coordinator) and
 //    every other rank, in both directions. Rank 0 may send to anyone; other ranks send to 0 only.
 //

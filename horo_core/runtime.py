@@ -77,7 +77,9 @@ class Stats:
     Allreduce and allgather counts are collectives run (fused tensors count once), by algorithm;
     the byte counts are data-plane bytes this rank sent to peers on its own host and on other hosts;
     the pass counts are negotiation rounds that moved something, run by callers waiting on a handle
-    and by the background thread.
+    and by the background thread; the response counts are responses (one per tensor) this rank ran
+    after the ranks agreed on a repeated tensor among themselves, and after the coordinator
+    negotiated it.
     """
     allreduce_recursive_doubling: int
     allreduce_ring: int
@@ -88,6 +90,8 @@ class Stats:
     allgather_hierarchical: int
     passes_by_callers: int
     passes_by_background: int
+    responses_agreed_by_peers: int
+    responses_from_coordinator: int
 
 
 class LoopbackHub:

@@ -95,7 +95,9 @@ void CheckControlPlane() {
   CheckOk(world[1]->SendControl(0, "from one"), "control 1->0");
   CheckOk(world[2]->SendControl(0, std::string("two\0bytes", 9)), "control 2->0");
   CheckOk(world[0]->SendControl(2, "to two"), "control 0->2");
-  CheckCode(world[2]->SendControl(1, "x"), HORO_ERR_INVALID_ARGUMENT, "only go to rank 0", "control 2->1");
+  // Loopback connects every pair of ranks (ControlToEveryPeer), as peer agreement needs.
+  Check(world[2]->ControlToEveryPeer(), "loopback control reaches every peer");
+  CheckOk(world[2]->SendControl(1, "peer to peer"), "control 2->1");
 
   std::vector<ControlMessage> messages;
   std::vector<int> lost;
@@ -106,6 +108,10 @@ void CheckControlPlane() {
   messages.clear();
   CheckOk(world[2]->PollControl(-1, &messages, &lost), "poll rank 2");
   Check(messages.size() == 1 && messages[0].peer == 0 && messages[0].payload == "to two", "rank 2 message");
+
+  messages.clear();
+  CheckOk(world[1]->PollControl(-1, &messages, &lost), "poll rank 1");
+  Check(messages.size() == 1 && messages[0].peer == 2 && messages[0].payload == "peer to peer", "rank 1 message");
 
   messages.clear();
   CheckOk(world[1]->PollControl(0, &messages, &lost), "poll with zero timeout");

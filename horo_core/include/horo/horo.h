@@ -159,6 +159,9 @@ typedef struct horo_runtime_stats {
   int64_t passes_by_callers;             /* negotiation rounds that moved something, run by a thread
                                             waiting on a handle (HORO_CALLER_PROGRESS) ... */
   int64_t passes_by_background;          /* ... and by the background thread */
+  int64_t responses_agreed_by_peers;     /* responses run after the ranks agreed on them without the
+                                            coordinator (HORO_COORDINATOR_FREE: repeated tensors) ... */
+  int64_t responses_from_coordinator;    /* ... and those the coordinator negotiated */
 } horo_runtime_stats_t;
 
 /* One setting of the configuration table. */

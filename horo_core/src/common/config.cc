@@ -139,6 +139,8 @@ const std::vector<Setting>& Table() {
                          "How long a waiting thread (the background thread waiting for a same-host peer, a caller in synchronize()) spins, yielding its core, before it sleeps. Short waits then cost microseconds; 0 always sleeps at once."),
       HORO_BOOL_SETTING("CALLER_PROGRESS", caller_progress,
                         "A caller waiting for a collective (synchronize(), a synchronous op) runs the negotiation and the data movement itself while they make progress, instead of waking the background thread and sleeping; after SPIN_MICROSECONDS without progress it hands over. 0: only the background thread works."),
+      HORO_BOOL_SETTING("COORDINATOR_FREE", coordinator_free,
+                        "Repeated tensors (same name and parameters as a step before) are agreed between the ranks, each announcing the cached response's id to every peer, without the coordinator (rank 0) negotiating them. Needs every pair of ranks on one host (shared memory); with autotune, or ranks on several hosts, every step goes through the coordinator. 0: always through the coordinator."),
       HORO_STRING_SETTING("TIMELINE", timeline,
                           "Path of the timeline (Chrome trace JSON, opened by ui.perfetto.dev) that rank 0 writes with the events of every rank; DYNAMIC enables start_timeline()/stop_timeline() without starting one. Empty: off."),
       HORO_BOOL_SETTING("TIMELINE_MARK_CYCLES", timeline_mark_cycles,

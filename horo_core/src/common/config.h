@@ -35,6 +35,7 @@ struct Config {
   int64_t shm_ring_bytes = 4 << 20;     // shared-memory ring per direction and same-host pair
   double spin_microseconds = 50.0;      // a waiting thread spins (yielding) this long before it sleeps
   bool caller_progress = true;          // a caller waiting on a handle runs the loop's passes itself
+  bool coordinator_free = true;         // cached steps agreed between the ranks (coordinator/peer_agreement.h)
   std::string nccl_library;             // NCCL for CUDA tensors; empty: wheel, then system (horo_core/nccl.py)
   std::string timeline;                 // timeline file written by rank 0, or DYNAMIC; empty = off
   bool timeline_mark_cycles = false;    // CYCLE_START markers in the timeline

@@ -415,6 +415,17 @@ bool Coordinator::BuildResponses(ResponseList* out) {
   }
   Fuse(std::move(parts), resolved, out);
 
+  AppendShutdownIfDue(out);
+  return !out->fused.empty() || !out->evicted_ids.empty();
+}
+
+bool Coordinator::BuildFailureShutdown(ResponseList* out) {
+  if (shut_down_ || (!stall_shutdown_ && (lost_.empty() || DescribeUnexpectedLosses().empty()))) return false;
+  *out = ResponseList();
+  return AppendShutdownIfDue(out);
+}
+
+bool Coordinator::AppendShutdownIfDue(ResponseList* out) {
   const std::string losses = lost_.empty() ? std::string() : DescribeUnexpectedLosses();
   if (!losses.empty()) {
     EmitShutdown(HORO_ERR_PEER_LOST, losses, out);
@@ -425,8 +436,10 @@ bool Coordinator::BuildResponses(ResponseList* out) {
     os << "Horo has been shut down: rank " << *shutdown_requested_.begin()
        << " called shutdown() or finished. Collectives submitted after one of the ranks finished cannot complete";
     EmitShutdown(HORO_ERR_SHUT_DOWN, os.str(), out);
+  } else {
+    return false;
   }
-  return !out->fused.empty() || !out->evicted_ids.empty();
+  return true;
 }
 
 void Coordinator::ResolveRemovedSet(int32_t set_id, std::vector<ResponsePart>* parts,
@@ -457,14 +470,7 @@ void Coordinator::Fuse(std::vector<ResponsePart> parts, const std::vector<Respon
     const Response& r = resolved[i];
     const int64_t bytes = r.NumElements() * static_cast<int64_t>(DataTypeSize(r.dtype));
     const bool fusable = r.kind == ResponseKind::kOp && r.op_type == OpType::kAllreduce;
-    const bool joins_group = fusable && group_head != nullptr && r.process_set_id == group_head->process_set_id &&
-                             r.dtype == group_head->dtype && r.reduce_op == group_head->reduce_op &&
-                             r.prescale_factor == group_head->prescale_factor &&
-                             r.postscale_factor == group_head->postscale_factor &&
-                             r.joined_ranks == group_head->joined_ranks &&
-                             r.on_device == group_head->on_device &&
-                             r.hierarchical_allreduce == group_head->hierarchical_allreduce &&
-                             r.small_message_bytes == group_head->small_message_bytes &&
+    const bool joins_group = group_head != nullptr && Fusable(*group_head, r) &&
                              group_bytes + bytes <= fusion_threshold_bytes_;
     if (joins_group) {
       out->fused.back().push_back(std::move(parts[i]));
@@ -486,10 +492,9 @@ void Coordinator::EmitShutdown(horo_status_t code, const std::string& message, R
   shut_down_ = true;
 }
 
-int Coordinator::CheckStalls() {
+int Coordinator::CheckStalls(std::vector<StalledTensor> waiting) {
   if (!stall_inspector_.enabled() || shut_down_) return 1000;
   auto now = std::chrono::steady_clock::now();
-  std::vector<StalledTensor> waiting;
   for (const auto& kv : states_) {
     std::vector<int32_t> members;
     if (!sets_->Members(kv.first, &members)) continue;

@@ -43,9 +43,14 @@ class Coordinator {
   // send. A shutdown (requested, peer lost, or stall) is emitted as a kShutdown response and is
   // the last response ever built.
   bool BuildResponses(ResponseList* out);
+  // Only the shutdown response, when a failure (a lost rank, a stall) calls for one: for a rank 0 in
+  // the middle of a round of peer agreement (coordinator/peer_agreement.h), which must not send
+  // other responses yet, and whose round may never complete. False if none is due.
+  bool BuildFailureShutdown(ResponseList* out);
   // Checks for stalled tensors: logs a warning past the stall time, and arranges a shutdown past
-  // the shutdown time. Returns the milliseconds until the next check is due.
-  int CheckStalls();
+  // the shutdown time. waiting: tensors waiting elsewhere (cached steps that only some members
+  // announced, coordinator/peer_agreement.h). Returns the milliseconds until the next check is due.
+  int CheckStalls(std::vector<StalledTensor> waiting = {});
 
   // Autotune: responses built from now on are fused up to this many bytes.
   void set_fusion_threshold_bytes(int64_t bytes) { fusion_threshold_bytes_ = bytes; }
@@ -75,6 +80,7 @@ class Coordinator {
                          std::vector<std::pair<int32_t, std::string>>* deferred);
   void Fuse(std::vector<ResponsePart> parts, const std::vector<Response>& resolved, ResponseList* out);
   void EmitShutdown(horo_status_t code, const std::string& message, ResponseList* out);
+  bool AppendShutdownIfDue(ResponseList* out);
 
   Config config_;
   int64_t fusion_threshold_bytes_;

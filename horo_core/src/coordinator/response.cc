@@ -74,6 +74,15 @@ bool ReadResponse(WireReader& rd, Response* r) {
 
 }  // namespace
 
+bool Fusable(const Response& head, const Response& r) {
+  auto allreduce = [](const Response& x) { return x.kind == ResponseKind::kOp && x.op_type == OpType::kAllreduce; };
+  return allreduce(head) && allreduce(r) && r.process_set_id == head.process_set_id && r.dtype == head.dtype &&
+         r.reduce_op == head.reduce_op && r.prescale_factor == head.prescale_factor &&
+         r.postscale_factor == head.postscale_factor && r.joined_ranks == head.joined_ranks &&
+         r.on_device == head.on_device && r.hierarchical_allreduce == head.hierarchical_allreduce &&
+         r.small_message_bytes == head.small_message_bytes;
+}
+
 std::string SerializeResponseList(const ResponseList& list) {
   WireWriter w;
   w.U8(list.has_parameters ? 1 : 0);
@@ -93,6 +102,7 @@ std::string SerializeResponseList(const ResponseList& list) {
       WriteResponse(w, p.response);
     }
   }
+  w.I64(list.after_round);
   return w.Take();
 }
 
@@ -131,6 +141,7 @@ Status ParseResponseList(const std::string& bytes, ResponseList* out) {
       if (!ReadResponse(rd, &p.response)) return Status::Internal("malformed response");
     }
   }
+  list.after_round = rd.I64();
   if (!rd.ok() || !rd.AtEnd()) return Status::Internal("malformed response list");
   *out = std::move(list);
   return Status::OK();

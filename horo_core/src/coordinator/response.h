@@ -55,6 +55,10 @@ struct Response {
 
 using FusedResponse = std::vector<Response>;
 
+// Whether r may join the fused allreduce that head started (same set, dtype, reduce op, scale
+// factors, joined ranks, device and algorithm settings); the byte budget is the caller's.
+bool Fusable(const Response& head, const Response& r);
+
 // One part of a fused response on the wire: either a cache id or a whole response, which the
 // receiver stores under assign_id when that is >= 0.
 struct ResponsePart {
@@ -71,6 +75,10 @@ struct ResponseList {
   // entry that this same list evicts).
   std::vector<int64_t> evicted_ids;
   std::vector<std::vector<ResponsePart>> fused;
+  // With peer agreement (coordinator/peer_agreement.h): every rank applies this list right after
+  // the round of that number, so that lists and cached steps interleave alike everywhere; -1: at
+  // once (a failure shuts every rank down, whatever round it is in).
+  int64_t after_round = 0;
 };
 
 std::string SerializeResponseList(const ResponseList& list);

@@ -49,6 +49,16 @@ void ResponseCache::MirrorPut(int64_t id, const Response& response) {
 
 void ResponseCache::MirrorErase(int64_t id) { Erase(id); }
 
+int64_t ResponseCache::Find(int32_t process_set_id, const std::string& name) const {
+  auto it = by_name_.find({process_set_id, name});
+  return it == by_name_.end() ? -1 : it->second;
+}
+
+void ResponseCache::Touch(int64_t id) {
+  auto it = entries_.find(id);
+  if (it != entries_.end()) lru_.splice(lru_.begin(), lru_, it->second.lru_position);
+}
+
 const Response* ResponseCache::Get(int64_t id) const {
   auto it = entries_.find(id);
   return it == entries_.end() ? nullptr : &it->second.response;

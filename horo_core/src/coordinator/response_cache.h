@@ -36,6 +36,13 @@ class ResponseCache {
   void MirrorPut(int64_t id, const Response& response);
   void MirrorErase(int64_t id);
 
+  // Both, for cached steps agreed between the ranks (coordinator/peer_agreement.h): the id cached
+  // for (process set, name), else -1; forgetting an id every rank agreed to drop; and (coordinator)
+  // marking an id as just used, for the eviction order.
+  int64_t Find(int32_t process_set_id, const std::string& name) const;
+  void Forget(int64_t id) { Erase(id); }
+  void Touch(int64_t id);
+
   // Both: the response stored under id, or nullptr.
   const Response* Get(int64_t id) const;
 

@@ -99,6 +99,7 @@ Status Runtime::Connect(const std::vector<std::string>& addresses) {
     HORO_RETURN_IF_ERROR(network_->Connect(addresses));
   }
   callers_drive_ = config_.caller_progress && config_.spin_microseconds > 0 && transport_->CanWaitControl();
+  HORO_RETURN_IF_ERROR(DecidePeerAgreement());
   started_ = true;
   thread_ = std::thread([this] { Loop(); });
   return Status::OK();
@@ -428,15 +429,30 @@ bool Runtime::Pass(int poll_ms, bool* progress) {
     std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(cycle_time_ms_));
   }
   RequestList mine;
-  mine.requests = queue_.TakeRequests();
+  std::vector<Request> taken = queue_.TakeRequests();
+  if (agreement_) {
+    // Repeated tensors are announced to the peers instead (coordinator/peer_agreement.h).
+    for (Request& r : taken) {
+      if (!agreement_->Offer(r)) mine.requests.push_back(std::move(r));
+    }
+  } else {
+    mine.requests = std::move(taken);
+  }
   mine.shutdown = shutdown_requested_ && !shutdown_sent_;
   shutdown_sent_ = shutdown_sent_ || mine.shutdown;
-  const bool have_news = !mine.requests.empty() || mine.shutdown;
-  *progress = have_news || !messages.empty() || !lost.empty();
+  *progress = !taken.empty() || mine.shutdown || !messages.empty() || !lost.empty();
 
   if (is_coordinator) {
-    if (have_news) coordinator_->AddRequests(0, mine);
+    if (!mine.requests.empty() || mine.shutdown) coordinator_->AddRequests(0, mine);
     for (const ControlMessage& m : messages) {
+      if (agreement_ && IsRoundMessage(m.payload)) {
+        Status received = agreement_->Receive(m.peer, m.payload);
+        if (!received.ok()) {
+          Stop(received, true);
+          return false;
+        }
+        continue;
+      }
       RequestList list;
       Status parsed = ParseRequestList(m.payload, &list);
       if (!parsed.ok()) {
@@ -446,24 +462,20 @@ bool Runtime::Pass(int poll_ms, bool* progress) {
       coordinator_->AddRequests(m.peer, list);
     }
     for (int r : lost) coordinator_->PeerLost(r);
-    poll_ms_ = coordinator_->CheckStalls();
-    ResponseList list;
-    if (coordinator_->BuildResponses(&list)) {
-      *progress = true;
-      timeline_->MarkCycleStart();
-      if (tuner_) TuneOnCoordinator(&list);
-      const std::string bytes = SerializeResponseList(list);
-      for (int peer = 1; peer < size_; ++peer) {
-        Status sent = transport_->SendControl(peer, bytes);
-        if (!sent.ok()) {
-          HORO_LOG(kDebug, rank_) << "could not send responses to rank " << peer << ": " << sent.message();
-        }
-      }
-      if (!Apply(list, false)) return false;
-    }
+    poll_ms_ = coordinator_->CheckStalls(agreement_ ? agreement_->Waiting() : std::vector<StalledTensor>());
+    if (agreement_ && !AdvanceRounds(progress)) return false;
+    if (!RespondAsCoordinator(progress)) return false;
   } else {
     for (const ControlMessage& m : messages) {
-      if (!ApplyMessage(m)) return false;
+      if (agreement_ && IsRoundMessage(m.payload)) {
+        Status received = agreement_->Receive(m.peer, m.payload);
+        if (!received.ok()) {
+          Stop(received, true);
+          return false;
+        }
+        continue;
+      }
+      if (!ReceiveResponseList(m)) return false;
     }
     // Only the coordinator's loss matters here (some transports also report other ranks; their
     // failures reach this rank through the coordinator or the data plane).
@@ -471,7 +483,13 @@ bool Runtime::Pass(int poll_ms, bool* progress) {
       StopAfterCoordinatorLoss("it exited or crashed");
       return false;
     }
-    if (have_news) {
+    if (agreement_) {
+      if (!AdvanceRounds(progress)) return false;
+      std::vector<Request> fallbacks = agreement_->TakeFallbacks();
+      for (Request& r : fallbacks) mine.requests.push_back(std::move(r));
+    }
+    if (!mine.requests.empty() || mine.shutdown) {
+      *progress = true;
       st = transport_->SendControl(0, SerializeRequestList(mine));
       if (!st.ok()) {
         StopAfterCoordinatorLoss(st.message());
@@ -483,7 +501,128 @@ bool Runtime::Pass(int poll_ms, bool* progress) {
   return true;
 }
 
+Status Runtime::DecidePeerAgreement() {
+  bool usable = config_.coordinator_free && config_.cache_capacity > 0 && !config_.autotune &&
+                transport_->ControlToEveryPeer();
+  if (network_ != nullptr && size_ > 1) {
+    // Every rank must decide alike (a shared-memory link that failed for one pair, settings that
+    // differ between ranks): rank 0 collects the answers on the data plane, idle until the loop
+    // starts, and sends back whether all said yes.
+    uint8_t yes = usable ? 1 : 0;
+    if (rank_ == 0) {
+      for (int peer = 1; peer < size_; ++peer) {
+        uint8_t theirs = 0;
+        HORO_RETURN_IF_ERROR(transport_->Recv(peer, &theirs, 1));
+        yes = yes & theirs;
+      }
+      for (int peer = 1; peer < size_; ++peer) HORO_RETURN_IF_ERROR(transport_->Send(peer, &yes, 1));
+    } else {
+      HORO_RETURN_IF_ERROR(transport_->Send(0, &yes, 1));
+      HORO_RETURN_IF_ERROR(transport_->Recv(0, &yes, 1));
+    }
+    usable = yes == 1;
+  }
+  if (usable) {
+    agreement_ = std::make_unique<PeerAgreement>(rank_, size_, &cache_, &sets_, config_.fusion_threshold_bytes);
+  }
+  return Status::OK();
+}
+
+bool Runtime::RespondAsCoordinator(bool* progress) {
+  while (true) {
+    if (agreement_) {
+      RequestList fallbacks;
+      fallbacks.requests = agreement_->TakeFallbacks();
+      if (!fallbacks.requests.empty()) coordinator_->AddRequests(0, fallbacks);
+    }
+    // In the middle of a round, a list would reach the workers after messages of a round that this
+    // rank has not completed: only a failure's shutdown may go then, applied at once.
+    ResponseList list;
+    const bool mid_round = agreement_ && agreement_->mid_round();
+    const bool built = mid_round ? coordinator_->BuildFailureShutdown(&list) : coordinator_->BuildResponses(&list);
+    if (!built) return true;
+    *progress = true;
+    list.after_round = mid_round ? -1 : agreement_ ? agreement_->round_done() : 0;
+    timeline_->MarkCycleStart();
+    if (tuner_) TuneOnCoordinator(&list);
+    const std::string bytes = SerializeResponseList(list);
+    for (int peer = 1; peer < size_; ++peer) {
+      Status sent = transport_->SendControl(peer, bytes);
+      if (!sent.ok()) {
+        HORO_LOG(kDebug, rank_) << "could not send responses to rank " << peer << ": " << sent.message();
+      }
+    }
+    if (!Apply(list, false)) return false;
+    if (!agreement_) return true;  // applying a list hands requests back only with peer agreement
+  }
+}
+
+bool Runtime::AdvanceRounds(bool* progress) {
+  while (true) {
+    // Between two rounds, rank 0 first sends what the coordinator has (after this round, on every
+    // rank), so that its lists are never held back by a stream of rounds.
+    if (rank_ == 0 && !agreement_->mid_round() && !RespondAsCoordinator(progress)) return false;
+    std::string payload;
+    if (agreement_->NextMessage(&payload)) {
+      *progress = true;
+      for (int peer = 0; peer < size_; ++peer) {
+        if (peer == rank_) continue;
+        Status sent = transport_->SendControl(peer, payload);
+        if (sent.ok()) continue;
+        // A peer that went away: rank 0 learns it from the transport and shuts every rank down.
+        if (rank_ != 0 && peer == 0) {
+          StopAfterCoordinatorLoss(sent.message());
+          return false;
+        }
+        HORO_LOG(kDebug, rank_) << "could not send a round message to rank " << peer << ": " << sent.message();
+      }
+    }
+    int64_t round = 0;
+    if (!agreement_->RoundReady(&round)) break;
+    *progress = true;
+    // The coordinator's lists made before this round come first, as on every rank.
+    while (!held_lists_.empty() && held_lists_.front().after_round < round) {
+      ResponseList list = std::move(held_lists_.front());
+      held_lists_.pop_front();
+      if (!Apply(list, true)) return false;
+    }
+    std::vector<FusedResponse> run;
+    agreement_->CompleteRound(&run);
+    for (const FusedResponse& fused : run) {
+      agreed_responses_.fetch_add(static_cast<int64_t>(fused.size()), std::memory_order_relaxed);
+      Status st = executor_->Execute(fused);
+      if (!st.ok()) {
+        FailOnDataPlane(st);
+        return false;
+      }
+    }
+  }
+  while (!held_lists_.empty() && held_lists_.front().after_round <= agreement_->round_done()) {
+    ResponseList list = std::move(held_lists_.front());
+    held_lists_.pop_front();
+    if (!Apply(list, true)) return false;
+  }
+  return true;
+}
+
+bool Runtime::ReceiveResponseList(const ControlMessage& message) {
+  ResponseList list;
+  Status parsed = ParseResponseList(message.payload, &list);
+  if (!parsed.ok()) {
+    Stop(Status::Internal("malformed response list from the coordinator: " + parsed.message()), true);
+    return false;
+  }
+  // A list waits for the round it follows, behind those already waiting, unless it must be applied
+  // at once (after_round < 0: a failure).
+  if (agreement_ && list.after_round >= 0 && (list.after_round > agreement_->round_done() || !held_lists_.empty())) {
+    held_lists_.push_back(std::move(list));
+    return true;
+  }
+  return Apply(list, true);
+}
+
 bool Runtime::ApplyMessage(const ControlMessage& message) {
+  if (IsRoundMessage(message.payload)) return true;  // no more rounds once the coordinator is gone
   ResponseList list;
   Status parsed = ParseResponseList(message.payload, &list);
   if (!parsed.ok()) {
@@ -541,14 +680,19 @@ bool Runtime::Apply(ResponseList& list, bool parsed) {
       Stop(Status(head.error_code, head.error_message), head.error_code != HORO_ERR_SHUT_DOWN);
       return false;
     }
+    coordinator_responses_.fetch_add(static_cast<int64_t>(fused.size()), std::memory_order_relaxed);
     Status st = executor_->Execute(fused);
     if (!st.ok()) {
       FailOnDataPlane(st);
       return false;
     }
+    if (agreement_ && head.kind == ResponseKind::kOp && head.op_type == OpType::kJoin) {
+      agreement_->JoinDone(head.process_set_id);
+    }
   }
-  if (parsed) {
-    for (int64_t id : list.evicted_ids) cache_.MirrorErase(id);
+  for (int64_t id : list.evicted_ids) {
+    if (parsed) cache_.MirrorErase(id);
+    if (agreement_) agreement_->Forget(id);
   }
   return true;
 }
@@ -576,7 +720,7 @@ std::string Runtime::DiagnoseOnCoordinator(const Status& local) {
     if (!transport_->PollControl(50, &messages, &lost).ok()) break;
     for (const ControlMessage& m : messages) {
       RequestList list;
-      if (ParseRequestList(m.payload, &list).ok()) coordinator_->AddRequests(m.peer, list);
+      if (!IsRoundMessage(m.payload) && ParseRequestList(m.payload, &list).ok()) coordinator_->AddRequests(m.peer, list);
     }
     for (int r : lost) coordinator_->PeerLost(r);
   }
@@ -607,6 +751,7 @@ void Runtime::Stop(const Status& reason, bool failure) {
       part.response.error_code = reason.code();
       part.response.error_message = reason.message();
       list.fused.push_back({part});
+      list.after_round = -1;  // at once, whatever round the workers are in
       const std::string bytes = SerializeResponseList(list);
       for (int peer = 1; peer < size_; ++peer) transport_->SendControl(peer, bytes);
     }
@@ -627,7 +772,7 @@ void Runtime::Linger(double seconds) {
     if (!transport_->PollControl(100, &messages, &lost).ok()) break;
     for (const ControlMessage& m : messages) {
       RequestList list;  // the workers' last timeline events still reach the file
-      if (ParseRequestList(m.payload, &list).ok()) timeline_->Receive(m.peer, list.timeline);
+      if (!IsRoundMessage(m.payload) && ParseRequestList(m.payload, &list).ok()) timeline_->Receive(m.peer, list.timeline);
     }
     open -= static_cast<int>(lost.size());
   }

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -17,6 +18,7 @@
 
 #include "common/config.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/peer_agreement.h"
 #include "coordinator/process_set_table.h"
 #include "coordinator/response_cache.h"
 #include "coordinator/tensor_queue.h"
@@ -52,6 +54,12 @@ class Runtime {
   void CountPasses(int64_t* by_callers, int64_t* by_background) const {
     *by_callers = caller_passes_.load();
     *by_background = background_passes_.load();
+  }
+  // Responses this rank ran after the ranks agreed on them without the coordinator
+  // (coordinator/peer_agreement.h), and those the coordinator sent or (rank 0) built.
+  void CountResponses(int64_t* agreed_by_peers, int64_t* from_coordinator) const {
+    *agreed_by_peers = agreed_responses_.load();
+    *from_coordinator = coordinator_responses_.load();
   }
   HandleManager& handles() { return handles_; }
 
@@ -99,6 +107,17 @@ class Runtime {
   // Executes a response list; returns false when the loop must end.
   bool Apply(ResponseList& list, bool parsed);
   bool ApplyMessage(const ControlMessage& message);
+  // Peer agreement (coordinator/peer_agreement.h), inside a pass: decides whether to use it, with
+  // every rank, at connect time; sends this rank's round messages, completes the rounds that have
+  // every message and runs what they agreed on, applying held response lists in their place.
+  // Returns false when the loop must end.
+  Status DecidePeerAgreement();
+  bool AdvanceRounds(bool* progress);
+  // Rank 0: builds the coordinator's response lists, sends them and applies them, until none is
+  // due (with peer agreement, only between rounds). Returns false when the loop must end.
+  bool RespondAsCoordinator(bool* progress);
+  // A worker's response list from the coordinator: applied now, or held until its round.
+  bool ReceiveResponseList(const ControlMessage& message);
   // Autotune: rank 0 lets the tuner see (and annotate) a list before sending it; every rank
   // applies the parameters a list carries before its responses.
   void TuneOnCoordinator(ResponseList* list);
@@ -123,6 +142,10 @@ class Runtime {
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<ParameterManager> tuner_;  // rank 0 with HORO_AUTOTUNE only
+  std::unique_ptr<PeerAgreement> agreement_;  // set by Connect when every rank can use it
+  std::deque<ResponseList> held_lists_;       // workers: lists whose round is not complete yet
+  std::atomic<int64_t> agreed_responses_{0};
+  std::atomic<int64_t> coordinator_responses_{0};
   double cycle_time_ms_;                     // HORO_CYCLE_TIME, or what the autotuner chose
 
   // Who makes progress (runtime.cc).

@@ -7,7 +7,8 @@
 //    A peer that closes its connection yields HORO_ERR_PEER_LOST at once; a peer that makes no
 //    progress for data_timeout_seconds yields HORO_ERR_TIMEOUT.
 //  * the control plane carries framed negotiation messages between rank 0 (the coordinator) and
-//    every other rank, in both directions. Rank 0 may send to anyone; other ranks send to 0 only.
+//    every other rank, in both directions, and, where ControlToEveryPeer() says so, between any two
+//    ranks (the round messages of coordinator/peer_agreement.h).
 //
 // Every implementation lives in its own folder with the same file names (loopback/, tcp/, shm/),
 // so that a reader who knows one knows them all.
@@ -81,6 +82,9 @@ class Transport {
   // Thread-safe and cheap: a control message may be available, Wake() was called or the transport
   // closed, i.e. PollControl(0) may return something. False only when it surely would not.
   virtual bool ControlPending() { return true; }
+  // True when SendControl reaches every peer, not only rank 0 (and rank 0 every worker). Valid once
+  // connected.
+  virtual bool ControlToEveryPeer() const { return false; }
   // Thread-safe: closes every connection; blocked calls return an error. Idempotent.
   virtual void Close() = 0;
 

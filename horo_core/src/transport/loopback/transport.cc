@@ -45,10 +45,6 @@ Status LoopbackTransport::SendRecv(int send_peer, const void* send_data, size_t 
 
 Status LoopbackTransport::SendControl(int peer, const std::string& payload) {
   HORO_RETURN_IF_ERROR(CheckPeer(peer, "loopback control send"));
-  if (rank_ != 0 && peer != 0) {
-    return Status::InvalidArgument("control messages from rank " + std::to_string(rank_) +
-                                   " may only go to rank 0, not rank " + std::to_string(peer));
-  }
   if (hub_->IsClosed(rank_)) {
     return Status::ShutDown("loopback transport of rank " + std::to_string(rank_) +
                             " is closed; cannot send a control message to rank " + std::to_string(peer));

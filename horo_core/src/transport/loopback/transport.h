@@ -34,6 +34,7 @@ class LoopbackTransport : public Transport {
   Status PollControl(int timeout_ms, std::vector<ControlMessage>* messages, std::vector<int>* lost_peers) override;
   void Wake() override;
   bool CanWaitControl() const override { return true; }
+  bool ControlToEveryPeer() const override { return true; }
   void WaitControl(int timeout_ms) override;
   bool ControlPending() override;
   void Close() override;

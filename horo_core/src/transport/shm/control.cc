@@ -27,7 +27,8 @@ int64_t NanosBetween(std::chrono::steady_clock::time_point from, std::chrono::st
 
 shm::Link* ShmTransport::ControlLink(int peer) const {
   if (!connected_ || peer < 0 || peer >= size() || peer == rank()) return nullptr;
-  if (rank() != 0 && peer != 0) return nullptr;  // not a control pair: TCP refuses it with a message
+  // Not a control pair (TCP refuses it with a message) unless every pair is linked.
+  if (rank() != 0 && peer != 0 && !every_peer_linked_) return nullptr;
   return links_.links[peer].get();
 }
 

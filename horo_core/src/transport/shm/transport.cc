@@ -53,9 +53,14 @@ Status ShmTransport::Connect(const std::vector<std::string>& addresses) {
   std::lock_guard<std::mutex> lock(close_mutex_);
   if (closed_) return Status::ShutDown(Who() + ": transport closed while connecting");
   links_ = std::move(links);
-  // Control peers: rank 0 talks to every rank, a worker to rank 0 only.
+  // Control peers: rank 0 talks to every rank, a worker to rank 0 only, unless every pair of ranks
+  // is linked: then any two ranks talk through their control rings.
+  every_peer_linked_ = true;
   for (int peer = 0; peer < size(); ++peer) {
-    if (peer == rank() || (rank() != 0 && peer != 0)) continue;
+    if (peer != rank() && !links_.links[peer]) every_peer_linked_ = false;
+  }
+  for (int peer = 0; peer < size(); ++peer) {
+    if (peer == rank() || (rank() != 0 && peer != 0 && !every_peer_linked_)) continue;
     (links_.links[peer] ? control_links_ : tcp_control_peers_) = true;
   }
   connected_ = true;

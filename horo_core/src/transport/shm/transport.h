@@ -67,6 +67,8 @@ class ShmTransport : public Transport {
   void Wake() override;
   // Available when no control peer is on TCP: every source of news then rings one doorbell.
   bool CanWaitControl() const override { return connected_ && !tcp_control_peers_; }
+  // When every peer shares this rank's host and memory: control rings join every pair then.
+  bool ControlToEveryPeer() const override { return connected_ && every_peer_linked_; }
   void WaitControl(int timeout_ms) override;
   bool ControlPending() override { return !CanWaitControl() || ControlReady(); }
   void Close() override;
@@ -133,6 +135,7 @@ class ShmTransport : public Transport {
   shm::DoorbellShared private_bell_{};
   bool control_links_ = false;      // some control peer uses shared memory
   bool tcp_control_peers_ = false;  // some control peer uses TCP
+  bool every_peer_linked_ = false;  // every peer has a link: every pair of ranks has control rings
   std::atomic<bool> wake_requested_{false};
   std::mutex control_read_mutex_;                // the one reader of the inbound control rings
   std::vector<ControlMessage> pending_control_;  // drained outside PollControl, returned by it

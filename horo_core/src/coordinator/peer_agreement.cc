@@ -1,0 +1,252 @@
+#include "coordinator/peer_agreement.h"
+
+#include <algorithm>
+
+#include "coordinator/wire.h"
+
+namespace horo {
+namespace {
+
+constexpr uint8_t kRoundTag = 'R';
+
+bool Cacheable(OpType op) {
+  return op == OpType::kAllreduce || op == OpType::kAllgather || op == OpType::kBroadcast ||
+         op == OpType::kAlltoall || op == OpType::kReducescatter;
+}
+
+std::vector<int64_t> Trailing(const std::vector<int64_t>& shape) {
+  return std::vector<int64_t>(shape.begin() + (shape.empty() ? 0 : 1), shape.end());
+}
+
+}  // namespace
+
+bool IsRoundMessage(const std::string& payload) {
+  return !payload.empty() && static_cast<uint8_t>(payload[0]) == kRoundTag;
+}
+
+std::string SerializeRoundMessage(const RoundMessage& message) {
+  WireWriter w;
+  w.U8(kRoundTag);
+  w.I64(message.round);
+  w.I64Vec(message.hits);
+  w.I64Vec(message.invalid);
+  w.I32Vec(message.joined_sets);
+  return w.Take();
+}
+
+Status ParseRoundMessage(const std::string& bytes, RoundMessage* out) {
+  WireReader rd(bytes);
+  RoundMessage m;
+  const uint8_t tag = rd.U8();
+  m.round = rd.I64();
+  m.hits = rd.I64Vec();
+  m.invalid = rd.I64Vec();
+  m.joined_sets = rd.I32Vec();
+  if (!rd.ok() || !rd.AtEnd() || tag != kRoundTag || m.round < 1) return Status::Internal("malformed round message");
+  *out = std::move(m);
+  return Status::OK();
+}
+
+PeerAgreement::PeerAgreement(int rank, int size, ResponseCache* cache, ProcessSetTable* sets,
+                             int64_t fusion_threshold_bytes)
+    : rank_(rank), size_(size), cache_(cache), sets_(sets), fusion_threshold_bytes_(fusion_threshold_bytes) {}
+
+bool PeerAgreement::Offer(const Request& request) {
+  if (request.kind != RequestKind::kTensor) return false;
+  if (request.op_type == OpType::kJoin) {
+    next_.joined_sets.push_back(request.process_set_id);
+    return false;
+  }
+  // Members of a group must reach the coordinator together (it emits a group once all are in), so
+  // grouped tensors always go there; so do tensors of a set that a rank is joining.
+  if (!Cacheable(request.op_type) || request.group_size > 1 || joining_.count(request.process_set_id)) return false;
+  const int64_t id = cache_->Find(request.process_set_id, request.name);
+  if (id < 0) return false;
+  if (!Matches(*cache_->Get(id), request)) {
+    // The other members may announce the old id: make them send full requests too, so that the
+    // coordinator sees every rank's parameters (and names the mismatch, if there is one).
+    next_.invalid.push_back(id);
+    return false;
+  }
+  mine_[id] = request;
+  next_.hits.push_back(id);
+  return true;
+}
+
+bool PeerAgreement::Matches(const Response& c, const Request& r) const {
+  if (c.kind != ResponseKind::kOp || c.op_type != r.op_type || c.dtype != r.dtype ||
+      c.on_device != (r.device != 0) || !c.joined_ranks.empty()) {
+    return false;
+  }
+  std::vector<int32_t> members;
+  if (!sets_->Members(r.process_set_id, &members)) return false;
+  const auto me = std::find(members.begin(), members.end(), rank_);
+  if (me == members.end()) return false;
+  const size_t index = static_cast<size_t>(me - members.begin());
+  const size_t n = members.size();
+  switch (r.op_type) {
+    case OpType::kAllreduce:
+    case OpType::kReducescatter:
+      return c.reduce_op == r.reduce_op && c.prescale_factor == r.prescale_factor &&
+             c.postscale_factor == r.postscale_factor && c.shape == r.shape;
+    case OpType::kBroadcast:
+      return c.root_rank == r.root_rank && c.shape == r.shape;
+    case OpType::kAllgather:
+      return !r.shape.empty() && c.member_dims.size() == n && c.member_dims[index] == r.shape[0] &&
+             Trailing(c.shape) == Trailing(r.shape) && c.shape.size() == r.shape.size();
+    case OpType::kAlltoall: {
+      if (r.shape.empty() || c.member_dims.size() != n * n || c.shape.size() != r.shape.size() ||
+          Trailing(c.shape) != Trailing(r.shape)) {
+        return false;
+      }
+      const int64_t rows = r.shape[0];
+      for (size_t j = 0; j < n; ++j) {
+        const int64_t want = r.splits.empty() ? rows / static_cast<int64_t>(n) : r.splits[j];
+        if (r.splits.size() != 0 && r.splits.size() != n) return false;
+        if (c.member_dims[index * n + j] != want) return false;
+      }
+      return r.splits.empty() ? rows % static_cast<int64_t>(n) == 0 : true;
+    }
+    default:
+      return false;
+  }
+}
+
+Status PeerAgreement::Receive(int peer, const std::string& payload) {
+  RoundMessage m;
+  HORO_RETURN_IF_ERROR(ParseRoundMessage(payload, &m));
+  if (peer < 0 || peer >= size_ || peer == rank_ || m.round <= round_done_ || inbox_[m.round].count(peer)) {
+    return Status::Internal("round message " + std::to_string(m.round) + " from rank " + std::to_string(peer) +
+                            " is out of step (rank " + std::to_string(rank_) + " completed round " +
+                            std::to_string(round_done_) + ")");
+  }
+  inbox_[m.round][peer] = std::move(m);
+  return Status::OK();
+}
+
+bool PeerAgreement::NextMessage(std::string* payload) {
+  const int64_t k = round_done_ + 1;
+  if (round_sent_ >= k) return false;
+  auto asked = inbox_.find(k);
+  if (next_.empty() && asked == inbox_.end()) return false;
+  next_.round = k;
+  *payload = SerializeRoundMessage(next_);
+  inbox_[k][rank_] = std::move(next_);
+  next_ = RoundMessage();
+  round_sent_ = k;
+  return true;
+}
+
+bool PeerAgreement::RoundReady(int64_t* round) const {
+  if (round_sent_ <= round_done_) return false;
+  auto it = inbox_.find(round_done_ + 1);
+  if (it == inbox_.end() || static_cast<int>(it->second.size()) < size_) return false;
+  *round = it->first;
+  return true;
+}
+
+void PeerAgreement::CompleteRound(std::vector<FusedResponse>* run) {
+  run->clear();
+  const int64_t k = ++round_done_;
+  std::map<int, RoundMessage> messages = std::move(inbox_[k]);
+  inbox_.erase(k);
+  for (const auto& kv : messages) {
+    for (int64_t id : kv.second.invalid) {
+      cache_->Forget(id);
+      Drop(id);
+    }
+  }
+  for (const auto& kv : messages) {
+    for (int32_t set : kv.second.joined_sets) joining_.insert(set);
+  }
+  if (!joining_.empty()) {
+    std::vector<int64_t> stopped;
+    for (const auto& a : announced_) {
+      const Response* c = cache_->Get(a.first);
+      if (c == nullptr || joining_.count(c->process_set_id)) stopped.push_back(a.first);
+    }
+    for (int64_t id : stopped) Drop(id);
+  }
+  const auto now = std::chrono::steady_clock::now();
+  for (const auto& kv : messages) {
+    for (int64_t id : kv.second.hits) {
+      const Response* c = cache_->Get(id);
+      if (c == nullptr || joining_.count(c->process_set_id)) {
+        if (kv.first == rank_) Drop(id);
+        continue;
+      }
+      Announced& a = announced_[id];
+      if (a.ranks.empty()) a.since = now;
+      a.ranks.insert(kv.first);
+    }
+  }
+  // Ready: every member announced. Ids only grow, so id order is first-negotiated order.
+  std::vector<int64_t> ready;
+  std::vector<int64_t> orphaned;
+  for (const auto& a : announced_) {
+    std::vector<int32_t> members;
+    if (!sets_->Members(cache_->Get(a.first)->process_set_id, &members)) {
+      orphaned.push_back(a.first);
+      continue;
+    }
+    bool all = true;
+    for (int32_t m : members) all = all && a.second.ranks.count(m) > 0;
+    if (all) ready.push_back(a.first);
+  }
+  for (int64_t id : orphaned) Drop(id);
+  int64_t group_bytes = 0;
+  for (int64_t id : ready) {
+    cache_->Touch(id);
+    const Response& r = *cache_->Get(id);
+    const int64_t bytes = r.NumElements() * static_cast<int64_t>(DataTypeSize(r.dtype));
+    if (!run->empty() && Fusable(run->back().front(), r) && group_bytes + bytes <= fusion_threshold_bytes_) {
+      run->back().push_back(r);
+      group_bytes += bytes;
+    } else {
+      run->push_back({r});
+      group_bytes = bytes;
+    }
+    announced_.erase(id);
+    mine_.erase(id);
+    ++responses_run_;
+  }
+}
+
+void PeerAgreement::Drop(int64_t id) {
+  announced_.erase(id);
+  auto it = mine_.find(id);
+  if (it == mine_.end()) return;
+  fallbacks_.push_back(std::move(it->second));
+  mine_.erase(it);
+}
+
+void PeerAgreement::Forget(int64_t id) { Drop(id); }
+
+void PeerAgreement::JoinDone(int32_t process_set_id) { joining_.erase(process_set_id); }
+
+std::vector<Request> PeerAgreement::TakeFallbacks() {
+  std::vector<Request> out;
+  out.swap(fallbacks_);
+  return out;
+}
+
+std::vector<StalledTensor> PeerAgreement::Waiting() const {
+  std::vector<StalledTensor> out;
+  const auto now = std::chrono::steady_clock::now();
+  for (const auto& a : announced_) {
+    const Response* c = cache_->Get(a.first);
+    std::vector<int32_t> members;
+    if (c == nullptr || !sets_->Members(c->process_set_id, &members)) continue;
+    StalledTensor t;
+    t.process_set_id = c->process_set_id;
+    t.name = c->name;
+    t.waited_seconds = std::chrono::duration<double>(now - a.second.since).count();
+    for (int32_t m : members) {
+      if (!a.second.ranks.count(m)) t.missing_ranks.push_back(m);
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+}  // namespace horo

@@ -1,0 +1,117 @@
+// PeerAgreement: steady-state steps without the coordinator.
+//
+// Once a tensor has been negotiated, every rank holds its response under the same cache id
+// (response_cache.h). When a rank submits that tensor again with the same parameters, it sends the
+// coordinator no request: it announces the id to every peer in a numbered round message, and every
+// rank runs the cached responses that all members of their process set have announced. Rank 0
+// takes part like any other rank; nothing is validated, built or sent by the coordinator.
+//
+// Rounds keep the order alike on every rank. A rank sends its message for round k once it has
+// completed round k - 1 and it has news, or once a peer's message for round k arrived (it must
+// answer, if need be with an empty message). Round k completes when a rank holds the message of
+// every rank, and then every rank takes the same steps on the same inputs:
+//   1. the coordinator's response lists made right after round k - 1 (ResponseList::after_round),
+//      which the runtime applies before calling CompleteRound;
+//   2. invalidations: a rank that submitted a cached name with other parameters (a new shape, say)
+//      names the id, sends the coordinator the full request, and every rank forgets the id; joins:
+//      a rank that joined a process set stops cached steps in it until the join completes;
+//   3. announcements of ids still cached; the ids that every member has announced run, in id order,
+//      fused as the coordinator fuses.
+// An id this rank announced that is forgotten before it runs (evicted by the coordinator, dropped in
+// step 2, its set being joined or removed) becomes a full request to the coordinator instead, so
+// nothing waits forever. Everything else (first steps, changed tensors, grouped tensors, barriers,
+// joins, process-set changes, shutdown) goes through the coordinator as before; rank 0 sees every
+// announcement and reports cached tensors that some members never announce as stalls.
+//
+// Needs a control channel between every pair of ranks (Transport::ControlToEveryPeer). Not
+// thread-safe: used by whichever thread runs the runtime's pass.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "coordinator/process_set_table.h"
+#include "coordinator/request.h"
+#include "coordinator/response.h"
+#include "coordinator/response_cache.h"
+#include "coordinator/stall_inspector.h"
+
+namespace horo {
+
+struct RoundMessage {
+  int64_t round = 0;
+  std::vector<int64_t> hits;         // cached ids this rank submitted since its last message
+  std::vector<int64_t> invalid;      // cached ids whose names this rank submitted with other parameters
+  std::vector<int32_t> joined_sets;  // process sets this rank joined
+
+  bool empty() const { return hits.empty() && invalid.empty() && joined_sets.empty(); }
+};
+
+// Round messages share the control plane with request and response lists, whose first byte is 0
+// or 1; theirs is 'R'.
+bool IsRoundMessage(const std::string& payload);
+std::string SerializeRoundMessage(const RoundMessage& message);
+Status ParseRoundMessage(const std::string& bytes, RoundMessage* out);
+
+class PeerAgreement {
+ public:
+  PeerAgreement(int rank, int size, ResponseCache* cache, ProcessSetTable* sets, int64_t fusion_threshold_bytes);
+
+  // A request taken from the tensor queue: true when it is announced (a cached step), false when it
+  // goes to the coordinator (perhaps with an invalidation or a join announced).
+  bool Offer(const Request& request);
+  // A peer's round message.
+  Status Receive(int peer, const std::string& payload);
+  // The message this rank must send to every peer now, if any.
+  bool NextMessage(std::string* payload);
+  // True when the next round has every rank's message; *round is its number. The runtime then
+  // applies the coordinator's lists made before it and calls CompleteRound.
+  bool RoundReady(int64_t* round) const;
+  // Completes that round: *run receives the fused responses every rank runs now, in order.
+  void CompleteRound(std::vector<FusedResponse>* run);
+
+  // The coordinator's list evicted id (already gone from the cache).
+  void Forget(int64_t id);
+  // A join of the process set completed: cached steps in it resume.
+  void JoinDone(int32_t process_set_id);
+  // Requests of this rank that must go to the coordinator after all (see above).
+  std::vector<Request> TakeFallbacks();
+  // Cached tensors announced by some members only, for the stall inspector.
+  std::vector<StalledTensor> Waiting() const;
+
+  bool mid_round() const { return round_sent_ > round_done_; }
+  int64_t round_done() const { return round_done_; }
+  int64_t responses_run() const { return responses_run_; }
+
+ private:
+  struct Announced {
+    std::set<int32_t> ranks;
+    std::chrono::steady_clock::time_point since;
+  };
+  // Whether this rank's request asks for exactly what the cached response does.
+  bool Matches(const Response& cached, const Request& request) const;
+  // Stops waiting for id; this rank's announcement of it, if any, becomes a fallback.
+  void Drop(int64_t id);
+
+  int rank_;
+  int size_;
+  ResponseCache* cache_;
+  ProcessSetTable* sets_;
+  int64_t fusion_threshold_bytes_;
+  int64_t round_sent_ = 0;  // the last round this rank sent its message for
+  int64_t round_done_ = 0;  // the last round completed
+  RoundMessage next_;       // news for the next message
+  std::map<int64_t, std::map<int, RoundMessage>> inbox_;  // round -> rank -> message
+  std::map<int64_t, Request> mine_;                       // ids this rank announced, not yet run
+  std::map<int64_t, Announced> announced_;                // every rank's announcements, not yet run
+  std::set<int32_t> joining_;                             // sets with a join in progress
+  std::vector<Request> fallbacks_;
+  int64_t responses_run_ = 0;
+};
+
+}  // namespace horo

@@ -1,0 +1,280 @@
+"""Steady-state steps without the coordinator (HORO_COORDINATOR_FREE, coordinator/peer_agreement.h):
+a tensor submitted again with the same parameters is agreed between the ranks by announcing its
+cache id to every peer, and rank 0 negotiates nothing. Every collective must give the exact values
+it gives through the coordinator, changed tensors must be renegotiated (or named as a mismatch on
+every rank), and evictions, joins, process sets, out-of-order submission and stalls must neither
+hang nor change a result. Loopback ranks (threads) here, plus one job of real processes over shared
+memory."""
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import horo_runner
+from horo_core import numpy_ops as ops
+from horo_core._binding import lib
+from horo_core.errors import HoroMismatchError, HoroShutdownError
+from horo_core.runtime import TensorSpec
+from loopback_world import World
+
+STEPS = 12
+
+
+def _step_values(rt, step):
+    """One step of every cacheable collective (the same names and parameters every step); returns
+    the results, which the caller compares with _expected."""
+    r, n = rt.rank, rt.size
+    out = {}
+    out["sum"] = ops.allreduce(rt, np.full(5, r + 1.0 + step, np.float32), "sum")
+    out["avg"] = ops.allreduce(rt, np.full(3, 2.0 * (r + step), np.float64), "avg", op=lib.HORO_OP_AVERAGE,
+                               postscale_factor=0.5)
+    out["max"] = ops.allreduce(rt, np.full(2, r * 10 + step, np.int32), "max", op=lib.HORO_OP_MAX)
+    out["gather"] = ops.allgather(rt, np.full((r + 1, 2), r + step, np.int64), "gather")
+    out["bcast"] = ops.broadcast(rt, np.full(4, 100.0 * r + step, np.float32), n - 1, "bcast")
+    splits = [(r + j) % 2 + 1 for j in range(n)]
+    rows = np.repeat(np.arange(n, dtype=np.float32) + 10 * r + step, splits)
+    out["a2a"], out["a2a.splits"] = ops.alltoall(rt, rows, "a2a", splits=splits)
+    out["rs"] = ops.reducescatter(rt, np.full((2 * n, 3), r + 1.0 + step, np.float32), "rs")
+    out["group"] = ops.grouped_allreduce(rt, [np.full(2, r + step, np.float32), np.full(3, 2 * r, np.float32)],
+                                         ["g0", "g1"])
+    return out
+
+
+def _expected(n, rank, step):
+    ranks = np.arange(n)
+    want = {
+        "sum": np.full(5, ranks.sum() + n * (1.0 + step), np.float32),
+        "avg": np.full(3, 2.0 * (ranks.mean() + step) * 0.5),
+        "max": np.full(2, (n - 1) * 10 + step, np.int32),
+        "gather": np.concatenate([np.full((q + 1, 2), q + step, np.int64) for q in ranks]),
+        "bcast": np.full(4, 100.0 * (n - 1) + step, np.float32),
+        "rs": np.full((2, 3), ranks.sum() + n * (1.0 + step), np.float32),
+        "g0": np.full(2, ranks.sum() + n * step, np.float32),
+        "g1": np.full(3, 2 * ranks.sum(), np.float32),
+    }
+    # alltoall: rank q sends (q + rank) % 2 + 1 rows of value rank + 10 q + step to this rank.
+    received = [(q + rank) % 2 + 1 for q in ranks]
+    want["a2a"] = np.concatenate([np.full(c, rank + 10.0 * q + step, np.float32) for q, c in zip(ranks, received)])
+    want["a2a.splits"] = received
+    return want
+
+
+def _check_step(out, n, rank, step):
+    want = _expected(n, rank, step)
+    for key in ("sum", "avg", "max", "gather", "bcast", "rs", "a2a"):
+        np.testing.assert_array_equal(out[key], want[key], err_msg=f"{key}, rank {rank}, step {step}")
+    assert list(out["a2a.splits"]) == want["a2a.splits"]
+    np.testing.assert_array_equal(out["group"][0], want["g0"])
+    np.testing.assert_array_equal(out["group"][1], want["g1"])
+
+
+@pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.parametrize("enabled", ["1", "0"])
+def test_repeated_steps_are_agreed_between_ranks_with_exact_values(size, enabled):
+    with World(size, rank_env=lambda r: {"HORO_COORDINATOR_FREE": enabled}) as world:
+        per_rank = world.run(lambda rt: [_step_values(rt, s) for s in range(STEPS)])
+        stats = [rt.stats() for rt in world.runtimes]
+    for rank, outs in enumerate(per_rank):
+        for step, out in enumerate(outs):
+            _check_step(out, size, rank, step)
+    tensors = 9  # per step: sum, avg, max, gather, bcast, a2a, rs, and the group g0 + g1
+    for st in stats:
+        assert st.responses_agreed_by_peers + st.responses_from_coordinator == tensors * STEPS, st
+        if enabled == "1":
+            # Only the first step went through the coordinator, and the group every step.
+            assert st.responses_from_coordinator == tensors + 2 * (STEPS - 1), st
+        else:
+            assert st.responses_agreed_by_peers == 0, st
+
+
+def test_shape_changed_on_one_rank_is_a_mismatch_on_every_rank_and_the_name_recovers():
+    with World(3) as world:
+        def body(rt):
+            for _ in range(3):
+                ops.allreduce(rt, np.ones(4, np.float32), "w")
+            shape = 5 if rt.rank == 1 else 4
+            try:
+                ops.allreduce(rt, np.ones(shape, np.float32), "w")
+                message = None
+            except HoroMismatchError as exc:
+                message = str(exc)
+            again = [ops.allreduce(rt, np.full(4, rt.rank + 1.0, np.float32), "w") for _ in range(3)]
+            return message, again, rt.stats()
+
+        results = world.run(body)
+    for message, again, st in results:
+        assert message is not None and "Mismatched shapes" in message and "rank 1 has [5]" in message, message
+        for out in again:
+            np.testing.assert_array_equal(out, np.full(4, 6.0, np.float32))
+        assert st.responses_agreed_by_peers >= 4, st  # steps 2-3, then the renegotiated name again
+
+
+def test_shape_changed_on_every_rank_is_renegotiated():
+    with World(2) as world:
+        def body(rt):
+            outs = []
+            for count in (3, 3, 3, 7, 7, 7, 3, 3):
+                outs.append(ops.allreduce(rt, np.full(count, rt.rank + 1.0, np.float32), "grows"))
+            return outs, rt.stats()
+
+        results = world.run(body)
+    for outs, st in results:
+        assert [o.shape[0] for o in outs] == [3, 3, 3, 7, 7, 7, 3, 3]
+        assert all(np.all(o == 3.0) for o in outs)
+        # Each change went to the coordinator once; the repeats after it did not.
+        assert st.responses_from_coordinator == 3 and st.responses_agreed_by_peers == 5, st
+
+
+def test_out_of_order_submission_with_a_tiny_cache_keeps_every_value(monkeypatch):
+    """Eight tensors in flight at once, submitted in a different order on every rank, with a cache
+    of three entries: announced ids are evicted under the ranks' feet and must fall back to the
+    coordinator; fusion and ordering must still pair every tensor with itself."""
+    monkeypatch.setenv("HORO_CACHE_CAPACITY", "3")
+    names = [f"t{i}" for i in range(8)]
+    with World(3) as world:
+        def body(rt):
+            rng = np.random.default_rng(rt.rank)
+            results = []
+            for step in range(10):
+                order = rng.permutation(len(names))
+                arrays, outs, handles = [], {}, []
+                for i in order:
+                    a = np.full(i + 1, 100.0 * step + i + rt.rank, np.float64)
+                    o = np.empty_like(a)
+                    arrays.append(a)
+                    outs[i] = o
+                    spec = TensorSpec(names[i], a.ctypes.data, o.ctypes.data, lib.HORO_FLOAT64, a.shape)
+                    handles.extend(rt.enqueue(lib.HORO_ALLREDUCE, [spec]))
+                for h in handles:
+                    rt.wait_release(h)
+                results.append(outs)
+            return results, rt.stats()
+
+        per_rank = world.run(body)
+    for results, st in per_rank:
+        for step, outs in enumerate(results):
+            for i, out in outs.items():
+                np.testing.assert_array_equal(out, np.full(i + 1, 3 * (100.0 * step + i) + 3.0))
+        assert st.responses_agreed_by_peers + st.responses_from_coordinator == 80, st
+
+
+def test_join_stops_cached_steps_until_every_rank_joined():
+    with World(3) as world:
+        def body(rt):
+            before = [ops.allreduce(rt, np.full(2, rt.rank + 1.0, np.float32), "j") for _ in range(3)]
+            during = []
+            if rt.rank == 2:
+                last = ops.join(rt)
+            else:
+                during = [ops.allreduce(rt, np.full(2, rt.rank + 1.0, np.float32), "j") for _ in range(3)]
+                last = ops.join(rt)
+            after = [ops.allreduce(rt, np.full(2, rt.rank + 1.0, np.float32), "j") for _ in range(3)]
+            return before, during, after, last, rt.stats()
+
+        results = world.run(body)
+    assert len({r[3] for r in results}) == 1
+    for rank, (before, during, after, _, st) in enumerate(results):
+        assert all(np.all(o == 6.0) for o in before + after)
+        assert all(np.all(o == 3.0) for o in during), during  # rank 2 joined: it adds zeros
+        assert st.responses_agreed_by_peers >= 4, st  # steps 2-3 before, and after the join
+
+
+def test_cached_steps_in_a_process_set_while_a_non_member_idles():
+    with World(3) as world:
+        set_id = world.run(lambda rt: rt.add_process_set([0, 1]))[0]
+
+        def body(rt):
+            outs = []
+            if rt.rank < 2:
+                outs = [ops.allreduce(rt, np.full(3, rt.rank + 1.0, np.float32), "pair", process_set_id=set_id)
+                        for _ in range(10)]
+            else:
+                time.sleep(0.2)  # answers the pair's rounds from its background thread meanwhile
+            outs.append(ops.allreduce(rt, np.ones(1, np.float32), "all"))
+            return outs, rt.stats()
+
+        results = world.run(body)
+    for rank, (outs, st) in enumerate(results):
+        if rank < 2:
+            assert all(np.all(o == 3.0) for o in outs[:-1])
+            assert st.responses_agreed_by_peers == 9, st
+        assert np.all(outs[-1] == 3.0)
+
+
+def test_rank_that_skips_a_cached_tensor_is_reported_then_shut_down(monkeypatch, capfd):
+    monkeypatch.setenv("HORO_STALL_CHECK_TIME_SECONDS", "0.2")
+    monkeypatch.setenv("HORO_STALL_SHUTDOWN_TIME_SECONDS", "0.8")
+    release = threading.Event()
+    failed = []
+
+    def body(rt):
+        for _ in range(3):
+            ops.allreduce(rt, np.ones(2, np.float32), "every.step")
+        if rt.rank == 2:
+            release.wait(20)  # never submits the fourth step
+            return None
+        try:
+            return ops.allreduce(rt, np.ones(2, np.float32), "every.step")
+        finally:
+            failed.append(rt.rank)
+            if len(failed) == 2:
+                release.set()
+
+    with World(3) as world:
+        _, errors = world.run_collecting(body)
+    for rank in (0, 1):
+        assert isinstance(errors[rank], HoroShutdownError), repr(errors[rank])
+        assert "rank 2: [every.step]" in str(errors[rank]), str(errors[rank])
+    assert "Missing ranks" in capfd.readouterr().err
+
+
+def _job(steps):
+    """A job of real processes: every cacheable collective for several steps; returns the checks'
+    failures and this rank's response counts."""
+    from horo_core import basics
+
+    basics.init()
+    rt = basics.runtime()
+    failures = []
+    try:
+        for step in range(steps):
+            try:
+                _check_step(_step_values(rt, step), rt.size, rt.rank, step)
+            except AssertionError as exc:
+                failures.append(str(exc)[:300])
+        st = rt.stats()
+        return failures, st.responses_agreed_by_peers, st.responses_from_coordinator
+    finally:
+        basics.shutdown()
+
+
+@pytest.mark.parametrize("enabled", ["1", "0"])
+def test_processes_over_shared_memory_agree_between_ranks(enabled):
+    results = horo_runner.run(_job, args=(STEPS,), np=3, env={"HORO_COORDINATOR_FREE": enabled})
+    for failures, agreed, from_coordinator in results:
+        assert failures == []
+        assert agreed + from_coordinator == 9 * STEPS
+        assert agreed == (7 * (STEPS - 1) if enabled == "1" else 0), (agreed, from_coordinator)
+
+
+def test_names_used_alone_then_in_a_group_with_a_changed_member():
+    """A group must reach the coordinator whole: once u0 and u1 (cached alone) are submitted as a
+    group in which only u0 changed, announcing u1 as a cached step would leave the coordinator
+    waiting for the group's second member forever."""
+    with World(3) as world:
+        def body(rt):
+            outs = []
+            for _ in range(3):
+                outs.append(ops.allreduce(rt, np.full(4, rt.rank + 1.0, np.float32), "u0"))
+                outs.append(ops.allreduce(rt, np.full(2, rt.rank + 1.0, np.float32), "u1"))
+            for _ in range(3):
+                outs.extend(ops.grouped_allreduce(rt, [np.full(3, rt.rank + 1.0, np.float32),
+                                                       np.full(2, rt.rank + 1.0, np.float32)], ["u0", "u1"]))
+            for _ in range(2):
+                outs.append(ops.allreduce(rt, np.full(2, rt.rank + 1.0, np.float32), "u1"))
+            return outs
+
+        for outs in world.run(body, timeout=60):
+            assert [o.shape[0] for o in outs] == [4, 2] * 3 + [3, 2] * 3 + [2, 2]
+            assert all(np.all(o == 6.0) for o in outs)

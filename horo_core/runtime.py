@@ -7,6 +7,7 @@ reads results back. All blocking calls release the GIL (cffi does so around ever
 import dataclasses
 import os
 import threading
+import time
 from typing import List, Optional, Sequence, Tuple
 
 from horo_core._binding import check, ffi, last_error, lib
@@ -41,6 +42,31 @@ def _cached(cache, key, value):
         cache.clear()
     cache[key] = value
     return value
+
+
+class PreparedRun:
+    """The C description of one synchronous host operation (Runtime.run_prepared): a tensor's name,
+    dtype and shape and the operation's options, made once and reused every step. Not tied to a
+    runtime."""
+
+    __slots__ = ("op_type", "tensor", "options", "_keep")
+
+    def __init__(self, op_type, tensor, options, keep):
+        self.op_type, self.tensor, self.options, self._keep = op_type, tensor, options, keep
+
+
+def prepare_run(op_type, name, dtype, shape, process_set_id=0, reduce_op=None, prescale_factor=1.0,
+                postscale_factor=1.0, root_rank=0) -> PreparedRun:
+    """Describes a synchronous operation on one host tensor for Runtime.run_prepared."""
+    c_name = ffi.new("char[]", name.encode())
+    c_shape = ffi.new("int64_t[]", list(shape) or [0])
+    t = ffi.new("horo_tensor_t*")
+    t.name = c_name
+    t.dtype = dtype
+    t.ndim = len(shape)
+    t.shape = c_shape
+    options = Runtime._options(process_set_id, reduce_op, prescale_factor, postscale_factor, root_rank, True)
+    return PreparedRun(op_type, t, options, (c_name, c_shape))
 
 
 class _CallGuard:
@@ -161,10 +187,12 @@ class Runtime:
         self._calls_lock = threading.Lock()
         self._calls_done = threading.Condition(self._calls_lock)
         self._use_guard = _CallGuard(self)
+        self._active = []  # calls through run_prepared in progress (see there)
         # Steady-state steps repeat the same names, shapes and options: their C copies are kept.
         self._c_names = {}
         self._c_shapes = {}
         self._c_options = {}
+        self._prepared = {}
 
     def _use(self):
         """A context manager giving the C runtime pointer for one call; refused (HoroShutdownError)
@@ -204,6 +232,8 @@ class Runtime:
         lib.horo_runtime_shutdown(rt)
         with self._calls_done:
             self._calls_done.wait_for(lambda: self._calls == 0)
+        while self._active:  # shut down, they return promptly
+            time.sleep(0.001)
         lib.horo_runtime_destroy(rt)
 
     # Operations ---------------------------------------------------------------------------------
@@ -285,27 +315,28 @@ class Runtime:
         """Runs one operation on a host tensor whose output the caller gave, and waits for it, in one
         call into the core (horo_run; the waiting thread runs the negotiation). The synchronous fast
         path of the framework adapters. Raises the operation's error."""
-        key = (process_set_id, reduce_op, prescale_factor, postscale_factor, root_rank, True)
-        opts = self._c_options.get(key)
-        if opts is None:
-            opts = _cached(self._c_options, key, self._options(*key))
-        c_name = self._c_names.get(name)
-        if c_name is None:
-            c_name = _cached(self._c_names, name, ffi.new("char[]", name.encode()))
-        c_shape = self._c_shapes.get(shape)
-        if c_shape is None:
-            c_shape = _cached(self._c_shapes, shape, ffi.new("int64_t[]", list(shape) or [0]))
-        t = ffi.new("horo_tensor_t*")
-        t.name = c_name
-        t.input = ffi.cast("void*", input_ptr)
-        t.output = ffi.cast("void*", output_ptr)
-        t.dtype = dtype
-        t.ndim = len(shape)
-        t.shape = c_shape
-        with self._use() as rt:
-            status = lib.horo_run(rt, op_type, t, 1, opts)
-            message = last_error() if status != lib.HORO_OK else ""
-        check(status, message)
+        key = (op_type, name, dtype, shape, process_set_id, reduce_op, prescale_factor, postscale_factor, root_rank)
+        prepared = self._prepared.get(key)
+        if prepared is None:
+            prepared = _cached(self._prepared, key, prepare_run(*key))
+        self.run_prepared(prepared, input_ptr, output_ptr)
+
+    def run_prepared(self, prepared, input_ptr, output_ptr):
+        """run() of a description made once by prepare_run(): per call, only the two addresses
+        cross into the core (horo_run_at)."""
+        # Counted in _active (list appends and pops are atomic) rather than under _calls_lock: this
+        # is the per-step path, and destroy() waits for both counts.
+        active = self._active
+        active.append(None)
+        try:
+            rt = self._rt
+            if rt is None:
+                check(lib.HORO_ERR_SHUT_DOWN)
+            status = lib.horo_run_at(rt, prepared.op_type, prepared.tensor, input_ptr, output_ptr, prepared.options)
+            if status != lib.HORO_OK:
+                check(status, last_error())
+        finally:
+            active.pop()
 
     def poll(self, handle) -> bool:
         done = ffi.new("int32_t*")

@@ -18,7 +18,7 @@ from horo_core._binding import lib
 from horo_core.errors import HoroInvalidArgument
 from horo_core.process_sets import global_process_set
 from horo_core.reduce_ops import Adasum, Average, Max, Min, Product, Sum, resolve_op  # noqa: F401 (re-exported)
-from horo_core.runtime import TensorSpec
+from horo_core.runtime import TensorSpec, prepare_run
 from horo_torch import device
 from horo_torch.compression import Compression
 
@@ -90,18 +90,39 @@ def _now(start, *args):
     return synchronize(handle)
 
 
-def _run_host(op_type, kind, name, tensor, output, process_set, **options):
+# Named synchronous host calls repeat every step with the same tensor description: the core's
+# description of each (name, set, options, dtype, shape) is made once (Runtime.run_prepared).
+_prepared_runs = {}
+_PREPARED_RUNS_LIMIT = 4096
+
+
+def _run_host(op_type, kind, name, tensor, output, process_set, reduce_op=None, prescale_factor=1.0,
+              postscale_factor=1.0, root_rank=0):
     """The synchronous fast path for one contiguous host tensor whose output is given: a single call
     into the core enqueues, runs the negotiation in this thread and waits. Returns output."""
-    set_id = _process_set_id(process_set)
-    base = _op_name(kind, name, set_id)
-    basics.runtime().run(op_type, base, tensor.data_ptr(), output.data_ptr(), _dtype_code(tensor, base),
-                         tuple(tensor.shape), set_id, **options)
+    set_id = process_set.process_set_id
+    runtime = basics.runtime()
+    if name is None or set_id is None:  # auto-named: a new name every call, nothing to reuse
+        set_id = _process_set_id(process_set)
+        base = _op_name(kind, name, set_id)
+        runtime.run(op_type, base, tensor.data_ptr(), output.data_ptr(), _dtype_code(tensor, base),
+                    tuple(tensor.shape), set_id, reduce_op, prescale_factor, postscale_factor, root_rank)
+        return output
+    key = (op_type, name, set_id, reduce_op, prescale_factor, postscale_factor, root_rank, tensor.dtype, tensor.shape)
+    prepared = _prepared_runs.get(key)
+    if prepared is None:
+        base = _op_name(kind, name, set_id)
+        prepared = prepare_run(op_type, base, _dtype_code(tensor, base), tuple(tensor.shape), set_id, reduce_op,
+                               prescale_factor, postscale_factor, root_rank)
+        if len(_prepared_runs) >= _PREPARED_RUNS_LIMIT:
+            _prepared_runs.clear()
+        _prepared_runs[key] = prepared
+    runtime.run_prepared(prepared, tensor.data_ptr(), output.data_ptr())
     return output
 
 
 def _is_host_dense(tensor):
-    return tensor.device.type == "cpu" and tensor.is_contiguous()
+    return tensor.is_cpu and tensor.is_contiguous()
 
 
 def _register(runtime, core_handles, keep, finish, staging=None, needs_result=True):

@@ -227,6 +227,13 @@ horo_status_t horo_enqueue(horo_runtime_t* rt, int32_t op_type, const horo_tenso
 horo_status_t horo_run(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t* tensors, int32_t count,
                        const horo_op_options_t* options);
 
+/* horo_run of one tensor described by tensor (kept by the caller and reused call after call), whose
+ * input and output pointers are given as addresses instead: a binding then prepares the
+ * description once per tensor and passes two integers per call. tensor->input and ->output are
+ * ignored. */
+horo_status_t horo_run_at(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t* tensor, uintptr_t input,
+                          uintptr_t output, const horo_op_options_t* options);
+
 horo_status_t horo_poll(horo_runtime_t* rt, horo_handle_t handle, int32_t* done);
 /* Blocks until the handle completes or timeout_seconds pass (< 0: no limit); meanwhile the calling
  * thread may run the negotiation and the collective itself (HORO_CALLER_PROGRESS).

@@ -396,8 +396,10 @@ horo_status_t horo_run(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t*
                                                horo::OpTypeName(op));
   }
   const int32_t handle_count = op == horo::OpType::kBarrier || op == horo::OpType::kJoin ? 1 : std::max(count, 1);
-  std::vector<horo_handle_t> handles(handle_count);
-  horo::Status st = rt->impl->Enqueue(op, tensors, count, run_options, handles.data());
+  horo_handle_t one = 0;
+  std::vector<horo_handle_t> many(handle_count > 1 ? handle_count : 0);
+  horo_handle_t* handles = handle_count > 1 ? many.data() : &one;
+  horo::Status st = rt->impl->Enqueue(op, tensors, count, run_options, handles);
   if (!st.ok()) return SetError(st);
   horo::Status first;
   for (int32_t i = 0; i < handle_count; ++i) {
@@ -407,6 +409,15 @@ horo_status_t horo_run(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t*
   }
   return SetError(first);
   HORO_API_END();
+}
+
+horo_status_t horo_run_at(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t* tensor, uintptr_t input,
+                          uintptr_t output, const horo_op_options_t* options) {
+  if (tensor == nullptr) return Fail(HORO_ERR_INVALID_ARGUMENT, "null tensor");
+  horo_tensor_t t = *tensor;
+  t.input = reinterpret_cast<const void*>(input);
+  t.output = reinterpret_cast<void*>(output);
+  return horo_run(rt, op_type, &t, 1, options);
 }
 
 horo_status_t horo_poll(horo_runtime_t* rt, horo_handle_t handle, int32_t* done) {

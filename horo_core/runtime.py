@@ -105,7 +105,8 @@ class Stats:
     the pass counts are negotiation rounds that moved something, run by callers waiting on a handle
     and by the background thread; the response counts are responses (one per tensor) this rank ran
     after the ranks agreed on a repeated tensor among themselves, and after the coordinator
-    negotiated it.
+    negotiated it; allreduce_from_announcements counts the small agreed allreduces whose data
+    came with the announcements and was reduced on each rank, with no data-plane step.
     """
     allreduce_recursive_doubling: int
     allreduce_ring: int
@@ -118,6 +119,7 @@ class Stats:
     passes_by_background: int
     responses_agreed_by_peers: int
     responses_from_coordinator: int
+    allreduce_from_announcements: int
 
 
 class LoopbackHub:

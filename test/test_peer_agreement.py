@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 import horo_runner
+from core_values import contribution, expected_allreduce, make, name, read, reduce_cases
+from horo_core import dtypes
 from horo_core import numpy_ops as ops
 from horo_core._binding import lib
 from horo_core.errors import HoroMismatchError, HoroShutdownError
@@ -278,3 +280,68 @@ def test_names_used_alone_then_in_a_group_with_a_changed_member():
         for outs in world.run(body, timeout=60):
             assert [o.shape[0] for o in outs] == [4, 2] * 3 + [3, 2] * 3 + [2, 2]
             assert all(np.all(o == 6.0) for o in outs)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_small_allreduces_travel_with_the_announcements_for_every_dtype_and_op(size):
+    """Small cached host allreduces are reduced by every rank from the contributions that came with
+    the announcements (no data-plane step): every dtype and op, scale factors, odd counts, a
+    tensor at the size limit and one just above it (which takes the data plane)."""
+    counts = [1, 7, 250]
+    cases = list(reduce_cases())
+
+    def body(rt):
+        failures = []
+        start = rt.stats()
+        for step in range(3):
+            for dtype, op_name, op in cases:
+                for count in counts:
+                    tag = f"eager.{name(dtype)}.{op_name}.{count}"
+                    out = ops.allreduce(rt, make(dtype, contribution(op_name, rt.rank, count)), tag, op=op, dtype=dtype)
+                    want = expected_allreduce(op_name, dtype, size, count)
+                    if not np.array_equal(read(dtype, out), want):
+                        failures.append(f"{tag} step {step}: got {read(dtype, out)[:4]}, want {want[:4]}")
+            # Scale factors, exact in binary; integers truncate.
+            for dtype in (dtypes.FLOAT16, dtypes.BFLOAT16, dtypes.FLOAT32, dtypes.INT32):
+                out = ops.allreduce(rt, make(dtype, contribution("sum", rt.rank, 9)), f"eager.scaled.{name(dtype)}",
+                                    prescale_factor=4.0, postscale_factor=0.125, dtype=dtype)
+                want = expected_allreduce("sum", dtype, size, 9) * 0.5
+                if dtype == dtypes.INT32:
+                    want = np.trunc(want)
+                if not np.array_equal(read(dtype, out), want):
+                    failures.append(f"scaled {name(dtype)}: got {read(dtype, out)}, want {want}")
+            # 4096 bytes go with the announcements, 4104 take the data plane.
+            for count in (1024, 1026):
+                out = ops.allreduce(rt, np.full(count, rt.rank + 1.0, np.float32), f"eager.edge.{count}")
+                if not np.all(out == size * (size + 1) / 2):
+                    failures.append(f"edge {count}: {out[:4]}")
+        end = rt.stats()
+        return failures, end.allreduce_from_announcements - start.allreduce_from_announcements
+
+    with World(size) as world:
+        results = world.run(body)
+    per_step = len(cases) * len(counts) + 4 + 1  # everything but the 4104-byte tensor
+    for failures, from_announcements in results:
+        assert failures == []
+        # The first step goes through the coordinator and the data plane.
+        assert from_announcements == 2 * per_step, from_announcements
+
+
+def test_announced_data_is_reduced_alike_on_every_rank():
+    """Random float32 values: the sum depends on the order of the additions, so every rank must
+    reduce the contributions in the same (member) order to get the same bytes."""
+    def body(rt):
+        rng = np.random.default_rng(rt.rank)
+        outs = []
+        for step in range(4):
+            values = (rng.standard_normal(300) * 10.0 ** rng.integers(-6, 6, 300)).astype(np.float32)
+            outs.append(ops.allreduce(rt, values, "random", op=lib.HORO_OP_AVERAGE))
+        return outs, rt.stats().allreduce_from_announcements
+
+    with World(3) as world:
+        results = world.run(body)
+    assert all(r[1] == 3 for r in results)
+    for step in range(4):
+        first = results[0][0][step]
+        for outs, _ in results[1:]:
+            assert outs[step].tobytes() == first.tobytes(), step

@@ -162,6 +162,8 @@ typedef struct horo_runtime_stats {
   int64_t responses_agreed_by_peers;     /* responses run after the ranks agreed on them without the
                                             coordinator (HORO_COORDINATOR_FREE: repeated tensors) ... */
   int64_t responses_from_coordinator;    /* ... and those the coordinator negotiated */
+  int64_t allreduce_from_announcements;  /* small host allreduces agreed between the ranks, whose data
+                                            came with the announcements and was reduced locally */
 } horo_runtime_stats_t;
 
 /* One setting of the configuration table. */

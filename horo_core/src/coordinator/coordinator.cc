@@ -109,6 +109,7 @@ Coordinator::Coordinator(const Config& config, int world_size, ProcessSetTable* 
                        config.stall_check_disable) {}
 
 void Coordinator::AddRequests(int rank, const RequestList& list) {
+  changed_ = true;
   if (list.shutdown) shutdown_requested_.insert(rank);
   if (!list.failure.empty()) failures_[rank] = list.failure;
   timeline_->Receive(rank, list.timeline);
@@ -121,7 +122,10 @@ void Coordinator::AddRequests(int rank, const RequestList& list) {
   }
 }
 
-void Coordinator::PeerLost(int rank) { lost_.push_back(rank); }
+void Coordinator::PeerLost(int rank) {
+  lost_.push_back(rank);
+  changed_ = true;
+}
 
 bool Coordinator::HasDeadRank() const {
   for (int32_t r : lost_) {
@@ -336,7 +340,9 @@ Response Coordinator::ConstructSetChange(const std::string& name, const Pending&
 }
 
 bool Coordinator::BuildResponses(ResponseList* out) {
-  if (shut_down_) return false;
+  // Nothing arrived since the last build that found nothing: it would find nothing again (most
+  // passes, once steady-state steps are agreed between the ranks).
+  if (shut_down_ || !changed_) return false;
   *out = ResponseList();
   // Groups are emitted only once every member is ready.
   std::map<std::pair<int32_t, std::string>, int> ready_in_group;
@@ -416,6 +422,9 @@ bool Coordinator::BuildResponses(ResponseList* out) {
   Fuse(std::move(parts), resolved, out);
 
   AppendShutdownIfDue(out);
+  // Tensors of a set removed in this round are answered in the next; a group still waiting for
+  // members needs new requests.
+  changed_ = !removed.empty();
   return !out->fused.empty() || !out->evicted_ids.empty();
 }
 
@@ -514,6 +523,7 @@ int Coordinator::CheckStalls(std::vector<StalledTensor> waiting) {
   std::string message;
   if (stall_inspector_.Inspect(waiting, &message)) {
     stall_shutdown_ = true;
+    changed_ = true;
     stall_message_ = message;
     HORO_LOG(kError, 0) << message;
   }

@@ -97,6 +97,7 @@ class Coordinator {
   bool stall_shutdown_ = false;
   std::string stall_message_;
   bool shut_down_ = false;
+  bool changed_ = false;  // requests, losses or a stall since BuildResponses last ran
 };
 
 }  // namespace horo

@@ -29,8 +29,10 @@ std::string SerializeRoundMessage(const RoundMessage& message) {
   w.U8(kRoundTag);
   w.I64(message.round);
   w.I64Vec(message.hits);
+  for (size_t i = 0; i < message.hits.size(); ++i) w.Str(i < message.data.size() ? message.data[i] : std::string());
   w.I64Vec(message.invalid);
   w.I32Vec(message.joined_sets);
+  w.I64Vec(message.join_numbers);
   return w.Take();
 }
 
@@ -40,8 +42,14 @@ Status ParseRoundMessage(const std::string& bytes, RoundMessage* out) {
   const uint8_t tag = rd.U8();
   m.round = rd.I64();
   m.hits = rd.I64Vec();
+  if (rd.ok()) {
+    m.data.resize(m.hits.size());
+    for (std::string& d : m.data) d = rd.Str();
+  }
   m.invalid = rd.I64Vec();
   m.joined_sets = rd.I32Vec();
+  m.join_numbers = rd.I64Vec();
+  if (m.join_numbers.size() != m.joined_sets.size()) return Status::Internal("malformed round message: joins");
   if (!rd.ok() || !rd.AtEnd() || tag != kRoundTag || m.round < 1) return Status::Internal("malformed round message");
   *out = std::move(m);
   return Status::OK();
@@ -55,6 +63,7 @@ bool PeerAgreement::Offer(const Request& request) {
   if (request.kind != RequestKind::kTensor) return false;
   if (request.op_type == OpType::kJoin) {
     next_.joined_sets.push_back(request.process_set_id);
+    next_.join_numbers.push_back(++my_joins_[request.process_set_id]);
     return false;
   }
   // Members of a group must reach the coordinator together (it emits a group once all are in), so
@@ -70,7 +79,22 @@ bool PeerAgreement::Offer(const Request& request) {
   }
   mine_[id] = request;
   next_.hits.push_back(id);
+  const int64_t eager = EagerBytes(*cache_->Get(id));
+  if (eager > 0 && request.input != nullptr && next_data_bytes_ + eager <= kEagerBytesPerMessage) {
+    next_.data.emplace_back(static_cast<const char*>(request.input), static_cast<size_t>(eager));
+    next_data_bytes_ += eager;
+  } else {
+    next_.data.emplace_back();  // on the data plane, for every rank (see CompleteRound)
+  }
   return true;
+}
+
+int64_t PeerAgreement::EagerBytes(const Response& r) {
+  if (r.kind != ResponseKind::kOp || r.op_type != OpType::kAllreduce || r.on_device || !r.joined_ranks.empty()) {
+    return 0;
+  }
+  const int64_t bytes = r.NumElements() * static_cast<int64_t>(DataTypeSize(r.dtype));
+  return bytes <= std::min(kEagerBytes, r.small_message_bytes) ? bytes : 0;
 }
 
 bool PeerAgreement::Matches(const Response& c, const Request& r) const {
@@ -133,6 +157,7 @@ bool PeerAgreement::NextMessage(std::string* payload) {
   *payload = SerializeRoundMessage(next_);
   inbox_[k][rank_] = std::move(next_);
   next_ = RoundMessage();
+  next_data_bytes_ = 0;
   round_sent_ = k;
   return true;
 }
@@ -145,7 +170,7 @@ bool PeerAgreement::RoundReady(int64_t* round) const {
   return true;
 }
 
-void PeerAgreement::CompleteRound(std::vector<FusedResponse>* run) {
+void PeerAgreement::CompleteRound(std::vector<AgreedStep>* run) {
   run->clear();
   const int64_t k = ++round_done_;
   std::map<int, RoundMessage> messages = std::move(inbox_[k]);
@@ -157,7 +182,10 @@ void PeerAgreement::CompleteRound(std::vector<FusedResponse>* run) {
     }
   }
   for (const auto& kv : messages) {
-    for (int32_t set : kv.second.joined_sets) joining_.insert(set);
+    for (size_t i = 0; i < kv.second.joined_sets.size(); ++i) {
+      const int32_t set = kv.second.joined_sets[i];
+      if (kv.second.join_numbers[i] > joins_done_[set]) joining_.insert(set);
+    }
   }
   if (!joining_.empty()) {
     std::vector<int64_t> stopped;
@@ -168,8 +196,9 @@ void PeerAgreement::CompleteRound(std::vector<FusedResponse>* run) {
     for (int64_t id : stopped) Drop(id);
   }
   const auto now = std::chrono::steady_clock::now();
-  for (const auto& kv : messages) {
-    for (int64_t id : kv.second.hits) {
+  for (auto& kv : messages) {
+    for (size_t i = 0; i < kv.second.hits.size(); ++i) {
+      const int64_t id = kv.second.hits[i];
       const Response* c = cache_->Get(id);
       if (c == nullptr || joining_.count(c->process_set_id)) {
         if (kv.first == rank_) Drop(id);
@@ -178,6 +207,7 @@ void PeerAgreement::CompleteRound(std::vector<FusedResponse>* run) {
       Announced& a = announced_[id];
       if (a.ranks.empty()) a.since = now;
       a.ranks.insert(kv.first);
+      if (i < kv.second.data.size() && !kv.second.data[i].empty()) a.data[kv.first] = std::move(kv.second.data[i]);
     }
   }
   // Ready: every member announced. Ids only grow, so id order is first-negotiated order.
@@ -195,16 +225,34 @@ void PeerAgreement::CompleteRound(std::vector<FusedResponse>* run) {
   }
   for (int64_t id : orphaned) Drop(id);
   int64_t group_bytes = 0;
+  bool fusing = false;  // run->back() is a fused response that may grow
   for (int64_t id : ready) {
     cache_->Touch(id);
     const Response& r = *cache_->Get(id);
+    Announced& a = announced_[id];
+    std::vector<int32_t> members;
+    sets_->Members(r.process_set_id, &members);
+    // Every member sent its bytes (all ranks see the same messages, so all decide alike).
+    const int64_t eager = EagerBytes(r);
+    bool with_data = eager > 0;
+    for (int32_t m : members) {
+      auto d = a.data.find(m);
+      with_data = with_data && d != a.data.end() && static_cast<int64_t>(d->second.size()) == eager;
+    }
     const int64_t bytes = r.NumElements() * static_cast<int64_t>(DataTypeSize(r.dtype));
-    if (!run->empty() && Fusable(run->back().front(), r) && group_bytes + bytes <= fusion_threshold_bytes_) {
-      run->back().push_back(r);
+    if (with_data) {
+      AgreedStep step;
+      step.fused.push_back(r);
+      for (int32_t m : members) step.contributions.push_back(std::move(a.data[m]));
+      run->push_back(std::move(step));
+      fusing = false;
+    } else if (fusing && Fusable(run->back().fused.front(), r) && group_bytes + bytes <= fusion_threshold_bytes_) {
+      run->back().fused.push_back(r);
       group_bytes += bytes;
     } else {
-      run->push_back({r});
+      run->push_back(AgreedStep{{r}, {}});
       group_bytes = bytes;
+      fusing = true;
     }
     announced_.erase(id);
     mine_.erase(id);
@@ -222,7 +270,10 @@ void PeerAgreement::Drop(int64_t id) {
 
 void PeerAgreement::Forget(int64_t id) { Drop(id); }
 
-void PeerAgreement::JoinDone(int32_t process_set_id) { joining_.erase(process_set_id); }
+void PeerAgreement::JoinDone(int32_t process_set_id) {
+  ++joins_done_[process_set_id];
+  joining_.erase(process_set_id);
+}
 
 std::vector<Request> PeerAgreement::TakeFallbacks() {
   std::vector<Request> out;

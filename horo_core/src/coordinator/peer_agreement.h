@@ -17,6 +17,10 @@
 //      a rank that joined a process set stops cached steps in it until the join completes;
 //   3. announcements of ids still cached; the ids that every member has announced run, in id order,
 //      fused as the coordinator fuses.
+// A small host allreduce (EagerBytes) travels with its data: each rank puts its input bytes in the
+// announcement, so once every member's announcement is in, every rank holds every contribution and
+// reduces them itself, in member order (the same arithmetic on every rank), with no data-plane
+// step at all.
 // An id this rank announced that is forgotten before it runs (evicted by the coordinator, dropped in
 // step 2, its set being joined or removed) becomes a full request to the coordinator instead, so
 // nothing waits forever. Everything else (first steps, changed tensors, grouped tensors, barriers,
@@ -46,8 +50,10 @@ namespace horo {
 struct RoundMessage {
   int64_t round = 0;
   std::vector<int64_t> hits;         // cached ids this rank submitted since its last message
+  std::vector<std::string> data;     // per hit: this rank's input bytes (small allreduce), or empty
   std::vector<int64_t> invalid;      // cached ids whose names this rank submitted with other parameters
-  std::vector<int32_t> joined_sets;  // process sets this rank joined
+  std::vector<int32_t> joined_sets;  // process sets this rank joined ...
+  std::vector<int64_t> join_numbers; // ... for the n-th time in that set
 
   bool empty() const { return hits.empty() && invalid.empty() && joined_sets.empty(); }
 };
@@ -58,8 +64,22 @@ bool IsRoundMessage(const std::string& payload);
 std::string SerializeRoundMessage(const RoundMessage& message);
 Status ParseRoundMessage(const std::string& bytes, RoundMessage* out);
 
+// One step every rank runs after a round: a fused response for the executor, or (contributions
+// not empty) one small allreduce whose every member's input bytes are here, in member order.
+struct AgreedStep {
+  FusedResponse fused;
+  std::vector<std::string> contributions;
+};
+
 class PeerAgreement {
  public:
+  // Largest allreduce announced with its data, and the data one message carries at most.
+  static constexpr int64_t kEagerBytes = 4096;
+  static constexpr int64_t kEagerBytesPerMessage = 64 << 10;
+  // The bytes of this cached allreduce that travel in announcements, or 0 when it moves on the data
+  // plane: host tensors up to kEagerBytes and the response's latency-optimal crossover.
+  static int64_t EagerBytes(const Response& response);
+
   PeerAgreement(int rank, int size, ResponseCache* cache, ProcessSetTable* sets, int64_t fusion_threshold_bytes);
 
   // A request taken from the tensor queue: true when it is announced (a cached step), false when it
@@ -72,8 +92,8 @@ class PeerAgreement {
   // True when the next round has every rank's message; *round is its number. The runtime then
   // applies the coordinator's lists made before it and calls CompleteRound.
   bool RoundReady(int64_t* round) const;
-  // Completes that round: *run receives the fused responses every rank runs now, in order.
-  void CompleteRound(std::vector<FusedResponse>* run);
+  // Completes that round: *run receives the steps every rank runs now, in order.
+  void CompleteRound(std::vector<AgreedStep>* run);
 
   // The coordinator's list evicted id (already gone from the cache).
   void Forget(int64_t id);
@@ -91,6 +111,7 @@ class PeerAgreement {
  private:
   struct Announced {
     std::set<int32_t> ranks;
+    std::map<int32_t, std::string> data;  // eager allreduce: each rank's input bytes
     std::chrono::steady_clock::time_point since;
   };
   // Whether this rank's request asks for exactly what the cached response does.
@@ -106,10 +127,16 @@ class PeerAgreement {
   int64_t round_sent_ = 0;  // the last round this rank sent its message for
   int64_t round_done_ = 0;  // the last round completed
   RoundMessage next_;       // news for the next message
+  int64_t next_data_bytes_ = 0;
   std::map<int64_t, std::map<int, RoundMessage>> inbox_;  // round -> rank -> message
   std::map<int64_t, Request> mine_;                       // ids this rank announced, not yet run
   std::map<int64_t, Announced> announced_;                // every rank's announcements, not yet run
   std::set<int32_t> joining_;                             // sets with a join in progress
+  // Per set: joins completed (join responses applied), and joins this rank made. A rank's n-th
+  // join completes with the set's n-th join response, so an announcement of it that is read after
+  // that response is stale (the ranks joining last announce after the join completed).
+  std::map<int32_t, int64_t> joins_done_;
+  std::map<int32_t, int64_t> my_joins_;
   std::vector<Request> fallbacks_;
   int64_t responses_run_ = 0;
 };

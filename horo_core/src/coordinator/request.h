@@ -34,6 +34,9 @@ struct Request {
   int32_t group_size = 1;
   std::vector<int32_t> ranks;   // process set add
   int32_t device = 0;           // where the tensor lives: 0 host, d + 1 CUDA device d
+  // This rank's input bytes, for announcing a small cached allreduce with its data
+  // (coordinator/peer_agreement.h). Local only: never on the wire.
+  const void* input = nullptr;
 
   int64_t NumElements() const;
 };

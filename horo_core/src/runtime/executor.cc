@@ -107,7 +107,44 @@ ExecutorStats Executor::Stats() const {
   for (int a = 0; a < kAllreduceAlgorithmCount; ++a) stats.allreduce_runs[a] = allreduce_runs_[a].load(std::memory_order_relaxed);
   for (int a = 0; a < kAllgatherAlgorithmCount; ++a) stats.allgather_runs[a] = allgather_runs_[a].load(std::memory_order_relaxed);
   stats.sent = transport_.sent();
+  stats.allreduce_from_announcements = allreduce_from_announcements_.load(std::memory_order_relaxed);
   return stats;
+}
+
+Status Executor::ReduceContributions(const Response& r, const std::vector<std::string>& contributions) {
+  CommGroup group;
+  if (!GroupOf(r.process_set_id, &group)) return Status::OK();  // not a member: nothing to do
+  const int64_t count = r.NumElements();
+  const size_t bytes = static_cast<size_t>(count) * DataTypeSize(r.dtype);
+  if (static_cast<int>(contributions.size()) != group.size()) {
+    return Status::Internal("allreduce of tensor '" + r.name + "' has " + std::to_string(contributions.size()) +
+                            " contributions for " + std::to_string(group.size()) + " members");
+  }
+  for (const std::string& c : contributions) {
+    if (c.size() != bytes) {
+      return Status::Internal("allreduce of tensor '" + r.name + "': a contribution of " + std::to_string(c.size()) +
+                              " bytes, expected " + std::to_string(bytes));
+    }
+  }
+  Slot slot;
+  HORO_RETURN_IF_ERROR(TakeSlot(r, &slot));
+  const FusedResponse fused{r};
+  trace_.Open(fused);
+  trace_.Activity("ALLREDUCE_FROM_ANNOUNCEMENTS");
+  void* out = slot.entry.output;
+  std::memcpy(out, contributions[0].data(), bytes);
+  Scale(out, count, r.dtype, r.prescale_factor);
+  contribution_.resize(bytes);
+  for (size_t m = 1; m < contributions.size(); ++m) {
+    std::memcpy(contribution_.data(), contributions[m].data(), bytes);
+    Scale(contribution_.data(), count, r.dtype, r.prescale_factor);
+    ReduceInto(out, contribution_.data(), count, r.dtype, CollectiveOp(r.reduce_op));
+  }
+  Postscale(out, count, r, group.size());
+  allreduce_from_announcements_.fetch_add(1, std::memory_order_relaxed);
+  Finish(slot, Status::OK());
+  trace_.Close();
+  return Status::OK();
 }
 
 Status Executor::TakeSlot(const Response& response, Slot* slot) {

@@ -35,6 +35,7 @@ struct ExecutorStats {
   int64_t allreduce_runs[kAllreduceAlgorithmCount] = {};  // collectives run, indexed by AllreduceAlgorithm
   int64_t allgather_runs[kAllgatherAlgorithmCount] = {};  // indexed by AllgatherAlgorithm
   SentBytes sent;                         // data-plane bytes this rank sent
+  int64_t allreduce_from_announcements = 0;  // reduced from the peers' announcements (ReduceContributions)
 };
 
 class Executor {
@@ -45,6 +46,10 @@ class Executor {
   ~Executor();
 
   Status Execute(const FusedResponse& fused);
+  // A small allreduce whose every member's input bytes arrived with the ranks' announcements
+  // (coordinator/peer_agreement.h), in member order: reduced here, in that order, with no data-plane
+  // step, so that every member computes the same bytes.
+  Status ReduceContributions(const Response& response, const std::vector<std::string>& contributions);
   // Safe to call from any thread.
   ExecutorStats Stats() const;
 
@@ -117,6 +122,8 @@ class Executor {
   std::map<int32_t, SetTopology> topologies_;
   std::atomic<int64_t> allreduce_runs_[kAllreduceAlgorithmCount] = {};
   std::atomic<int64_t> allgather_runs_[kAllgatherAlgorithmCount] = {};
+  std::atomic<int64_t> allreduce_from_announcements_{0};
+  std::vector<uint8_t> contribution_;  // ReduceContributions: one prescaled contribution
   ExecutionTrace trace_;
 };
 

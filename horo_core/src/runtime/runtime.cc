@@ -219,6 +219,7 @@ Status Runtime::Enqueue(OpType op, const horo_tensor_t* tensors, int32_t count, 
         r.group_size = count;
       }
       e.input = t.input;
+      e.request.input = t.input;
       e.output = t.output;
       r.device = t.device;
       if (t.device != HORO_DEVICE_HOST) e.ready_event = options.ready_event;
@@ -586,11 +587,12 @@ bool Runtime::AdvanceRounds(bool* progress) {
       held_lists_.pop_front();
       if (!Apply(list, true)) return false;
     }
-    std::vector<FusedResponse> run;
+    std::vector<AgreedStep> run;
     agreement_->CompleteRound(&run);
-    for (const FusedResponse& fused : run) {
-      agreed_responses_.fetch_add(static_cast<int64_t>(fused.size()), std::memory_order_relaxed);
-      Status st = executor_->Execute(fused);
+    for (const AgreedStep& step : run) {
+      agreed_responses_.fetch_add(static_cast<int64_t>(step.fused.size()), std::memory_order_relaxed);
+      Status st = step.contributions.empty() ? executor_->Execute(step.fused)
+                                             : executor_->ReduceContributions(step.fused.front(), step.contributions);
       if (!st.ok()) {
         FailOnDataPlane(st);
         return false;

@@ -345,3 +345,75 @@ def test_announced_data_is_reduced_alike_on_every_rank():
         first = results[0][0][step]
         for outs, _ in results[1:]:
             assert outs[step].tobytes() == first.tobytes(), step
+
+
+def test_ranks_with_different_fusion_settings_fuse_agreed_steps_alike():
+    """Agreed steps are fused by each rank itself: it must use the threshold the coordinator stamped
+    in the responses, not its own setting, or the ranks run different collectives."""
+    names = [f"f{i}" for i in range(6)]
+    env = {0: {"HORO_FUSION_THRESHOLD": str(64 << 20)}, 1: {"HORO_FUSION_THRESHOLD": "0"},
+           2: {"HORO_FUSION_THRESHOLD": "64"}}
+
+    def body(rt):
+        results = []
+        for step in range(6):
+            arrays, outs, handles = [], [], []
+            for i, n in enumerate(names):
+                a = np.full(2000 + i, float(rt.rank + step + i), np.float32)  # above the 4 KB of announcements
+                o = np.empty_like(a)
+                arrays.append(a)
+                outs.append(o)
+                handles.extend(rt.enqueue(lib.HORO_ALLREDUCE, [TensorSpec(n, a.ctypes.data, o.ctypes.data,
+                                                                          lib.HORO_FLOAT32, a.shape)]))
+            for h in handles:
+                rt.wait_release(h)
+            results.append(outs)
+        return results
+
+    with World(3, rank_env=lambda r: env[r]) as world:
+        per_rank = world.run(body, timeout=60)
+    for results in per_rank:
+        for step, outs in enumerate(results):
+            for i, out in enumerate(outs):
+                np.testing.assert_array_equal(out, np.full(2000 + i, 3.0 * (step + i) + 3.0, np.float32))
+
+
+def test_cached_alltoall_whose_splits_no_longer_fit_is_refused_on_every_rank():
+    from horo_core.errors import HoroInvalidArgument
+
+    with World(2) as world:
+        def body(rt):
+            for _ in range(2):
+                ops.alltoall(rt, np.ones((8, 4), np.float32), "a2a.fit", splits=[4, 4])
+            try:
+                ops.alltoall(rt, np.ones((2, 4), np.float32), "a2a.fit", splits=[4, 4])
+            except HoroInvalidArgument as exc:
+                return str(exc)
+            return None
+
+        messages = world.run(body, timeout=60)
+    for message in messages:
+        assert message is not None and "splits that sum to 8, expected its first dimension 2" in message, message
+
+
+def test_cached_tensor_submitted_just_before_a_join_runs_with_the_joined_ranks():
+    """Rank 0 submits a cached allreduce and joins without waiting for it while the others have
+    joined: it must run with the joined ranks' neutral values (as through the coordinator), not wait
+    for announcements that will never come."""
+    with World(3) as world:
+        def body(rt):
+            for _ in range(3):
+                ops.allreduce(rt, np.full(3, rt.rank + 1.0, np.float32), "late")
+            if rt.rank != 0:
+                return ops.join(rt), None
+            a = np.full(3, 10.0, np.float32)
+            o = np.empty_like(a)
+            (handle,) = rt.enqueue(lib.HORO_ALLREDUCE, [TensorSpec("late", a.ctypes.data, o.ctypes.data,
+                                                                   lib.HORO_FLOAT32, a.shape)])
+            last = ops.join(rt)
+            rt.wait_release(handle)
+            return last, o
+
+        results = world.run(body, timeout=60)
+    assert len({last for last, _ in results}) == 1
+    np.testing.assert_array_equal(results[0][1], np.full(3, 10.0, np.float32))

@@ -286,6 +286,7 @@ Response Coordinator::Construct(int32_t set_id, const std::string& name, const P
   r.hierarchical_allreduce = config_.hierarchical_allreduce;
   r.small_message_bytes = config_.small_message_bytes;
   r.hierarchical_allgather = config_.hierarchical_allgather;
+  r.fusion_threshold_bytes = fusion_threshold_bytes_;
   if (op == OpType::kAllgather) {
     for (int32_t m : members) r.member_dims.push_back(pending.by_rank.at(m).shape[0]);
   } else if (op == OpType::kAlltoall) {

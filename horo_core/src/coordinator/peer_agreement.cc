@@ -55,13 +55,16 @@ Status ParseRoundMessage(const std::string& bytes, RoundMessage* out) {
   return Status::OK();
 }
 
-PeerAgreement::PeerAgreement(int rank, int size, ResponseCache* cache, ProcessSetTable* sets,
-                             int64_t fusion_threshold_bytes)
-    : rank_(rank), size_(size), cache_(cache), sets_(sets), fusion_threshold_bytes_(fusion_threshold_bytes) {}
+PeerAgreement::PeerAgreement(int rank, int size, ResponseCache* cache, ProcessSetTable* sets)
+    : rank_(rank), size_(size), cache_(cache), sets_(sets) {}
 
 bool PeerAgreement::Offer(const Request& request) {
   if (request.kind != RequestKind::kTensor) return false;
   if (request.op_type == OpType::kJoin) {
+    // Tensors this rank announced in the set and that have not run go to the coordinator, which
+    // runs them with the joined ranks; the ids are invalidated so that the others' announcements
+    // of them fall back too (the join announcement may be read after the join completed).
+    for (int64_t id : Withdraw(request.process_set_id)) next_.invalid.push_back(id);
     next_.joined_sets.push_back(request.process_set_id);
     next_.join_numbers.push_back(++my_joins_[request.process_set_id]);
     return false;
@@ -129,7 +132,10 @@ bool PeerAgreement::Matches(const Response& c, const Request& r) const {
         if (r.splits.size() != 0 && r.splits.size() != n) return false;
         if (c.member_dims[index * n + j] != want) return false;
       }
-      return r.splits.empty() ? rows % static_cast<int64_t>(n) == 0 : true;
+      if (r.splits.empty()) return rows % static_cast<int64_t>(n) == 0;
+      int64_t sum = 0;
+      for (int64_t v : r.splits) sum += v;
+      return sum == rows;  // else the coordinator names the bad splits
     }
     default:
       return false;
@@ -139,7 +145,10 @@ bool PeerAgreement::Matches(const Response& c, const Request& r) const {
 Status PeerAgreement::Receive(int peer, const std::string& payload) {
   RoundMessage m;
   HORO_RETURN_IF_ERROR(ParseRoundMessage(payload, &m));
-  if (peer < 0 || peer >= size_ || peer == rank_ || m.round <= round_done_ || inbox_[m.round].count(peer)) {
+  // A peer is at most one round ahead of this rank's unfinished one (it needs this rank's message
+  // to complete it).
+  if (peer < 0 || peer >= size_ || peer == rank_ || m.round <= round_done_ || m.round > round_done_ + 2 ||
+      inbox_[m.round].count(peer)) {
     return Status::Internal("round message " + std::to_string(m.round) + " from rank " + std::to_string(peer) +
                             " is out of step (rank " + std::to_string(rank_) + " completed round " +
                             std::to_string(round_done_) + ")");
@@ -184,7 +193,9 @@ void PeerAgreement::CompleteRound(std::vector<AgreedStep>* run) {
   for (const auto& kv : messages) {
     for (size_t i = 0; i < kv.second.joined_sets.size(); ++i) {
       const int32_t set = kv.second.joined_sets[i];
-      if (kv.second.join_numbers[i] > joins_done_[set]) joining_.insert(set);
+      // This rank's announcements in the set that are not sent yet are withdrawn (sent ones are
+      // dropped below): they would otherwise be read after the join completed.
+      if (kv.second.join_numbers[i] > joins_done_[set] && joining_.insert(set).second) Withdraw(set);
     }
   }
   if (!joining_.empty()) {
@@ -246,7 +257,8 @@ void PeerAgreement::CompleteRound(std::vector<AgreedStep>* run) {
       for (int32_t m : members) step.contributions.push_back(std::move(a.data[m]));
       run->push_back(std::move(step));
       fusing = false;
-    } else if (fusing && Fusable(run->back().fused.front(), r) && group_bytes + bytes <= fusion_threshold_bytes_) {
+    } else if (fusing && Fusable(run->back().fused.front(), r) &&
+               group_bytes + bytes <= run->back().fused.front().fusion_threshold_bytes) {
       run->back().fused.push_back(r);
       group_bytes += bytes;
     } else {
@@ -269,6 +281,24 @@ void PeerAgreement::Drop(int64_t id) {
 }
 
 void PeerAgreement::Forget(int64_t id) { Drop(id); }
+
+std::vector<int64_t> PeerAgreement::Withdraw(int32_t process_set_id) {
+  std::vector<int64_t> ids;
+  for (const auto& kv : mine_) {
+    if (kv.second.process_set_id == process_set_id) ids.push_back(kv.first);
+  }
+  for (int64_t id : ids) {
+    for (size_t i = 0; i < next_.hits.size(); ++i) {
+      if (next_.hits[i] != id) continue;
+      next_data_bytes_ -= static_cast<int64_t>(next_.data[i].size());
+      next_.hits.erase(next_.hits.begin() + static_cast<std::ptrdiff_t>(i));
+      next_.data.erase(next_.data.begin() + static_cast<std::ptrdiff_t>(i));
+      break;
+    }
+    Drop(id);
+  }
+  return ids;
+}
 
 void PeerAgreement::JoinDone(int32_t process_set_id) {
   ++joins_done_[process_set_id];

@@ -16,7 +16,8 @@
 //      names the id, sends the coordinator the full request, and every rank forgets the id; joins:
 //      a rank that joined a process set stops cached steps in it until the join completes;
 //   3. announcements of ids still cached; the ids that every member has announced run, in id order,
-//      fused as the coordinator fuses.
+//      fused as the coordinator fuses (up to the threshold stamped in the responses, so that ranks
+//      with different settings still fuse alike).
 // A small host allreduce (EagerBytes) travels with its data: each rank puts its input bytes in the
 // announcement, so once every member's announcement is in, every rank holds every contribution and
 // reduces them itself, in member order (the same arithmetic on every rank), with no data-plane
@@ -80,7 +81,7 @@ class PeerAgreement {
   // plane: host tensors up to kEagerBytes and the response's latency-optimal crossover.
   static int64_t EagerBytes(const Response& response);
 
-  PeerAgreement(int rank, int size, ResponseCache* cache, ProcessSetTable* sets, int64_t fusion_threshold_bytes);
+  PeerAgreement(int rank, int size, ResponseCache* cache, ProcessSetTable* sets);
 
   // A request taken from the tensor queue: true when it is announced (a cached step), false when it
   // goes to the coordinator (perhaps with an invalidation or a join announced).
@@ -118,12 +119,14 @@ class PeerAgreement {
   bool Matches(const Response& cached, const Request& request) const;
   // Stops waiting for id; this rank's announcement of it, if any, becomes a fallback.
   void Drop(int64_t id);
+  // This rank's announcements in a set, sent or not (the unsent ones are taken out of next_),
+  // become fallbacks; returns their ids.
+  std::vector<int64_t> Withdraw(int32_t process_set_id);
 
   int rank_;
   int size_;
   ResponseCache* cache_;
   ProcessSetTable* sets_;
-  int64_t fusion_threshold_bytes_;
   int64_t round_sent_ = 0;  // the last round this rank sent its message for
   int64_t round_done_ = 0;  // the last round completed
   RoundMessage next_;       // news for the next message

@@ -35,6 +35,7 @@ void WriteResponse(WireWriter& w, const Response& r) {
   w.I32(static_cast<int32_t>(r.hierarchical_allreduce));
   w.I64(r.small_message_bytes);
   w.I32(static_cast<int32_t>(r.hierarchical_allgather));
+  w.I64(r.fusion_threshold_bytes);
 }
 
 bool ReadResponse(WireReader& rd, Response* r) {
@@ -58,6 +59,7 @@ bool ReadResponse(WireReader& rd, Response* r) {
   int32_t hierarchical = rd.I32();
   r->small_message_bytes = rd.I64();
   int32_t hierarchical_allgather = rd.I32();
+  r->fusion_threshold_bytes = rd.I64();
   if (!rd.ok() || kind < 0 || kind > static_cast<int32_t>(ResponseKind::kShutdown) || !IsValidOpType(op) ||
       !IsValidDataType(dtype) || !IsValidReduceOp(reduce_op) || !IsValidToggle(hierarchical) ||
       !IsValidToggle(hierarchical_allgather)) {

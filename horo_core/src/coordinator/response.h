@@ -49,6 +49,9 @@ struct Response {
   int64_t small_message_bytes = 64 * 1024;
   // Allgather: the coordinator's setting, for the same reason.
   Toggle hierarchical_allgather = Toggle::kAuto;
+  // The coordinator's fusion threshold when it built this response: ranks that fuse cached steps
+  // themselves (coordinator/peer_agreement.h) fuse up to this, whatever their own setting.
+  int64_t fusion_threshold_bytes = 0;
 
   int64_t NumElements() const;
 };

@@ -446,14 +446,9 @@ bool Runtime::Pass(int poll_ms, bool* progress) {
   if (is_coordinator) {
     if (!mine.requests.empty() || mine.shutdown) coordinator_->AddRequests(0, mine);
     for (const ControlMessage& m : messages) {
-      if (agreement_ && IsRoundMessage(m.payload)) {
-        Status received = agreement_->Receive(m.peer, m.payload);
-        if (!received.ok()) {
-          Stop(received, true);
-          return false;
-        }
-        continue;
-      }
+      bool taken = false;
+      if (!TakeRoundMessage(m, &taken)) return false;
+      if (taken) continue;
       RequestList list;
       Status parsed = ParseRequestList(m.payload, &list);
       if (!parsed.ok()) {
@@ -468,15 +463,9 @@ bool Runtime::Pass(int poll_ms, bool* progress) {
     if (!RespondAsCoordinator(progress)) return false;
   } else {
     for (const ControlMessage& m : messages) {
-      if (agreement_ && IsRoundMessage(m.payload)) {
-        Status received = agreement_->Receive(m.peer, m.payload);
-        if (!received.ok()) {
-          Stop(received, true);
-          return false;
-        }
-        continue;
-      }
-      if (!ReceiveResponseList(m)) return false;
+      bool taken = false;
+      if (!TakeRoundMessage(m, &taken)) return false;
+      if (!taken && !ReceiveResponseList(m)) return false;
     }
     // Only the coordinator's loss matters here (some transports also report other ranks; their
     // failures reach this rank through the coordinator or the data plane).
@@ -524,7 +513,7 @@ Status Runtime::DecidePeerAgreement() {
     usable = yes == 1;
   }
   if (usable) {
-    agreement_ = std::make_unique<PeerAgreement>(rank_, size_, &cache_, &sets_, config_.fusion_threshold_bytes);
+    agreement_ = std::make_unique<PeerAgreement>(rank_, size_, &cache_, &sets_);
   }
   return Status::OK();
 }
@@ -570,12 +559,21 @@ bool Runtime::AdvanceRounds(bool* progress) {
         if (peer == rank_) continue;
         Status sent = transport_->SendControl(peer, payload);
         if (sent.ok()) continue;
-        // A peer that went away: rank 0 learns it from the transport and shuts every rank down.
+        // A peer that closed (it failed, died or is shutting down) needs no message: rank 0 learns
+        // it and ends the job, or its shutdown is under way.
+        if (peer != 0 && (sent.code() == HORO_ERR_PEER_LOST || sent.code() == HORO_ERR_SHUT_DOWN)) {
+          HORO_LOG(kDebug, rank_) << "could not send a round message to rank " << peer << ": " << sent.message();
+          continue;
+        }
+        // A live peer would wait for this message forever: fail, telling rank 0, which shuts every
+        // rank down.
         if (rank_ != 0 && peer == 0) {
           StopAfterCoordinatorLoss(sent.message());
-          return false;
+        } else {
+          FailOnDataPlane(Status(sent.code(), "could not send a round message to rank " + std::to_string(peer) + ": " +
+                                                 sent.message()));
         }
-        HORO_LOG(kDebug, rank_) << "could not send a round message to rank " << peer << ": " << sent.message();
+        return false;
       }
     }
     int64_t round = 0;
@@ -607,6 +605,15 @@ bool Runtime::AdvanceRounds(bool* progress) {
   return true;
 }
 
+bool Runtime::TakeRoundMessage(const ControlMessage& message, bool* taken) {
+  *taken = agreement_ && IsRoundMessage(message.payload);
+  if (!*taken) return true;
+  Status received = agreement_->Receive(message.peer, message.payload);
+  if (received.ok()) return true;
+  Stop(received, true);
+  return false;
+}
+
 bool Runtime::ReceiveResponseList(const ControlMessage& message) {
   ResponseList list;
   Status parsed = ParseResponseList(message.payload, &list);
@@ -631,6 +638,13 @@ bool Runtime::ApplyMessage(const ControlMessage& message) {
     Stop(Status::Internal("malformed response list from the coordinator: " + parsed.message()), true);
     return false;
   }
+  // With peer agreement a list may belong after a round that will never complete now: only the
+  // coordinator's last word (a shutdown, with its reason) is applied.
+  bool shutdown = false;
+  for (const auto& parts : list.fused) {
+    shutdown = shutdown || (parts.front().cache_id < 0 && parts.front().response.kind == ResponseKind::kShutdown);
+  }
+  if (agreement_ && !shutdown) return true;
   return Apply(list, true);
 }
 

@@ -116,6 +116,8 @@ class Runtime {
   // Rank 0: builds the coordinator's response lists, sends them and applies them, until none is
   // due (with peer agreement, only between rounds). Returns false when the loop must end.
   bool RespondAsCoordinator(bool* progress);
+  // A peer's round message goes to the agreement (*taken tells whether message was one).
+  bool TakeRoundMessage(const ControlMessage& message, bool* taken);
   // A worker's response list from the coordinator: applied now, or held until its round.
   bool ReceiveResponseList(const ControlMessage& message);
   // Autotune: rank 0 lets the tuner see (and annotate) a list before sending it; every rank

@@ -417,3 +417,147 @@ def test_cached_tensor_submitted_just_before_a_join_runs_with_the_joined_ranks()
         results = world.run(body, timeout=60)
     assert len({last for last, _ in results}) == 1
     np.testing.assert_array_equal(results[0][1], np.full(3, 10.0, np.float32))
+
+
+def _random_plan(seed, steps):
+    """Per step: (name, kind, count) of a random subset of eight names; a tensor's kind is fixed,
+    its count changes now and then (the same on every rank)."""
+    plan_rng = np.random.default_rng(seed)
+    kinds = ["allreduce", "allgather", "broadcast"]
+    tensors = {f"r{i}": [kinds[i % 3], int(plan_rng.choice([3, 700, 1500]))] for i in range(8)}
+    plan = []
+    for _ in range(steps):
+        for spec in tensors.values():
+            if plan_rng.random() < 0.1:
+                spec[1] = int(plan_rng.choice([3, 700, 1500]))
+        chosen = sorted(plan_rng.choice(sorted(tensors), size=int(plan_rng.integers(1, 9)), replace=False))
+        plan.append([(n, tensors[n][0], tensors[n][1]) for n in chosen])
+    return plan
+
+
+def _random_steps(rt, seed, steps):
+    """Runs _random_plan(seed, steps) on this rank, submitting in its own random order and waiting
+    in another; returns the wrong results and the stats."""
+    size = rt.size
+
+    def values(rank, step, name, count):
+        return np.full(count, float((rank + 1) * (step + 1) + int(name[1:])), np.float64)
+
+    rng = np.random.default_rng(1000 * seed + rt.rank)
+    bad = []
+    for step, entries in enumerate(_random_plan(seed, steps)):
+        pending = []
+        for j in rng.permutation(len(entries)):
+            name, kind, count = entries[j]
+            if kind == "allgather":
+                a = values(rt.rank, step, name, count * (rt.rank + 1))
+                (h,) = rt.enqueue(lib.HORO_ALLGATHER, [TensorSpec(name, a.ctypes.data, 0, lib.HORO_FLOAT64, a.shape)])
+                pending.append((name, kind, count, a, None, h))
+                continue
+            a = values(rt.rank, step, name, count)
+            o = np.empty_like(a)
+            op = lib.HORO_BROADCAST if kind == "broadcast" else lib.HORO_ALLREDUCE
+            (h,) = rt.enqueue(op, [TensorSpec(name, a.ctypes.data, o.ctypes.data, lib.HORO_FLOAT64, a.shape)],
+                              root_rank=step % size)
+            pending.append((name, kind, count, a, o, h))
+        for j in rng.permutation(len(pending)):
+            name, kind, count, a, o, h = pending[j]
+            rt.wait(h)
+            if kind == "allgather":
+                res = rt.result(h)
+                o = np.empty(res.shape, np.float64)
+                rt.copy_result(res, o.ctypes.data)
+                want = np.concatenate([values(q, step, name, count * (q + 1)) for q in range(size)])
+            elif kind == "broadcast":
+                want = values(step % size, step, name, count)
+            else:
+                want = sum(values(q, step, name, count) for q in range(size))
+            rt.release(h)
+            if o.shape != want.shape or not np.array_equal(o, want):
+                bad.append(f"step {step} {name} ({kind}, {count}): got {o[:3]}, want {want[:3]}")
+    return bad, rt.stats()
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_random_steps_in_random_orders_with_a_small_cache(monkeypatch, seed):
+    """A randomized schedule (the same on every rank): each step submits a random subset of eight
+    names (allreduce, allgather or broadcast; small tensors that travel with the announcements and
+    larger ones that do not), sometimes with a new shape, every rank in its own random order and
+    waiting in another, with a cache of four entries. Every result must be exact and nothing may
+    hang."""
+    monkeypatch.setenv("HORO_CACHE_CAPACITY", "4")
+    with World(3) as world:
+        results = world.run(lambda rt: _random_steps(rt, seed, 30), timeout=120)
+    for bad, st in results:
+        assert bad == []
+        assert st.responses_agreed_by_peers > 0, st
+
+
+def _random_job(seed, steps):
+    from horo_core import basics
+
+    basics.init()
+    try:
+        bad, st = _random_steps(basics.runtime(), seed, steps)
+        return bad, st.responses_agreed_by_peers
+    finally:
+        basics.shutdown()
+
+
+def test_random_steps_between_processes_over_shared_memory():
+    results = horo_runner.run(_random_job, args=(6, 30), np=3, env={"HORO_CACHE_CAPACITY": "4"})
+    for bad, agreed in results:
+        assert bad == []
+        assert agreed > 0
+
+
+@pytest.mark.parametrize("seed", [4, 5])
+def test_random_allreduce_steps_with_random_joins(seed):
+    """Randomized steps of cached allreduces (small and large) in per-rank random orders, where in
+    some steps one rank joins at once instead of submitting: the others' results leave it out, every
+    join returns the same last rank, and the steps after it are agreed between the ranks again."""
+    size, steps = 3, 24
+    plan_rng = np.random.default_rng(seed)
+    plan = []
+    for step in range(steps):
+        names = sorted(plan_rng.choice([f"j{i}" for i in range(6)], size=int(plan_rng.integers(1, 7)), replace=False))
+        joiner = int(plan_rng.integers(0, size)) if plan_rng.random() < 0.3 else -1
+        plan.append((names, joiner))
+
+    def count_of(name):
+        return 3 if int(name[1:]) % 2 else 900
+
+    def values(rank, step, name):
+        return np.full(count_of(name), float((rank + 1) * (step + 1) + int(name[1:])), np.float64)
+
+    def body(rt):
+        rng = np.random.default_rng(1000 * seed + rt.rank)
+        bad, lasts = [], {}
+        for step, (names, joiner) in enumerate(plan):
+            if rt.rank == joiner:
+                lasts[step] = ops.join(rt)
+                continue
+            pending = []
+            for j in rng.permutation(len(names)):
+                a = values(rt.rank, step, names[j])
+                o = np.empty_like(a)
+                (h,) = rt.enqueue(lib.HORO_ALLREDUCE, [TensorSpec(names[j], a.ctypes.data, o.ctypes.data,
+                                                                  lib.HORO_FLOAT64, a.shape)])
+                pending.append((names[j], a, o, h))
+            for j in rng.permutation(len(pending)):
+                name, a, o, h = pending[j]
+                rt.wait_release(h)
+                want = sum(values(q, step, name) for q in range(size) if q != joiner)
+                if not np.array_equal(o, want):
+                    bad.append(f"step {step} {name} (joiner {joiner}): got {o[:3]}, want {want[:3]}")
+            if joiner >= 0:
+                lasts[step] = ops.join(rt)
+        return bad, lasts, rt.stats()
+
+    with World(size) as world:
+        results = world.run(body, timeout=120)
+    for bad, lasts, st in results:
+        assert bad == []
+        assert lasts == results[0][1]
+        assert st.responses_agreed_by_peers > 0, st
+    assert set(results[0][1]) == {step for step, (_, joiner) in enumerate(plan) if joiner >= 0}

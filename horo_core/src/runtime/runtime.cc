@@ -431,6 +431,7 @@ bool Runtime::Pass(int poll_ms, bool* progress) {
   }
   RequestList mine;
   std::vector<Request> taken = queue_.TakeRequests();
+  const bool took = !taken.empty();
   if (agreement_) {
     // Repeated tensors are announced to the peers instead (coordinator/peer_agreement.h).
     for (Request& r : taken) {
@@ -441,7 +442,7 @@ bool Runtime::Pass(int poll_ms, bool* progress) {
   }
   mine.shutdown = shutdown_requested_ && !shutdown_sent_;
   shutdown_sent_ = shutdown_sent_ || mine.shutdown;
-  *progress = !taken.empty() || mine.shutdown || !messages.empty() || !lost.empty();
+  *progress = took || mine.shutdown || !messages.empty() || !lost.empty();
 
   if (is_coordinator) {
     if (!mine.requests.empty() || mine.shutdown) coordinator_->AddRequests(0, mine);

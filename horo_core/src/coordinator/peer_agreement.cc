@@ -30,6 +30,9 @@ std::string SerializeRoundMessage(const RoundMessage& message) {
   w.I64(message.round);
   w.I64Vec(message.hits);
   for (size_t i = 0; i < message.hits.size(); ++i) w.Str(i < message.data.size() ? message.data[i] : std::string());
+  std::vector<int64_t> units = message.units;
+  for (size_t i = units.size(); i < message.hits.size(); ++i) units.push_back(message.hits[i]);
+  w.I64Vec(units);
   w.I64Vec(message.invalid);
   w.I32Vec(message.joined_sets);
   w.I64Vec(message.join_numbers);
@@ -46,6 +49,8 @@ Status ParseRoundMessage(const std::string& bytes, RoundMessage* out) {
     m.data.resize(m.hits.size());
     for (std::string& d : m.data) d = rd.Str();
   }
+  m.units = rd.I64Vec();
+  if (m.units.size() != m.hits.size()) return Status::Internal("malformed round message: groups");
   m.invalid = rd.I64Vec();
   m.joined_sets = rd.I32Vec();
   m.join_numbers = rd.I64Vec();
@@ -69,8 +74,7 @@ bool PeerAgreement::Offer(const Request& request) {
     next_.join_numbers.push_back(++my_joins_[request.process_set_id]);
     return false;
   }
-  // Members of a group must reach the coordinator together (it emits a group once all are in), so
-  // grouped tensors always go there; so do tensors of a set that a rank is joining.
+  // Tensors of a set that a rank is joining go to the coordinator; groups go through OfferGroup.
   if (!Cacheable(request.op_type) || request.group_size > 1 || joining_.count(request.process_set_id)) return false;
   const int64_t id = cache_->Find(request.process_set_id, request.name);
   if (id < 0) return false;
@@ -80,8 +84,36 @@ bool PeerAgreement::Offer(const Request& request) {
     next_.invalid.push_back(id);
     return false;
   }
+  Announce(id, request, id);
+  return true;
+}
+
+bool PeerAgreement::OfferGroup(const std::vector<Request>& members) {
+  std::vector<int64_t> ids;
+  bool all = true;
+  for (const Request& r : members) {
+    const bool usable = r.kind == RequestKind::kTensor && Cacheable(r.op_type) && !joining_.count(r.process_set_id);
+    const int64_t id = usable ? cache_->Find(r.process_set_id, r.name) : -1;
+    if (id >= 0) ids.push_back(id);
+    all = all && id >= 0 && Matches(*cache_->Get(id), r);
+  }
+  if (!all) {
+    // The whole group goes to the coordinator; ranks that announced its members (their group still
+    // matched) must send theirs too.
+    for (int64_t id : ids) next_.invalid.push_back(id);
+    return false;
+  }
+  for (size_t i = 0; i < members.size(); ++i) {
+    Announce(ids[i], members[i], ids[0]);
+    my_units_[ids[i]] = ids;
+  }
+  return true;
+}
+
+void PeerAgreement::Announce(int64_t id, const Request& request, int64_t unit) {
   mine_[id] = request;
   next_.hits.push_back(id);
+  next_.units.push_back(unit);
   const int64_t eager = EagerBytes(*cache_->Get(id));
   if (eager > 0 && request.input != nullptr && next_data_bytes_ + eager <= kEagerBytesPerMessage) {
     next_.data.emplace_back(static_cast<const char*>(request.input), static_cast<size_t>(eager));
@@ -89,7 +121,6 @@ bool PeerAgreement::Offer(const Request& request) {
   } else {
     next_.data.emplace_back();  // on the data plane, for every rank (see CompleteRound)
   }
-  return true;
 }
 
 int64_t PeerAgreement::EagerBytes(const Response& r) {
@@ -208,17 +239,29 @@ void PeerAgreement::CompleteRound(std::vector<AgreedStep>* run) {
   }
   const auto now = std::chrono::steady_clock::now();
   for (auto& kv : messages) {
-    for (size_t i = 0; i < kv.second.hits.size(); ++i) {
-      const int64_t id = kv.second.hits[i];
-      const Response* c = cache_->Get(id);
-      if (c == nullptr || joining_.count(c->process_set_id)) {
-        if (kv.first == rank_) Drop(id);
+    RoundMessage& m = kv.second;
+    // A group's members are consecutive and share their first member's id in units.
+    for (size_t begin = 0, end = 0; begin < m.hits.size(); begin = end) {
+      end = begin + 1;
+      while (end < m.hits.size() && m.units[end] == m.units[begin] && m.units[begin] != m.hits[end]) ++end;
+      std::vector<int64_t> unit;
+      bool usable = true;
+      for (size_t i = begin; i < end; ++i) {
+        const Response* c = cache_->Get(m.hits[i]);
+        usable = usable && c != nullptr && !joining_.count(c->process_set_id);
+        if (end - begin > 1) unit.push_back(m.hits[i]);
+      }
+      if (!usable) {
+        if (kv.first == rank_) Drop(m.hits[begin]);  // with the rest of its group
         continue;
       }
-      Announced& a = announced_[id];
-      if (a.ranks.empty()) a.since = now;
-      a.ranks.insert(kv.first);
-      if (i < kv.second.data.size() && !kv.second.data[i].empty()) a.data[kv.first] = std::move(kv.second.data[i]);
+      for (size_t i = begin; i < end; ++i) {
+        Announced& a = announced_[m.hits[i]];
+        if (a.ranks.empty()) a.since = now;
+        a.ranks.insert(kv.first);
+        a.unit = unit;
+        if (!m.data[i].empty()) a.data[kv.first] = std::move(m.data[i]);
+      }
     }
   }
   // Ready: every member announced. Ids only grow, so id order is first-negotiated order.
@@ -235,6 +278,16 @@ void PeerAgreement::CompleteRound(std::vector<AgreedStep>* run) {
     if (all) ready.push_back(a.first);
   }
   for (int64_t id : orphaned) Drop(id);
+  // A group runs whole (its members are announced in the same messages, so they are ready together
+  // unless ranks disagree on its members).
+  std::set<int64_t> ready_set(ready.begin(), ready.end());
+  std::vector<int64_t> whole;
+  for (int64_t id : ready) {
+    bool complete = true;
+    for (int64_t member : announced_[id].unit) complete = complete && ready_set.count(member) > 0;
+    if (complete) whole.push_back(id);
+  }
+  ready.swap(whole);
   int64_t group_bytes = 0;
   bool fusing = false;  // run->back() is a fused response that may grow
   for (int64_t id : ready) {
@@ -268,16 +321,40 @@ void PeerAgreement::CompleteRound(std::vector<AgreedStep>* run) {
     }
     announced_.erase(id);
     mine_.erase(id);
+    my_units_.erase(id);
     ++responses_run_;
   }
 }
 
 void PeerAgreement::Drop(int64_t id) {
-  announced_.erase(id);
+  std::vector<int64_t> unit;
+  auto a = announced_.find(id);
+  if (a != announced_.end()) {
+    unit = a->second.unit;
+    announced_.erase(a);
+  }
+  auto u = my_units_.find(id);
+  if (u != my_units_.end()) {
+    if (unit.empty()) unit = u->second;
+    my_units_.erase(u);
+  }
   auto it = mine_.find(id);
-  if (it == mine_.end()) return;
-  fallbacks_.push_back(std::move(it->second));
-  mine_.erase(it);
+  if (it != mine_.end()) {
+    // Not sent yet: it leaves the next message too.
+    for (size_t i = 0; i < next_.hits.size(); ++i) {
+      if (next_.hits[i] != id) continue;
+      next_data_bytes_ -= static_cast<int64_t>(next_.data[i].size());
+      next_.hits.erase(next_.hits.begin() + static_cast<std::ptrdiff_t>(i));
+      next_.data.erase(next_.data.begin() + static_cast<std::ptrdiff_t>(i));
+      next_.units.erase(next_.units.begin() + static_cast<std::ptrdiff_t>(i));
+      break;
+    }
+    fallbacks_.push_back(std::move(it->second));
+    mine_.erase(it);
+  }
+  for (int64_t member : unit) {
+    if (member != id && (announced_.count(member) || mine_.count(member))) Drop(member);
+  }
 }
 
 void PeerAgreement::Forget(int64_t id) { Drop(id); }
@@ -287,16 +364,7 @@ std::vector<int64_t> PeerAgreement::Withdraw(int32_t process_set_id) {
   for (const auto& kv : mine_) {
     if (kv.second.process_set_id == process_set_id) ids.push_back(kv.first);
   }
-  for (int64_t id : ids) {
-    for (size_t i = 0; i < next_.hits.size(); ++i) {
-      if (next_.hits[i] != id) continue;
-      next_data_bytes_ -= static_cast<int64_t>(next_.data[i].size());
-      next_.hits.erase(next_.hits.begin() + static_cast<std::ptrdiff_t>(i));
-      next_.data.erase(next_.data.begin() + static_cast<std::ptrdiff_t>(i));
-      break;
-    }
-    Drop(id);
-  }
+  for (int64_t id : ids) Drop(id);
   return ids;
 }
 

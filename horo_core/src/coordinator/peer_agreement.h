@@ -24,7 +24,8 @@
 // step at all.
 // An id this rank announced that is forgotten before it runs (evicted by the coordinator, dropped in
 // step 2, its set being joined or removed) becomes a full request to the coordinator instead, so
-// nothing waits forever. Everything else (first steps, changed tensors, grouped tensors, barriers,
+// nothing waits forever. The members of a grouped call are announced together or not at all, run in
+// the same round, and fall back together. Everything else (first steps, changed tensors, barriers,
 // joins, process-set changes, shutdown) goes through the coordinator as before; rank 0 sees every
 // announcement and reports cached tensors that some members never announce as stalls.
 //
@@ -52,6 +53,7 @@ struct RoundMessage {
   int64_t round = 0;
   std::vector<int64_t> hits;         // cached ids this rank submitted since its last message
   std::vector<std::string> data;     // per hit: this rank's input bytes (small allreduce), or empty
+  std::vector<int64_t> units;        // per hit: the id of its group's first member (its own id alone)
   std::vector<int64_t> invalid;      // cached ids whose names this rank submitted with other parameters
   std::vector<int32_t> joined_sets;  // process sets this rank joined ...
   std::vector<int64_t> join_numbers; // ... for the n-th time in that set
@@ -86,6 +88,9 @@ class PeerAgreement {
   // A request taken from the tensor queue: true when it is announced (a cached step), false when it
   // goes to the coordinator (perhaps with an invalidation or a join announced).
   bool Offer(const Request& request);
+  // The requests of one grouped call (consecutive in the queue): announced together, or (false)
+  // all sent to the coordinator, which emits a group only once every member is in.
+  bool OfferGroup(const std::vector<Request>& members);
   // A peer's round message.
   Status Receive(int peer, const std::string& payload);
   // The message this rank must send to every peer now, if any.
@@ -113,11 +118,15 @@ class PeerAgreement {
   struct Announced {
     std::set<int32_t> ranks;
     std::map<int32_t, std::string> data;  // eager allreduce: each rank's input bytes
+    std::vector<int64_t> unit;            // the ids announced as one group with it (empty: alone)
     std::chrono::steady_clock::time_point since;
   };
   // Whether this rank's request asks for exactly what the cached response does.
   bool Matches(const Response& cached, const Request& request) const;
-  // Stops waiting for id; this rank's announcement of it, if any, becomes a fallback.
+  // Adds this rank's announcement of id (unit: its group's first id) to the next message.
+  void Announce(int64_t id, const Request& request, int64_t unit);
+  // Stops waiting for id and the rest of its group; this rank's announcements of them, sent or
+  // not, become fallbacks.
   void Drop(int64_t id);
   // This rank's announcements in a set, sent or not (the unsent ones are taken out of next_),
   // become fallbacks; returns their ids.
@@ -133,6 +142,7 @@ class PeerAgreement {
   int64_t next_data_bytes_ = 0;
   std::map<int64_t, std::map<int, RoundMessage>> inbox_;  // round -> rank -> message
   std::map<int64_t, Request> mine_;                       // ids this rank announced, not yet run
+  std::map<int64_t, std::vector<int64_t>> my_units_;      // of those, the ones announced as a group
   std::map<int64_t, Announced> announced_;                // every rank's announcements, not yet run
   std::set<int32_t> joining_;                             // sets with a join in progress
   // Per set: joins completed (join responses applied), and joins this rank made. A rank's n-th

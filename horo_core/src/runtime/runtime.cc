@@ -433,9 +433,22 @@ bool Runtime::Pass(int poll_ms, bool* progress) {
   std::vector<Request> taken = queue_.TakeRequests();
   const bool took = !taken.empty();
   if (agreement_) {
-    // Repeated tensors are announced to the peers instead (coordinator/peer_agreement.h).
-    for (Request& r : taken) {
-      if (!agreement_->Offer(r)) mine.requests.push_back(std::move(r));
+    // Repeated tensors are announced to the peers instead (coordinator/peer_agreement.h); the
+    // members of a grouped call are consecutive here and go one way together.
+    for (size_t begin = 0, end = 0; begin < taken.size(); begin = end) {
+      const Request& first = taken[begin];
+      end = begin + 1;
+      while (first.group_size > 1 && end < taken.size() && taken[end].group_leader == first.group_leader &&
+             taken[end].process_set_id == first.process_set_id && end - begin < static_cast<size_t>(first.group_size)) {
+        ++end;
+      }
+      const bool announced =
+          first.group_size > 1
+              ? end - begin == static_cast<size_t>(first.group_size) &&
+                    agreement_->OfferGroup(std::vector<Request>(taken.begin() + begin, taken.begin() + end))
+              : agreement_->Offer(first);
+      if (announced) continue;
+      for (size_t i = begin; i < end; ++i) mine.requests.push_back(std::move(taken[i]));
     }
   } else {
     mine.requests = std::move(taken);
@@ -737,7 +750,8 @@ std::string Runtime::DiagnoseOnCoordinator(const Status& local) {
     if (!transport_->PollControl(50, &messages, &lost).ok()) break;
     for (const ControlMessage& m : messages) {
       RequestList list;
-      if (!IsRoundMessage(m.payload) && ParseRequestList(m.payload, &list).ok()) coordinator_->AddRequests(m.peer, list);
+      if (IsRoundMessage(m.payload) || !ParseRequestList(m.payload, &list).ok()) continue;
+      coordinator_->AddRequests(m.peer, list);
     }
     for (int r : lost) coordinator_->PeerLost(r);
   }
@@ -789,7 +803,8 @@ void Runtime::Linger(double seconds) {
     if (!transport_->PollControl(100, &messages, &lost).ok()) break;
     for (const ControlMessage& m : messages) {
       RequestList list;  // the workers' last timeline events still reach the file
-      if (!IsRoundMessage(m.payload) && ParseRequestList(m.payload, &list).ok()) timeline_->Receive(m.peer, list.timeline);
+      if (IsRoundMessage(m.payload) || !ParseRequestList(m.payload, &list).ok()) continue;
+      timeline_->Receive(m.peer, list.timeline);
     }
     open -= static_cast<int>(lost.size());
   }

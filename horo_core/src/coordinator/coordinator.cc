@@ -19,11 +19,6 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
 
 std::string Quote(const std::string& name) { return "'" + name + "'"; }
 
-bool IsCacheable(OpType op) {
-  return op == OpType::kAllreduce || op == OpType::kAllgather || op == OpType::kBroadcast ||
-         op == OpType::kAlltoall || op == OpType::kReducescatter;
-}
-
 Response ErrorResponse(int32_t set_id, const std::string& name, horo_status_t code, const std::string& message) {
   Response r;
   r.kind = ResponseKind::kError;
@@ -384,7 +379,7 @@ bool Coordinator::BuildResponses(ResponseList* out) {
     } else {
       std::vector<int32_t> members;
       if (!removed.count(key.first)) sets_->Members(key.first, &members);
-      const bool cacheable = !members.empty() && cache_->enabled() && IsCacheable(first.op_type) &&
+      const bool cacheable = !members.empty() && cache_->enabled() && ResponseCache::Holds(first.op_type) &&
                              state.joined.empty();
       std::string signature = cacheable ? Signature(pending, state.joined) : std::string();
       int64_t id = cacheable ? cache_->Lookup(key.first, key.second, signature) : -1;

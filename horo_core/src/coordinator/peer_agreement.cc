@@ -9,11 +9,6 @@ namespace {
 
 constexpr uint8_t kRoundTag = 'R';
 
-bool Cacheable(OpType op) {
-  return op == OpType::kAllreduce || op == OpType::kAllgather || op == OpType::kBroadcast ||
-         op == OpType::kAlltoall || op == OpType::kReducescatter;
-}
-
 std::vector<int64_t> Trailing(const std::vector<int64_t>& shape) {
   return std::vector<int64_t>(shape.begin() + (shape.empty() ? 0 : 1), shape.end());
 }
@@ -75,7 +70,9 @@ bool PeerAgreement::Offer(const Request& request) {
     return false;
   }
   // Tensors of a set that a rank is joining go to the coordinator; groups go through OfferGroup.
-  if (!Cacheable(request.op_type) || request.group_size > 1 || joining_.count(request.process_set_id)) return false;
+  if (!ResponseCache::Holds(request.op_type) || request.group_size > 1 || joining_.count(request.process_set_id)) {
+    return false;
+  }
   const int64_t id = cache_->Find(request.process_set_id, request.name);
   if (id < 0) return false;
   if (!Matches(*cache_->Get(id), request)) {
@@ -92,7 +89,8 @@ bool PeerAgreement::OfferGroup(const std::vector<Request>& members) {
   std::vector<int64_t> ids;
   bool all = true;
   for (const Request& r : members) {
-    const bool usable = r.kind == RequestKind::kTensor && Cacheable(r.op_type) && !joining_.count(r.process_set_id);
+    const bool usable =
+        r.kind == RequestKind::kTensor && ResponseCache::Holds(r.op_type) && !joining_.count(r.process_set_id);
     const int64_t id = usable ? cache_->Find(r.process_set_id, r.name) : -1;
     if (id >= 0) ids.push_back(id);
     all = all && id >= 0 && Matches(*cache_->Get(id), r);

@@ -23,6 +23,11 @@ class ResponseCache {
   explicit ResponseCache(int64_t capacity) : capacity_(capacity) {}
 
   bool enabled() const { return capacity_ > 0; }
+  // The operations whose responses are cached: those on tensors (not barriers, joins, set changes).
+  static bool Holds(OpType op) {
+    return op == OpType::kAllreduce || op == OpType::kAllgather || op == OpType::kBroadcast ||
+           op == OpType::kAlltoall || op == OpType::kReducescatter;
+  }
 
   // Coordinator: the id cached for (process set, name) whose signature equals signature, else -1.
   int64_t Lookup(int32_t process_set_id, const std::string& name, const std::string& signature);

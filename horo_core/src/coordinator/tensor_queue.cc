@@ -9,7 +9,7 @@ Status TensorQueue::Add(std::vector<TensorEntry> entries) {
   std::set<std::string> seen;
   for (const TensorEntry& e : entries) {
     const Request& r = e.request;
-    if (table_.count({r.process_set_id, r.name}) || !seen.insert(r.name).second) {
+    if (table_.count({r.process_set_id, r.name}) || (entries.size() > 1 && !seen.insert(r.name).second)) {
       return Status(HORO_ERR_DUPLICATE_NAME,
                     "a " + std::string(OpTypeName(r.op_type)) + " of a tensor named '" + r.name +
                         "' is already in flight; names of concurrent operations must be unique");
@@ -20,6 +20,7 @@ Status TensorQueue::Add(std::vector<TensorEntry> entries) {
     auto key = std::make_pair(e.request.process_set_id, e.request.name);
     table_.emplace(std::move(key), std::move(e));
   }
+  has_unsent_.store(!unsent_.empty(), std::memory_order_release);
   return Status::OK();
 }
 
@@ -27,12 +28,8 @@ std::vector<Request> TensorQueue::TakeRequests() {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<Request> out;
   out.swap(unsent_);
+  has_unsent_.store(false, std::memory_order_release);
   return out;
-}
-
-bool TensorQueue::HasRequests() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return !unsent_.empty();
 }
 
 bool TensorQueue::Take(int32_t process_set_id, const std::string& name, TensorEntry* out) {
@@ -50,6 +47,7 @@ std::vector<int64_t> TensorQueue::TakeAllHandles() {
   for (auto& kv : table_) handles.push_back(kv.second.handle);
   table_.clear();
   unsent_.clear();
+  has_unsent_.store(false, std::memory_order_release);
   return handles;
 }
 

@@ -3,6 +3,7 @@
 // thread takes requests and, when a response arrives, removes the entries it executes.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -30,7 +31,8 @@ class TensorQueue {
   Status Add(std::vector<TensorEntry> entries);
   // Moves out the requests not yet sent.
   std::vector<Request> TakeRequests();
-  bool HasRequests();
+  // Lock-free: a caller that drives the negotiation looks on every spin round.
+  bool HasRequests() const { return has_unsent_.load(std::memory_order_acquire); }
   // Removes and returns the entry, false if absent.
   bool Take(int32_t process_set_id, const std::string& name, TensorEntry* out);
   // Removes every entry (failure/shutdown); returns their handles.
@@ -40,6 +42,7 @@ class TensorQueue {
   std::mutex mutex_;
   std::map<std::pair<int32_t, std::string>, TensorEntry> table_;
   std::vector<Request> unsent_;
+  std::atomic<bool> has_unsent_{false};  // !unsent_.empty(), written under mutex_
 };
 
 }  // namespace horo

@@ -134,11 +134,15 @@ Status Executor::ReduceContributions(const Response& r, const std::vector<std::s
   void* out = slot.entry.output;
   std::memcpy(out, contributions[0].data(), bytes);
   Scale(out, count, r.dtype, r.prescale_factor);
-  contribution_.resize(bytes);
   for (size_t m = 1; m < contributions.size(); ++m) {
-    std::memcpy(contribution_.data(), contributions[m].data(), bytes);
-    Scale(contribution_.data(), count, r.dtype, r.prescale_factor);
-    ReduceInto(out, contribution_.data(), count, r.dtype, CollectiveOp(r.reduce_op));
+    const void* theirs = contributions[m].data();
+    if (r.prescale_factor != 1.0) {  // scaled in a copy; else reduced from where it lies
+      contribution_.resize(bytes);
+      std::memcpy(contribution_.data(), theirs, bytes);
+      Scale(contribution_.data(), count, r.dtype, r.prescale_factor);
+      theirs = contribution_.data();
+    }
+    ReduceInto(out, theirs, count, r.dtype, CollectiveOp(r.reduce_op));
   }
   Postscale(out, count, r, group.size());
   allreduce_from_announcements_.fetch_add(1, std::memory_order_relaxed);

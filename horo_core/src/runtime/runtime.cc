@@ -4,6 +4,7 @@
 #include <chrono>
 #include <sstream>
 
+#include "common/coarse_clock.h"
 #include "common/logging.h"
 #include "common/spin.h"
 #include "transport/loopback/transport.h"
@@ -304,6 +305,7 @@ constexpr auto kParkTime = std::chrono::milliseconds(1);  // background thread: 
 // The background thread's longest sleep between passes, so that a request whose caller said it
 // would wait (caller_waits) but does not is still negotiated soon.
 constexpr int kLongestWaitMs = 8;
+constexpr int64_t kStallCheckNs = 5000000;  // rank 0 looks for stalls at most this often
 
 int64_t SteadyNanos() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -368,13 +370,14 @@ Status Runtime::Wait(int64_t handle, double timeout_seconds) {
   if (callers_drive_ && timeout_seconds != 0) {
     std::shared_ptr<const std::atomic<bool>> done = handles_.DoneFlag(handle);
     if (done && !done->load(std::memory_order_acquire)) {
-      const Clock::time_point start = Clock::now();
+      const bool forever = timeout_seconds < 0 || timeout_seconds > 1e6;
+      const Clock::time_point start = forever ? Clock::time_point() : Clock::now();
       const Clock::time_point deadline =
-          timeout_seconds < 0 || timeout_seconds > 1e6 ? Clock::time_point::max()
-                              : start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_seconds));
+          forever ? Clock::time_point::max()
+                  : start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_seconds));
       Drive(*done, deadline);
       double left = timeout_seconds;
-      if (timeout_seconds > 0) {
+      if (!forever) {
         left = std::max(0.0, timeout_seconds - std::chrono::duration<double>(Clock::now() - start).count());
       }
       return handles_.Wait(handle, left, /*spin=*/false);
@@ -387,25 +390,36 @@ void Runtime::Drive(const std::atomic<bool>& done, std::chrono::steady_clock::ti
   using Clock = std::chrono::steady_clock;
   const auto spin = std::chrono::nanoseconds(static_cast<int64_t>(config_.spin_microseconds * 1e3));
   drivers_.fetch_add(1);
-  Clock::time_point idle_since = Clock::now();
+  // The clock is read only while idle, and there only every kRoundsPerLook rounds (each round
+  // yields the core, a microsecond or more): a loop of small collectives read it on every round
+  // before, a measurable part of their cost. A timed wait looks at its deadline on every round.
+  constexpr int kRoundsPerLook = 4;
+  const bool timed = deadline != Clock::time_point::max();
+  Clock::time_point idle_since;
+  int idle_rounds = 0;
   // A pass already under way is not interrupted (it may move a large collective), so a timed wait
   // can overrun its deadline by one pass; it never starts another after it.
-  while (!done.load(std::memory_order_acquire) && !loop_ended_ && Clock::now() < deadline) {
+  while (!done.load(std::memory_order_acquire) && !loop_ended_ && (!timed || Clock::now() < deadline)) {
     bool progress = false;
     // A pass with nothing queued and no control message would only poll: look first, cheaply.
     if (queue_.HasRequests() || transport_->ControlPending()) {
       std::unique_lock<std::mutex> lock(progress_mutex_, std::try_to_lock);
       if (lock.owns_lock() && !loop_ended_ && !Pass(0, &progress)) loop_ended_ = true;
     }
-    const Clock::time_point now = Clock::now();
     if (progress) {
       caller_passes_.fetch_add(1, std::memory_order_relaxed);
-      idle_since = now;
-    } else if (now - idle_since >= spin) {
-      break;
-    } else {
-      SpinRound();
+      idle_rounds = 0;
+      continue;
     }
+    if (idle_rounds++ % kRoundsPerLook == 0) {
+      const Clock::time_point now = Clock::now();
+      if (idle_rounds == 1) {
+        idle_since = now;
+      } else if (now - idle_since >= spin) {
+        break;
+      }
+    }
+    SpinRound();
   }
   const bool finished = done.load(std::memory_order_acquire);
   // A caller that finished will likely be back soon (a loop of synchronous collectives): the
@@ -472,7 +486,13 @@ bool Runtime::Pass(int poll_ms, bool* progress) {
       coordinator_->AddRequests(m.peer, list);
     }
     for (int r : lost) coordinator_->PeerLost(r);
-    poll_ms_ = coordinator_->CheckStalls(agreement_ ? agreement_->Waiting() : std::vector<StalledTensor>());
+    // Stalls are warned about after seconds: looking every few milliseconds is enough, and spares
+    // a loop of small collectives building the list of waiting tensors on every pass.
+    const int64_t now_ns = CoarseNanos();
+    if (now_ns - last_stall_check_ns_ >= kStallCheckNs) {
+      last_stall_check_ns_ = now_ns;
+      poll_ms_ = coordinator_->CheckStalls(agreement_ ? agreement_->Waiting() : std::vector<StalledTensor>());
+    }
     if (agreement_ && !AdvanceRounds(progress)) return false;
     if (!RespondAsCoordinator(progress)) return false;
   } else {

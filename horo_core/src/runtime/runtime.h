@@ -162,6 +162,7 @@ class Runtime {
   std::condition_variable park_cv_;
   bool park_wake_ = false;         // under park_mutex_
   int poll_ms_ = 1000;             // the coordinator's stall checks set it; under progress_mutex_
+  int64_t last_stall_check_ns_ = 0;  // CoarseNanos of the last stall check; under progress_mutex_
 
   std::thread thread_;
   std::mutex shutdown_mutex_;  // one Shutdown at a time

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "common/coarse_clock.h"
 #include "common/logging.h"
 #include "common/spin.h"
 #include "transport/shm/transport.h"
@@ -18,6 +19,8 @@ constexpr size_t kHeaderBytes = tcp::Connection::kControlHeaderSize;
 constexpr int64_t kFirstSleepNs = 1000000;     // ... then sleep 1 ms ...
 constexpr int64_t kLongestSleepNs = 8000000;   // ... doubling up to 8 ms, checking TCP in between
 constexpr int64_t kTcpPollNs = 1000000;        // with TCP control peers too: poll() them for 1 ms
+// A frame up to this size is written in one piece: a round message with a 4 KB allreduce's bytes.
+constexpr size_t kSmallFrameBytes = 8192;
 
 int64_t NanosBetween(std::chrono::steady_clock::time_point from, std::chrono::steady_clock::time_point to) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(to - from).count();
@@ -78,7 +81,16 @@ Status ShmTransport::SendControl(int peer, const std::string& payload) {
   for (size_t i = 0; i < kHeaderBytes; ++i) header[i] = static_cast<char>(length >> (8 * i));
   const size_t total = kHeaderBytes + payload.size();
   size_t done = 0;
-  Clock::time_point last_progress = Clock::now();
+  if (total <= kSmallFrameBytes) {
+    // One write publishes the frame and rings the peer once, instead of once for the header and
+    // once for the payload.
+    char frame[kSmallFrameBytes];
+    std::memcpy(frame, header, kHeaderBytes);
+    std::memcpy(frame + kHeaderBytes, payload.data(), payload.size());
+    done = link->control_out.Write(frame, total);
+  }
+  // The time of the last progress is read only once a write is stuck (unset: it just moved).
+  Clock::time_point last_progress;
   while (done < total) {
     size_t moved = 0;
     if (done < kHeaderBytes) {
@@ -88,7 +100,7 @@ Status ShmTransport::SendControl(int peer, const std::string& payload) {
     }
     done += moved;
     if (moved > 0) {
-      last_progress = Clock::now();
+      last_progress = Clock::time_point();
       continue;
     }
     HORO_RETURN_IF_ERROR(WaitControlSpace(link, peer, done, total, &last_progress));
@@ -108,6 +120,7 @@ Status ShmTransport::WaitControlSpace(shm::Link* link, int peer, size_t done, si
   }
   DrainControlWhileWaiting();
   const Clock::time_point now = Clock::now();
+  if (*last_progress == Clock::time_point()) *last_progress = now;
   const double waited = std::chrono::duration<double>(now - *last_progress).count();
   if (waited > tcp_->options().data_timeout_seconds) {
     return Status::Timeout(Who() + ": rank " + std::to_string(peer) + " read nothing of a control message for " +
@@ -187,7 +200,9 @@ Status ShmTransport::PollControl(int timeout_ms, std::vector<ControlMessage>* me
   std::lock_guard<std::mutex> lock(control_read_mutex_);
   const size_t first = messages->size();
   const size_t first_lost = lost_peers->size();
-  const Clock::time_point start = Clock::now();
+  // A poll (timeout 0, the callers' fast path) reads no precise clock at all.
+  const bool polling = timeout_ms == 0;
+  const Clock::time_point start = polling ? Clock::time_point() : Clock::now();
   const bool forever = timeout_ms < 0;
   const Clock::time_point deadline = start + std::chrono::milliseconds(forever ? 0 : timeout_ms);
   Clock::time_point spin_until = start + std::chrono::nanoseconds(SpinNanos());
@@ -198,12 +213,14 @@ Status ShmTransport::PollControl(int timeout_ms, std::vector<ControlMessage>* me
     pending_control_.clear();
     HORO_RETURN_IF_ERROR(DrainControlLocked(messages));
     const bool woken = wake_requested_.exchange(false, std::memory_order_acq_rel);
-    Clock::time_point now = Clock::now();
+    Clock::time_point now = polling ? start : Clock::now();
+    const int64_t coarse_now = CoarseNanos();
     // TCP holds the messages of unlinked peers and tells of lost ones: look at it when it may
-    // matter, without a system call on every pass of the fast path.
-    if (tcp_control_peers_ || now - last_tcp_check_ >= std::chrono::nanoseconds(kFirstSleepNs) ||
-        (now >= spin_until && !woken && messages->size() == first)) {
-      last_tcp_check_ = now;
+    // matter (every millisecond or so, and before sleeping), without a system call on every pass
+    // of the fast path.
+    if (tcp_control_peers_ || coarse_now - last_tcp_check_ns_ >= kFirstSleepNs ||
+        (!polling && now >= spin_until && !woken && messages->size() == first)) {
+      last_tcp_check_ns_ = coarse_now;
       HORO_RETURN_IF_ERROR(tcp_->PollControl(0, messages, lost_peers));
     }
     if (lost_peers->size() > first_lost) {

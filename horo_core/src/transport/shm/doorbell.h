@@ -9,13 +9,15 @@
 //
 //   owner (waiter)                          anyone (ringer)
 //   v = sequence (acquire)                  publish ring progress (release)
-//   sleeping += 1                           sequence += 1
-//   re-check the rings; if ready: Disarm    if sleeping: FUTEX_WAKE (all)
+//   sleeping += 1 (seq_cst)                 fence (seq_cst)
+//   re-check the rings; if ready: Disarm    if sleeping: sequence += 1, FUTEX_WAKE (all)
 //   FUTEX_WAIT(sequence, v, timeout)
 //   sleeping -= 1
 //
-// A ring that increments sequence before the owner read v is visible to the re-check; one that
-// increments it later makes FUTEX_WAIT return at once, or finds sleeping set and wakes the owner.
+// The increment of sleeping and the fence order the two sides: a ringer that reads sleeping == 0
+// comes before the owner's increment, so the owner's re-check sees the progress and it does not
+// sleep; one that reads it set increments sequence after the owner read v, so FUTEX_WAIT returns at
+// once or is woken.
 // Waits always carry a timeout, because a peer that dies never rings.
 #pragma once
 

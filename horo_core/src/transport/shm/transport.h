@@ -140,7 +140,7 @@ class ShmTransport : public Transport {
   std::mutex control_read_mutex_;                // the one reader of the inbound control rings
   std::vector<ControlMessage> pending_control_;  // drained outside PollControl, returned by it
   std::mutex control_send_mutex_;                // senders of control frames, one at a time
-  Clock::time_point last_tcp_check_;             // PollControl's last look at the TCP control plane
+  int64_t last_tcp_check_ns_ = 0;                // PollControl's last look at the TCP control plane (CoarseNanos)
 };
 
 }  // namespace horo

@@ -38,6 +38,6 @@ def test_synthetic_benchmark_three_modes():
         assert re.search(rf"\[0\]<stdout>:{mode} +\| +[0-9.]+ ms \| +[0-9.]+ \| +[0-9.]+ \| [+-][0-9.]+ ms", out), \
             out[-3000:]
     assert len(re.findall(r"\[0\]<stdout>:Repeat #[0-2]: ", out)) == 3, out[-3000:]
-    mwms = re.search(r"\[0\]<stdout>:(?:Overhead horo / mwms: (?:[0-9.]+|n/a)"
+    mwms = re.search(r"\[0\]<stdout>:(?:Overhead horo / mwms: (?:-?[0-9.]+|n/a)"
                      r"|mwms: MultiWorkerMirroredStrategy cannot run here \(.+\); no comparison with it\.)", out)
     assert mwms, out[-3000:]

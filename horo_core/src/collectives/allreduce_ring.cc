@@ -9,7 +9,16 @@
 // Each member sends and receives 2 (N-1)/N of the buffer in total, which is optimal in bandwidth,
 // at the price of 2 (N-1) latencies; small messages therefore use AllreduceSmall instead. Reduced
 // blocks are computed once and then copied, so the result is bitwise identical on every member.
-// The scatter-reduce receives through one scratch buffer of at most options.chunk_bytes.
+//
+// Both phases run slice by slice: slice k is chunk k (options.chunk_bytes) of every block, and it
+// goes through the scatter-reduce and then the allgather before slice k+1 starts. A reduced chunk
+// is sent on while it is still in this core's cache, and a received reduced chunk lands on bytes
+// that were sent moments before; run phase after phase instead, the allgather would read and write
+// the whole buffer again from memory once it outgrows the cache (measured in docs/benchmarks.md,
+// "Ring slices"). The price is 2 (N-1) latencies per slice, which only messages far above the
+// small-message threshold pay. The scatter-reduce receives through
+// one scratch buffer of at most one chunk where the transport cannot reduce on receive.
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -36,9 +45,21 @@ Status AllreduceRing(const CommGroup& group, void* buffer, int64_t count, DataTy
   const RingBlocks blocks = RingBlocksFromCounts(block_counts, static_cast<int64_t>(DataTypeSize(dtype)));
 
   uint8_t* bytes = static_cast<uint8_t*>(buffer);
-  HORO_RETURN_IF_ERROR(RingScatterReduce(group, bytes, blocks, dtype, op, options.chunk_bytes, /*final_shift=*/1,
-                                         "allreduce ring scatter-reduce"));
-  return RingAllgather(group, bytes, blocks, /*start_shift=*/1, "allreduce ring allgather");
+  const int64_t element_size = static_cast<int64_t>(DataTypeSize(dtype));
+  const int64_t chunk = std::max<int64_t>(1, options.chunk_bytes / element_size) * element_size;
+  const int64_t longest = *std::max_element(blocks.bytes.begin(), blocks.bytes.end());
+  RingBlocks slice = blocks;
+  for (int64_t begin = 0; begin < longest; begin += chunk) {
+    for (int b = 0; b < members; ++b) {
+      const int64_t start = std::min(begin, blocks.bytes[b]);
+      slice.offset[b] = blocks.offset[b] + start;
+      slice.bytes[b] = std::min(chunk, blocks.bytes[b] - start);
+    }
+    HORO_RETURN_IF_ERROR(RingScatterReduce(group, bytes, slice, dtype, op, chunk, /*final_shift=*/1,
+                                           "allreduce ring scatter-reduce"));
+    HORO_RETURN_IF_ERROR(RingAllgather(group, bytes, slice, /*start_shift=*/1, "allreduce ring allgather"));
+  }
+  return Status::OK();
 }
 
 }  // namespace horo

@@ -63,8 +63,14 @@ def test_many_waiting_threads_per_rank_get_exact_results(progress, caller_waits)
                 expected = ranks_sum + size * (10 * t + 100 * s)
                 np.testing.assert_array_equal(results[(t, s)], np.full(5, expected, dtype=np.float32))
     if progress == "1":
-        # Waiting callers ran passes on every rank (the background thread may have run some too).
-        assert all(st.passes_by_callers > 0 for st in stats), stats
+        # Waiting callers ran passes (the background thread may have run some too): on every rank
+        # when callers said they wait, which leaves the background thread asleep; otherwise a caller
+        # gets a pass only when it wins the try-lock against the awake background thread, which on a
+        # loaded host may not happen on every rank.
+        if caller_waits:
+            assert all(st.passes_by_callers > 0 for st in stats), stats
+        else:
+            assert sum(st.passes_by_callers for st in stats) > 0, stats
     else:
         assert all(st.passes_by_callers == 0 and st.passes_by_background > 0 for st in stats), stats
 

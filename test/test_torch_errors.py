@@ -14,6 +14,7 @@ hororun would end the other ranks as soon as one fails, before they could report
 """
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -306,7 +307,10 @@ STALL_WORKER = REPORT + """
 
 STALL_WARNING = ("Stall: one or more tensors were submitted by some ranks and have waited more than 1 seconds for "
                  "the others. Different ranks may be submitting different tensors, or some ranks none at all, which "
-                 "will deadlock. Missing ranks: rank 2: [allreduce.stall.x]")
+                 "will deadlock. Missing ranks: ")
+# Rank 1 submits right after the warm-up; on a loaded machine it may still be missing too when the
+# coordinator looks, and the one warning then names both ranks.
+MISSING = re.compile(r"(rank 1: \[allreduce\.stall\.x\]; )?rank 2: \[allreduce\.stall\.x\]")
 
 
 def test_stall_warning_names_the_missing_rank_and_tensor(tmp_path):
@@ -320,7 +324,8 @@ def test_stall_warning_names_the_missing_rank_and_tensor(tmp_path):
     procs[-1].stdin.write("go\n")
     procs[-1].stdin.flush()
     outcomes = [finish(p) for p in procs]
-    assert seen and seen[-1].rstrip("\n").endswith(STALL_WARNING), "".join(seen)
+    assert seen and STALL_WARNING in seen[-1], "".join(seen)
+    assert MISSING.fullmatch(seen[-1].rstrip("\n").split(STALL_WARNING, 1)[1]), seen[-1]
     assert "[horo WARNING rank 0]" in seen[-1]
     for rank, (code, out, err) in enumerate(outcomes):
         assert code == 0, err
@@ -334,13 +339,13 @@ def test_stall_shutdown_errors_instead_of_hanging(tmp_path):
     procs[-1].stdin.write("go\n")
     procs[-1].stdin.flush()
     late = finish(procs[-1])
-    message = ("shutting down after tensors stalled for more than 2 seconds (HORO_STALL_SHUTDOWN_TIME_SECONDS). "
-               "Missing ranks: rank 2: [allreduce.stall.x]")
+    message = "shutting down after tensors stalled for more than 2 seconds (HORO_STALL_SHUTDOWN_TIME_SECONDS). "
     for rank, (code, out, err) in enumerate(waiting):
         assert code == 0, err
         got = reports(out)
         assert got[0] == {"what": "warmup", "value": [3.0]}
-        assert got[1]["message"] == message, (rank, got[1])
+        assert got[1]["message"].startswith(message), (rank, got[1])
+        assert MISSING.fullmatch(got[1]["message"][len(message):].removeprefix("Missing ranks: ")), (rank, got[1])
         assert "HoroShutdownError" in got[1]["error"] and INTERNAL <= set(got[1]["error"])
     code, out, err = late
     assert code == 0, err

@@ -170,6 +170,10 @@ def main():
     args = parse_args()
     basics.init()
     strategy, reason = make_mwms() if "mwms" in args.modes else (None, None)
+    # Every rank must run the same modes, or their barriers and steps no longer pair up: if the
+    # strategy failed on any rank (say, another process took its port first), no rank uses it.
+    if "mwms" in args.modes and slowest_rank(float(strategy is None), "benchmark.mwms_failed") > 0 and strategy:
+        strategy, reason = None, "it failed to start on another rank"
 
     def log(text):
         if basics.rank() == 0:

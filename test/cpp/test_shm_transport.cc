@@ -407,10 +407,10 @@ void TestControlPlane(bool mixed) {
   std::vector<ControlMessage> none;
   std::vector<int> lost;
   auto start = Clock::now();
-  ExpectOk(mesh[1]->PollControl(1000, &none, &lost), tag + "PollControl with Wake");
+  ExpectOk(mesh[1]->PollControl(10000, &none, &lost), tag + "PollControl with Wake");
   const double waited = SecondsSince(start);
   waker.join();
-  Check(none.empty() && waited < 0.9, tag + "Wake() did not end PollControl early");
+  Check(none.empty() && waited < 9, tag + "Wake() did not end PollControl early");
   Pass(tag + "Wake() ends PollControl after " + std::to_string(static_cast<int>(waited * 1000)) + " ms");
 
   // A worker that closes: rank 0 reports it lost (through its idle TCP control connection).
@@ -431,10 +431,10 @@ void TestSingleRankWake() {
   std::vector<ControlMessage> none;
   std::vector<int> lost;
   auto start = Clock::now();
-  ExpectOk(mesh[0]->PollControl(1000, &none, &lost), "[one rank] PollControl with Wake");
+  ExpectOk(mesh[0]->PollControl(10000, &none, &lost), "[one rank] PollControl with Wake");
   const double waited = SecondsSince(start);
   waker.join();
-  Check(none.empty() && lost.empty() && waited < 0.9, "[one rank] Wake() did not end PollControl early");
+  Check(none.empty() && lost.empty() && waited < 9, "[one rank] Wake() did not end PollControl early");
   Pass("[one rank] Wake() ends PollControl");
 }
 

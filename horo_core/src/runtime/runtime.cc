@@ -763,7 +763,8 @@ void Runtime::FailOnDataPlane(const Status& status) {
 std::string Runtime::DiagnoseOnCoordinator(const Status& local) {
   // A collective failed here because some peer went away. Its control connection tells whether it
   // died or failed in turn (then it reports why first): wait briefly for that before naming a cause.
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+  // A second, not less: on a loaded host this rank may be descheduled for a few hundred ms.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(1000);
   while (!coordinator_->HasDeadRank() && std::chrono::steady_clock::now() < deadline) {
     std::vector<ControlMessage> messages;
     std::vector<int> lost;

@@ -64,6 +64,24 @@ def test_allreduce_algorithms_agree_bitwise(world):
             assert a.tobytes() == b.tobytes()
 
 
+@pytest.mark.parametrize("size", [2, 3])
+def test_ranks_with_different_ring_chunks_follow_rank_0(size):
+    # The ring allreduce runs slice by slice, one chunk of every block at a time, so every rank
+    # must cut the same slices: all follow the chunk that rank 0 stamps in the response.
+    chunks = {0: "262144", 1: "4096", 2: "65536"}
+    with World(size, rank_env=lambda r: {"HORO_CHUNK_BYTES": chunks[r]}) as w:
+        def body(rt):
+            rng = np.random.default_rng(rt.rank)
+            x = rng.standard_normal(300001)
+            y = np.full(200003, rt.rank + 1.0, dtype=np.float32)
+            return ops.allreduce(rt, x, "chunks.random"), ops.allreduce(rt, y, "chunks.exact")
+
+        results = w.run(body)
+    for x, y in results:
+        assert x.tobytes() == results[0][0].tobytes()
+        assert np.all(y == size * (size + 1) / 2)
+
+
 def test_scale_factors(world):
     def body(rt):
         x = np.full(1001, rt.rank + 1.0, dtype=np.float32)

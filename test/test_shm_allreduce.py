@@ -13,7 +13,7 @@ import pytest
 
 import horo_runner
 
-COUNTS = [0, 1, 7, 1000, 300001]  # 300001 float64 = 2.4 MB: several 1 MiB chunks per block
+COUNTS = [0, 1, 7, 1000, 300001]  # 300001 float64 = 2.4 MB: several 256 KiB slices per block
 
 
 def _job(counts):

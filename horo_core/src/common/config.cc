@@ -110,7 +110,7 @@ const std::vector<Setting>& Table() {
       HORO_INT_SETTING("SMALL_MESSAGE_BYTES", small_message_bytes,
                        "Allreduces of at most this many bytes use the latency-optimal algorithm, larger ones the ring. "
                        "Rank 0's value applies to the whole job."),
-      HORO_INT_SETTING("CHUNK_BYTES", chunk_bytes, "Pipeline chunk of the ring algorithms, in bytes."),
+      HORO_INT_SETTING("CHUNK_BYTES", chunk_bytes, "Chunk of the ring algorithms, in bytes (rank 0's applies)."),
       Setting{"HIERARCHICAL_ALLREDUCE", Kind::kString,
               "auto, 1 or 0. Allreduce of a process set that spans hosts reduces inside each host over shared memory, "
               "then across hosts among one rank per host and shard, then shares the result inside each host. auto "

@@ -85,6 +85,7 @@ Status Executor::AllreduceOptionsFor(const CommGroup& group, const Response& hea
   *options = allreduce_options_;
   if (!small_message_bytes_tuned_) options->small_message_bytes = head.small_message_bytes;
   options->hierarchical = head.hierarchical_allreduce;
+  options->chunk_bytes = head.chunk_bytes;
   return TopologyOf(head.process_set_id, group, &options->topology);
 }
 
@@ -396,8 +397,10 @@ Status Executor::RunReducescatter(const CommGroup& group, Slot& slot) {
   result.shape[0] = counts[group.index] / (row_elems ? row_elems : 1);
   if (row_elems == 0) result.shape[0] = dim0 / n + (group.index < dim0 % n ? 1 : 0);
   trace_.Activity(kReducescatterAlgorithmName);
+  AllreduceOptions options = allreduce_options_;
+  options.chunk_bytes = r.chunk_bytes;  // rank 0's, like the allreduce's
   HORO_RETURN_IF_ERROR(Reducescatter(group, scratch, result.data.data(), counts, dtype, CollectiveOp(r.reduce_op),
-                                     allreduce_options_));
+                                     options));
   Postscale(result.data.data(), counts[group.index], r, n);
   Finish(slot, Status::OK(), &result);
   return Status::OK();

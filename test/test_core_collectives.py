@@ -65,11 +65,12 @@ def test_allreduce_algorithms_agree_bitwise(world):
 
 
 @pytest.mark.parametrize("size", [2, 3])
-def test_ranks_with_different_ring_chunks_follow_rank_0(size):
-    # The ring allreduce runs slice by slice, one chunk of every block at a time, so every rank
-    # must cut the same slices: all follow the chunk that rank 0 stamps in the response.
-    chunks = {0: "262144", 1: "4096", 2: "65536"}
-    with World(size, rank_env=lambda r: {"HORO_CHUNK_BYTES": chunks[r]}) as w:
+def test_ranks_with_different_ring_slices_follow_rank_0(size):
+    # On one host the ring allreduce runs slice by slice, so every rank must cut the same slices:
+    # all follow the slice size that rank 0 stamps in the response. Chunks may differ per rank.
+    slices = {0: "262144", 1: "4096", 2: "65536"}
+    chunks = {0: "1048576", 1: "8192", 2: "300000"}
+    with World(size, rank_env=lambda r: {"HORO_RING_SLICE_BYTES": slices[r], "HORO_CHUNK_BYTES": chunks[r]}) as w:
         def body(rt):
             rng = np.random.default_rng(rt.rank)
             x = rng.standard_normal(300001)

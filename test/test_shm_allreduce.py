@@ -7,13 +7,15 @@ the ring, so blocks of one element, empty blocks and blocks larger than the ring
 Every dtype and op, prescale and postscale, zero and odd counts, a fused group and a reducescatter
 (which shares the scatter-reduce) are checked against exact values on every rank, and the SHA-256 of
 every result must be the same on every rank and in both jobs: reducing from the ring changes where
-the bytes are read, never the order of the operations.
+the bytes are read, never the order of the operations. The shared-memory job also runs the ring
+slice by slice (its ranks share one host), the TCP job phase after phase (its hosts are unknown):
+the same arithmetic in another order of steps.
 """
 import pytest
 
 import horo_runner
 
-COUNTS = [0, 1, 7, 1000, 300001]  # 300001 float64 = 2.4 MB: several 256 KiB slices per block
+COUNTS = [0, 1, 7, 1000, 300001]  # 300001 float64 = 2.4 MB: several 256 KiB slices or 1 MiB chunks per block
 
 
 def _job(counts):

@@ -30,9 +30,11 @@ struct CommGroup {
 struct AllreduceOptions {
   // Messages of at most this many bytes use the latency-optimal algorithm, larger ones the ring.
   int64_t small_message_bytes = 64 * 1024;
-  // Ring steps move chunks of at most this many bytes; the ring allreduce runs both of its phases
-  // on chunk k of every block before chunk k+1 (allreduce_ring.cc).
-  int64_t chunk_bytes = 256 << 10;
+  // Ring steps move chunks of at most this many bytes.
+  int64_t chunk_bytes = 1 << 20;
+  // A ring allreduce whose members all share one host (per topology) runs both of its phases on
+  // one slice of this many bytes of every block before the next (allreduce_ring.cc).
+  int64_t slice_bytes = 256 << 10;
   // Where the members run. Null: as if each member were alone on its host (always flat).
   const HostTopology* topology = nullptr;
   // kAuto and kOn reduce hierarchically whenever the group spans hosts and some host has several

@@ -26,7 +26,8 @@ struct Config {
   double peer_timeout_seconds = 30.0;   // a collective whose peer makes no progress this long fails
   double start_timeout_seconds = 30.0;  // the whole mesh must connect within this
   int64_t small_message_bytes = 64 * 1024;  // allreduce: latency-optimal algorithm up to this size
-  int64_t chunk_bytes = 256 << 10;      // ring pipeline chunk
+  int64_t chunk_bytes = 1 << 20;        // ring pipeline chunk
+  int64_t ring_slice_bytes = 256 << 10; // same-host ring allreduce: slice per block
   Toggle hierarchical_allreduce = Toggle::kAuto;  // allreduce inside hosts first, then across them
   Toggle hierarchical_allgather = Toggle::kAuto;  // allgather inside hosts, across them, inside again
   bool dynamic_process_sets = false;

@@ -36,7 +36,7 @@ void WriteResponse(WireWriter& w, const Response& r) {
   w.I64(r.small_message_bytes);
   w.I32(static_cast<int32_t>(r.hierarchical_allgather));
   w.I64(r.fusion_threshold_bytes);
-  w.I64(r.chunk_bytes);
+  w.I64(r.slice_bytes);
 }
 
 bool ReadResponse(WireReader& rd, Response* r) {
@@ -61,8 +61,8 @@ bool ReadResponse(WireReader& rd, Response* r) {
   r->small_message_bytes = rd.I64();
   int32_t hierarchical_allgather = rd.I32();
   r->fusion_threshold_bytes = rd.I64();
-  r->chunk_bytes = rd.I64();
-  if (!rd.ok() || r->chunk_bytes <= 0 || kind < 0 || kind > static_cast<int32_t>(ResponseKind::kShutdown) || !IsValidOpType(op) ||
+  r->slice_bytes = rd.I64();
+  if (!rd.ok() || r->slice_bytes <= 0 || kind < 0 || kind > static_cast<int32_t>(ResponseKind::kShutdown) || !IsValidOpType(op) ||
       !IsValidDataType(dtype) || !IsValidReduceOp(reduce_op) || !IsValidToggle(hierarchical) ||
       !IsValidToggle(hierarchical_allgather)) {
     return false;
@@ -84,7 +84,7 @@ bool Fusable(const Response& head, const Response& r) {
          r.reduce_op == head.reduce_op && r.prescale_factor == head.prescale_factor &&
          r.postscale_factor == head.postscale_factor && r.joined_ranks == head.joined_ranks &&
          r.on_device == head.on_device && r.hierarchical_allreduce == head.hierarchical_allreduce &&
-         r.small_message_bytes == head.small_message_bytes && r.chunk_bytes == head.chunk_bytes;
+         r.small_message_bytes == head.small_message_bytes && r.slice_bytes == head.slice_bytes;
 }
 
 std::string SerializeResponseList(const ResponseList& list) {

@@ -47,9 +47,9 @@ struct Response {
   // rather than from its own environment, so that all members choose alike.
   Toggle hierarchical_allreduce = Toggle::kAuto;
   int64_t small_message_bytes = 64 * 1024;
-  // The ring's chunk: the ring allreduce runs slice by slice (collectives/allreduce_ring.cc), and
-  // ranks that cut different slices would pair the wrong bytes.
-  int64_t chunk_bytes = 256 << 10;
+  // The same-host ring allreduce runs slice by slice (collectives/allreduce_ring.cc): ranks that
+  // cut different slices would pair the wrong bytes.
+  int64_t slice_bytes = 256 << 10;
   // Allgather: the coordinator's setting, for the same reason.
   Toggle hierarchical_allgather = Toggle::kAuto;
   // The coordinator's fusion threshold when it built this response: ranks that fuse cached steps

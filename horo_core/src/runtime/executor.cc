@@ -48,6 +48,7 @@ Executor::Executor(const Config& config, int rank, Transport* transport, Process
       trace_(timeline) {
   allreduce_options_.small_message_bytes = config.small_message_bytes;
   allreduce_options_.chunk_bytes = config.chunk_bytes;
+  allreduce_options_.slice_bytes = config.ring_slice_bytes;
 }
 
 bool Executor::GroupOf(int32_t set_id, CommGroup* group) {
@@ -85,7 +86,7 @@ Status Executor::AllreduceOptionsFor(const CommGroup& group, const Response& hea
   *options = allreduce_options_;
   if (!small_message_bytes_tuned_) options->small_message_bytes = head.small_message_bytes;
   options->hierarchical = head.hierarchical_allreduce;
-  options->chunk_bytes = head.chunk_bytes;
+  options->slice_bytes = head.slice_bytes;
   return TopologyOf(head.process_set_id, group, &options->topology);
 }
 
@@ -397,10 +398,8 @@ Status Executor::RunReducescatter(const CommGroup& group, Slot& slot) {
   result.shape[0] = counts[group.index] / (row_elems ? row_elems : 1);
   if (row_elems == 0) result.shape[0] = dim0 / n + (group.index < dim0 % n ? 1 : 0);
   trace_.Activity(kReducescatterAlgorithmName);
-  AllreduceOptions options = allreduce_options_;
-  options.chunk_bytes = r.chunk_bytes;  // rank 0's, like the allreduce's
   HORO_RETURN_IF_ERROR(Reducescatter(group, scratch, result.data.data(), counts, dtype, CollectiveOp(r.reduce_op),
-                                     options));
+                                     allreduce_options_));
   Postscale(result.data.data(), counts[group.index], r, n);
   Finish(slot, Status::OK(), &result);
   return Status::OK();

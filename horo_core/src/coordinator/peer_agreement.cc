@@ -21,13 +21,21 @@ bool IsRoundMessage(const std::string& payload) {
 
 std::string SerializeRoundMessage(const RoundMessage& message) {
   WireWriter w;
+  size_t data_bytes = 0;
+  for (const std::string& d : message.data) data_bytes += d.size();
+  w.Reserve(1 + 8 + 8 * 6 + 8 * 3 * message.hits.size() + data_bytes + 8 * message.invalid.size() +
+            12 * message.joined_sets.size());
   w.U8(kRoundTag);
   w.I64(message.round);
   w.I64Vec(message.hits);
   for (size_t i = 0; i < message.hits.size(); ++i) w.Str(i < message.data.size() ? message.data[i] : std::string());
-  std::vector<int64_t> units = message.units;
-  for (size_t i = units.size(); i < message.hits.size(); ++i) units.push_back(message.hits[i]);
-  w.I64Vec(units);
+  if (message.units.size() == message.hits.size()) {
+    w.I64Vec(message.units);
+  } else {  // a hit without a unit is a group of its own
+    std::vector<int64_t> units = message.units;
+    for (size_t i = units.size(); i < message.hits.size(); ++i) units.push_back(message.hits[i]);
+    w.I64Vec(units);
+  }
   w.I64Vec(message.invalid);
   w.I32Vec(message.joined_sets);
   w.I64Vec(message.join_numbers);
@@ -134,7 +142,7 @@ bool PeerAgreement::Matches(const Response& c, const Request& r) const {
       c.on_device != (r.device != 0) || !c.joined_ranks.empty()) {
     return false;
   }
-  std::vector<int32_t> members;
+  std::vector<int32_t>& members = scratch_match_members_;
   if (!sets_->Members(r.process_set_id, &members)) return false;
   const auto me = std::find(members.begin(), members.end(), rank_);
   if (me == members.end()) return false;
@@ -262,11 +270,15 @@ void PeerAgreement::CompleteRound(std::vector<AgreedStep>* run) {
       }
     }
   }
-  // Ready: every member announced. Ids only grow, so id order is first-negotiated order.
-  std::vector<int64_t> ready;
-  std::vector<int64_t> orphaned;
+  // Ready: every member announced. Ids only grow, so id order is first-negotiated order, and
+  // ready is sorted. The vectors are members, kept between rounds, so that a round in the steady
+  // state allocates none of them.
+  std::vector<int64_t>& ready = scratch_ready_;
+  std::vector<int64_t>& orphaned = scratch_orphaned_;
+  std::vector<int32_t>& members = scratch_members_;
+  ready.clear();
+  orphaned.clear();
   for (const auto& a : announced_) {
-    std::vector<int32_t> members;
     if (!sets_->Members(cache_->Get(a.first)->process_set_id, &members)) {
       orphaned.push_back(a.first);
       continue;
@@ -278,21 +290,21 @@ void PeerAgreement::CompleteRound(std::vector<AgreedStep>* run) {
   for (int64_t id : orphaned) Drop(id);
   // A group runs whole (its members are announced in the same messages, so they are ready together
   // unless ranks disagree on its members).
-  std::set<int64_t> ready_set(ready.begin(), ready.end());
-  std::vector<int64_t> whole;
+  std::vector<int64_t>& whole = scratch_whole_;
+  whole.clear();
   for (int64_t id : ready) {
     bool complete = true;
-    for (int64_t member : announced_[id].unit) complete = complete && ready_set.count(member) > 0;
+    for (int64_t member : announced_[id].unit) {
+      complete = complete && std::binary_search(ready.begin(), ready.end(), member);
+    }
     if (complete) whole.push_back(id);
   }
-  ready.swap(whole);
   int64_t group_bytes = 0;
   bool fusing = false;  // run->back() is a fused response that may grow
-  for (int64_t id : ready) {
+  for (int64_t id : whole) {
     cache_->Touch(id);
     const Response& r = *cache_->Get(id);
     Announced& a = announced_[id];
-    std::vector<int32_t> members;
     sets_->Members(r.process_set_id, &members);
     // Every member sent its bytes (all ranks see the same messages, so all decide alike).
     const int64_t eager = EagerBytes(r);

@@ -152,6 +152,12 @@ class PeerAgreement {
   std::map<int32_t, int64_t> my_joins_;
   std::vector<Request> fallbacks_;
   int64_t responses_run_ = 0;
+  // Scratch of CompleteRound and Matches, kept for its capacity.
+  std::vector<int64_t> scratch_ready_;
+  std::vector<int64_t> scratch_orphaned_;
+  std::vector<int64_t> scratch_whole_;
+  std::vector<int32_t> scratch_members_;
+  mutable std::vector<int32_t> scratch_match_members_;
 };
 
 }  // namespace horo

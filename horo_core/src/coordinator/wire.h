@@ -28,6 +28,8 @@ class WireWriter {
     I64(static_cast<int64_t>(v.size()));
     Raw(v.data(), v.size() * 4);
   }
+  // Room for bytes more without growing: one allocation for a message whose size is known.
+  void Reserve(size_t bytes) { out_.reserve(out_.size() + bytes); }
   const std::string& data() const { return out_; }
   std::string Take() { return std::move(out_); }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "collectives/reduce_kernels.h"
 #include "common/logging.h"
@@ -52,13 +53,12 @@ Executor::Executor(const Config& config, int rank, Transport* transport, Process
 }
 
 bool Executor::GroupOf(int32_t set_id, CommGroup* group) {
-  std::vector<int32_t> members;
-  if (!sets_->Members(set_id, &members)) return false;
-  auto it = std::find(members.begin(), members.end(), rank_);
-  if (it == members.end()) return false;
+  static_assert(std::is_same<decltype(group->ranks), std::vector<int32_t>>::value, "members are read in place");
+  if (!sets_->Members(set_id, &group->ranks)) return false;
+  auto it = std::find(group->ranks.begin(), group->ranks.end(), rank_);
+  if (it == group->ranks.end()) return false;
   group->transport = &transport_;
-  group->ranks.assign(members.begin(), members.end());
-  group->index = static_cast<int>(it - members.begin());
+  group->index = static_cast<int>(it - group->ranks.begin());
   return true;
 }
 
@@ -130,8 +130,7 @@ Status Executor::ReduceContributions(const Response& r, const std::vector<std::s
   }
   Slot slot;
   HORO_RETURN_IF_ERROR(TakeSlot(r, &slot));
-  const FusedResponse fused{r};
-  trace_.Open(fused);
+  trace_.Open(r);
   trace_.Activity("ALLREDUCE_FROM_ANNOUNCEMENTS");
   void* out = slot.entry.output;
   std::memcpy(out, contributions[0].data(), bytes);

@@ -113,54 +113,55 @@ Status Runtime::StoppedStatus() {
 }
 
 Status Runtime::ValidateTensor(OpType op, const horo_tensor_t& t, const horo_op_options_t& options) const {
-  const std::string label = TensorLabel(op, t.name);
+  // Built only for an error message: a valid call, every step, allocates nothing here.
+  auto label = [&] { return TensorLabel(op, t.name); };
   if (t.name == nullptr || t.name[0] == '\0') return Status::InvalidArgument(OpTypeName(op) + std::string(": tensor name is empty"));
-  if (!IsValidDataType(t.dtype)) return Status::InvalidArgument(label + ": unknown dtype " + std::to_string(t.dtype));
+  if (!IsValidDataType(t.dtype)) return Status::InvalidArgument(label() + ": unknown dtype " + std::to_string(t.dtype));
   if (t.ndim < 0 || t.ndim > HORO_MAX_DIMS) {
-    return Status::InvalidArgument(label + ": rank must be between 0 and 16, got " + std::to_string(t.ndim));
+    return Status::InvalidArgument(label() + ": rank must be between 0 and 16, got " + std::to_string(t.ndim));
   }
   int64_t count = 1;
   for (int i = 0; i < t.ndim; ++i) {
-    if (t.shape[i] < 0) return Status::InvalidArgument(label + ": negative dimension " + std::to_string(t.shape[i]));
+    if (t.shape[i] < 0) return Status::InvalidArgument(label() + ": negative dimension " + std::to_string(t.shape[i]));
     count *= t.shape[i];
   }
   const DataType dtype = static_cast<DataType>(t.dtype);
-  if (t.device != HORO_DEVICE_HOST) HORO_RETURN_IF_ERROR(executor_->CheckDeviceTensor(op, t, label));
-  if (count > 0 && t.input == nullptr) return Status::InvalidArgument(label + ": input pointer is null");
+  if (t.device != HORO_DEVICE_HOST) HORO_RETURN_IF_ERROR(executor_->CheckDeviceTensor(op, t, label()));
+  if (count > 0 && t.input == nullptr) return Status::InvalidArgument(label() + ": input pointer is null");
   switch (op) {
     case OpType::kAllreduce:
     case OpType::kReducescatter: {
       if (!IsValidReduceOp(options.reduce_op)) {
-        return Status::InvalidArgument(label + ": unknown reduce op " + std::to_string(options.reduce_op));
+        return Status::InvalidArgument(label() + ": unknown reduce op " + std::to_string(options.reduce_op));
       }
       const ReduceOp rop = static_cast<ReduceOp>(options.reduce_op);
-      if (rop == ReduceOp::kAdasum) return Status::Unsupported(label + ": Adasum is not supported by Horo");
+      if (rop == ReduceOp::kAdasum) return Status::Unsupported(label() + ": Adasum is not supported by Horo");
       if (dtype == DataType::kBool && rop == ReduceOp::kAverage) {
-        return Status::InvalidArgument(label + ": Average is not defined for bool tensors; use Sum, Min or Max");
+        return Status::InvalidArgument(label() + ": Average is not defined for bool tensors; use Sum, Min or Max");
       }
       if (dtype == DataType::kBool && (options.prescale_factor != 1.0 || options.postscale_factor != 1.0)) {
-        return Status::InvalidArgument(label + ": scale factors are not defined for bool tensors");
+        return Status::InvalidArgument(label() + ": scale factors are not defined for bool tensors");
       }
       if (op == OpType::kAllreduce && count > 0 && t.output == nullptr) {
-        return Status::InvalidArgument(label + ": output pointer is null");
+        return Status::InvalidArgument(label() + ": output pointer is null");
       }
       if (op == OpType::kReducescatter && t.ndim < 1) {
-        return Status::InvalidArgument(label + ": reducescatter needs a tensor of rank >= 1, got a scalar");
+        return Status::InvalidArgument(label() + ": reducescatter needs a tensor of rank >= 1, got a scalar");
       }
       break;
     }
     case OpType::kBroadcast:
       // Root validity is checked by the coordinator, so that every rank gets the error.
-      if (count > 0 && t.output == nullptr) return Status::InvalidArgument(label + ": output pointer is null");
+      if (count > 0 && t.output == nullptr) return Status::InvalidArgument(label() + ": output pointer is null");
       break;
     case OpType::kAllgather:
-      if (t.ndim < 1) return Status::InvalidArgument(label + ": allgather needs a tensor of rank >= 1, got a scalar");
+      if (t.ndim < 1) return Status::InvalidArgument(label() + ": allgather needs a tensor of rank >= 1, got a scalar");
       break;
     case OpType::kAlltoall:
       // Splits are checked by the coordinator, so that every rank gets the error.
-      if (t.ndim < 1) return Status::InvalidArgument(label + ": alltoall needs a tensor of rank >= 1, got a scalar");
+      if (t.ndim < 1) return Status::InvalidArgument(label() + ": alltoall needs a tensor of rank >= 1, got a scalar");
       if (options.num_splits < 0 || (options.num_splits > 0 && options.splits == nullptr)) {
-        return Status::InvalidArgument(label + ": splits pointer is null or num_splits is negative");
+        return Status::InvalidArgument(label() + ": splits pointer is null or num_splits is negative");
       }
       break;
     default:

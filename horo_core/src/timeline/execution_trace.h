@@ -27,6 +27,10 @@ class ExecutionTrace {
   void Open(const FusedResponse& fused) {
     if (timeline_->active()) RecordOpen(fused);
   }
+  // Open for a response that runs alone; it is copied into a list only when the timeline records.
+  void Open(const Response& single) {
+    if (timeline_->active()) RecordOpen(FusedResponse{single});
+  }
   // Ends the current activity and begins the named one (nullptr: none).
   void Activity(const char* name) {
     if (on_) RecordActivity(name);

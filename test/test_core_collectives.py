@@ -83,6 +83,12 @@ def test_ranks_with_different_ring_slices_follow_rank_0(size):
         assert np.all(y == size * (size + 1) / 2)
 
 
+def test_ring_slice_setting_has_a_floor():
+    # Every slice costs 2 (N-1) steps: a few bytes per slice would make a large allreduce crawl.
+    with pytest.raises(Exception, match="HORO_RING_SLICE_BYTES must be at least 4096, got 100"):
+        World(1, rank_env=lambda r: {"HORO_RING_SLICE_BYTES": "100"})
+
+
 def test_scale_factors(world):
     def body(rt):
         x = np.full(1001, rt.rank + 1.0, dtype=np.float32)

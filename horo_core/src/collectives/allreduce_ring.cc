@@ -20,7 +20,8 @@
 // run phase after phase, the allgather would read and write the whole buffer again from memory
 // once it outgrows the cache (docs/benchmarks.md, "Ring slices": 15-42 % faster from 64 MB up).
 // The price is 2 (N-1) steps per slice, cheap over shared memory but a round trip each over a
-// network, so rings that cross hosts (or whose hosts are unknown) keep the phases whole. The
+// network, so rings that cross hosts (or whose hosts are unknown) keep the phases whole, and so
+// do rings on one host when slice_bytes is 0 (rank 0 stamps that when shared memory is off). The
 // topology and the slice size are the same on every member, so all cut the same slices.
 #include <algorithm>
 #include <string>
@@ -38,8 +39,8 @@ Status AllreduceRing(const CommGroup& group, void* buffer, int64_t count, DataTy
   HORO_RETURN_IF_ERROR(CheckGroup(group, "allreduce ring"));
   HORO_RETURN_IF_ERROR(CheckReduceOp(op, "allreduce ring"));
   if (count < 0) return Status::InvalidArgument("allreduce ring: negative count " + std::to_string(count));
-  if (options.chunk_bytes <= 0 || options.slice_bytes <= 0) {
-    return Status::InvalidArgument("allreduce ring: chunk_bytes and slice_bytes must be positive, got " +
+  if (options.chunk_bytes <= 0 || options.slice_bytes < 0) {
+    return Status::InvalidArgument("allreduce ring: chunk_bytes must be positive and slice_bytes not negative, got " +
                                    std::to_string(options.chunk_bytes) + " and " + std::to_string(options.slice_bytes));
   }
   const int members = group.size();
@@ -51,7 +52,7 @@ Status AllreduceRing(const CommGroup& group, void* buffer, int64_t count, DataTy
 
   uint8_t* bytes = static_cast<uint8_t*>(buffer);
   const bool one_host = options.topology != nullptr && options.topology->num_hosts() == 1;
-  if (!one_host) {
+  if (!one_host || options.slice_bytes == 0) {
     HORO_RETURN_IF_ERROR(RingScatterReduce(group, bytes, blocks, dtype, op, options.chunk_bytes, /*final_shift=*/1,
                                            "allreduce ring scatter-reduce"));
     return RingAllgather(group, bytes, blocks, /*start_shift=*/1, "allreduce ring allgather");

@@ -33,7 +33,7 @@ struct AllreduceOptions {
   // Ring steps move chunks of at most this many bytes.
   int64_t chunk_bytes = 1 << 20;
   // A ring allreduce whose members all share one host (per topology) runs both of its phases on
-  // one slice of this many bytes of every block before the next (allreduce_ring.cc).
+  // one slice of this many bytes of every block before the next (allreduce_ring.cc); 0: never.
   int64_t slice_bytes = 256 << 10;
   // Where the members run. Null: as if each member were alone on its host (always flat).
   const HostTopology* topology = nullptr;

@@ -113,8 +113,8 @@ const std::vector<Setting>& Table() {
       HORO_INT_SETTING("CHUNK_BYTES", chunk_bytes, "Pipeline chunk of the ring algorithms, in bytes."),
       HORO_INT_SETTING("RING_SLICE_BYTES", ring_slice_bytes,
                        "A ring allreduce among ranks of one host runs its scatter-reduce and allgather on one slice of "
-                       "this many bytes of every block at a time, so that reduced bytes are sent on from the cache. "
-                       "Rank 0's value applies to the whole job."),
+                       "this many bytes (at least 4096) of every block at a time, so that reduced bytes are sent on from "
+                       "the cache. Rank 0's value applies to the whole job; none with HORO_SHM_DISABLE on rank 0."),
       Setting{"HIERARCHICAL_ALLREDUCE", Kind::kString,
               "auto, 1 or 0. Allreduce of a process set that spans hosts reduces inside each host over shared memory, "
               "then across hosts among one rank per host and shard, then shares the result inside each host. auto "
@@ -201,7 +201,11 @@ Status LoadConfigFromEnv(Config* config) {
   }
   if (parsed.fusion_threshold_bytes < 0) return Status::InvalidArgument("HORO_FUSION_THRESHOLD must be >= 0");
   if (parsed.chunk_bytes <= 0) return Status::InvalidArgument("HORO_CHUNK_BYTES must be > 0");
-  if (parsed.ring_slice_bytes <= 0) return Status::InvalidArgument("HORO_RING_SLICE_BYTES must be > 0");
+  if (parsed.ring_slice_bytes < 4096) {
+    // Each slice costs 2 (N-1) steps: tiny ones would turn a large allreduce into millions of steps.
+    return Status::InvalidArgument("HORO_RING_SLICE_BYTES must be at least 4096, got " +
+                                   std::to_string(parsed.ring_slice_bytes));
+  }
   if (parsed.shm_ring_bytes < (64 << 10) || (parsed.shm_ring_bytes & (parsed.shm_ring_bytes - 1)) != 0 ||
       parsed.shm_ring_bytes > (int64_t{1} << 40)) {
     return Status::InvalidArgument("HORO_SHM_RING_BYTES must be a power of two between 65536 and 2^40");

@@ -280,7 +280,8 @@ Response Coordinator::Construct(int32_t set_id, const std::string& name, const P
   r.on_device = first.device != 0;
   r.hierarchical_allreduce = config_.hierarchical_allreduce;
   r.small_message_bytes = config_.small_message_bytes;
-  r.slice_bytes = config_.ring_slice_bytes;
+  // Slices pay off over shared memory only; with it switched off, rings on one host run over TCP.
+  r.slice_bytes = config_.shm_disable ? 0 : config_.ring_slice_bytes;
   r.hierarchical_allgather = config_.hierarchical_allgather;
   r.fusion_threshold_bytes = fusion_threshold_bytes_;
   if (op == OpType::kAllgather) {

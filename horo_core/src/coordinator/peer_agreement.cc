@@ -305,7 +305,7 @@ void PeerAgreement::CompleteRound(std::vector<AgreedStep>* run) {
     cache_->Touch(id);
     const Response& r = *cache_->Get(id);
     Announced& a = announced_[id];
-    sets_->Members(r.process_set_id, &members);
+    if (!sets_->Members(r.process_set_id, &members)) members.clear();  // passed above; never stale
     // Every member sent its bytes (all ranks see the same messages, so all decide alike).
     const int64_t eager = EagerBytes(r);
     bool with_data = eager > 0;

@@ -48,7 +48,7 @@ struct Response {
   Toggle hierarchical_allreduce = Toggle::kAuto;
   int64_t small_message_bytes = 64 * 1024;
   // The same-host ring allreduce runs slice by slice (collectives/allreduce_ring.cc): ranks that
-  // cut different slices would pair the wrong bytes.
+  // cut different slices would pair the wrong bytes. 0: whole phases (shared memory is off).
   int64_t slice_bytes = 256 << 10;
   // Allgather: the coordinator's setting, for the same reason.
   Toggle hierarchical_allgather = Toggle::kAuto;

@@ -62,9 +62,9 @@ bool ReadResponse(WireReader& rd, Response* r) {
   int32_t hierarchical_allgather = rd.I32();
   r->fusion_threshold_bytes = rd.I64();
   r->slice_bytes = rd.I64();
-  if (!rd.ok() || r->slice_bytes < 0 || kind < 0 || kind > static_cast<int32_t>(ResponseKind::kShutdown) || !IsValidOpType(op) ||
+  if (!rd.ok() || kind < 0 || kind > static_cast<int32_t>(ResponseKind::kShutdown) || !IsValidOpType(op) ||
       !IsValidDataType(dtype) || !IsValidReduceOp(reduce_op) || !IsValidToggle(hierarchical) ||
-      !IsValidToggle(hierarchical_allgather)) {
+      !IsValidToggle(hierarchical_allgather) || r->slice_bytes < 0) {
     return false;
   }
   r->hierarchical_allreduce = static_cast<Toggle>(hierarchical);

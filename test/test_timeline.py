@@ -237,6 +237,32 @@ def test_timeline_records_every_rank(tmp_path):
     assert traces["a"].start_us < traces["b"].start_us < traces["d"].start_us
 
 
+def repeated_steps_job(pause_s, steps):
+    import torch
+
+    import horo_torch as hvd
+    hvd.init()
+    for _ in range(steps):
+        hvd.allreduce(torch.ones(1000), name="repeated", op=hvd.Sum)
+        time.sleep(pause_s)  # no collective runs meanwhile
+    hvd.shutdown()
+
+
+def test_agreed_steps_start_when_the_ranks_agree(tmp_path):
+    """A repeated tensor agreed between the ranks (no coordinator list) begins its op phase when the
+    round completes; it once began at the last coordinator list, a step or more earlier."""
+    path = str(tmp_path / "repeated.json")
+    pause_s, steps = 0.25, 5
+    horo_runner.run(repeated_steps_job, args=(pause_s, steps), np=2, env={"HORO_TIMELINE": path})
+    trace = Trace(path)
+    for track in ("rank 0", "rank 1"):
+        phases = trace.tracks[("allreduce.repeated", track)]
+        assert len(phases) == steps, (track, [p.name for p in phases])
+        durations_ms = [(p.end - p.begin) / 1e3 for p in phases]
+        assert all(p.name == "ALLREDUCE" for p in phases)
+        assert max(durations_ms) < pause_s * 1e3 / 2, (track, durations_ms)
+
+
 # Errors, in-process ----------------------------------------------------------------------------
 
 def test_start_timeline_errors(monkeypatch, tmp_path):

@@ -614,6 +614,9 @@ bool Runtime::AdvanceRounds(bool* progress) {
     int64_t round = 0;
     if (!agreement_->RoundReady(&round)) break;
     *progress = true;
+    // The round's steps became known now: their op phases (and QUEUE) begin here on the timeline,
+    // not at the last coordinator list, which may be several steps old.
+    timeline_->ResponsesArrived();
     // The coordinator's lists made before this round come first, as on every rank.
     while (!held_lists_.empty() && held_lists_.front().after_round < round) {
       ResponseList list = std::move(held_lists_.front());

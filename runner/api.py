@@ -30,7 +30,8 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mappi
         np: int = 1, hosts: Optional[str] = None, hostfile: Optional[str] = None,
         start_timeout: float = 30.0, output_filename: Optional[str] = None,
         verbose: bool = False, prefix_output_with_timestamp: bool = False,
-        env: Optional[Mapping[str, str]] = None, executable: Optional[str] = None) -> list[Any]:
+        env: Optional[Mapping[str, str]] = None, executable: Optional[str] = None,
+        bind_to: str = "auto") -> list[Any]:
     """Runs ``fn(*args, **kwargs)`` in ``np`` worker processes, like ``hororun -np N``.
 
     The function and arguments are serialized with cloudpickle (pickle if it is not installed)
@@ -50,6 +51,7 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mappi
         prefix_output_with_timestamp: precede output prefixes with a timestamp.
         env: extra environment variables for the workers (e.g. ``HORO_CYCLE_TIME``).
         executable: Python interpreter for the workers (default ``sys.executable``).
+        bind_to: CPUs of each rank, as for ``--bind-to``: ``auto``, ``core`` or ``none``.
 
     Returns:
         Every rank's return value, in rank order.
@@ -57,7 +59,8 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mappi
     Raises:
         RuntimeError: a rank raised (the message names the rank and includes its traceback) or
             the job failed otherwise (a rank crashed, a start timeout, a signal).
-        ValueError: for invalid hosts or both ``hosts`` and ``hostfile``.
+        ValueError: for invalid hosts, both ``hosts`` and ``hostfile``, or ``bind_to="core"``
+            with more ranks than cores.
     """
     if hosts is not None and hostfile is not None:
         raise ValueError("pass either hosts or hostfile, not both")
@@ -77,7 +80,7 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mappi
             num_proc=np, hosts=host_slots,
             settings_env={**(env or {}), "PYTHONPATH": python_path},
             start_timeout=start_timeout, output_dir=output_filename,
-            prefix_timestamp=prefix_output_with_timestamp, verbose=verbose)
+            prefix_timestamp=prefix_output_with_timestamp, verbose=verbose, bind_to=bind_to)
         result = run_job(spec)
         if result.exit_code != 0:
             message = f"hororun: {result.message}"

@@ -23,6 +23,7 @@ from typing import IO, Mapping, Optional, Sequence
 
 from horo_core.kvstore import KVServer
 
+from .binding import format_cpus, rank_cpu_sets
 from .hosts import HostSlots, SlotInfo, get_host_assignments, remote_hosts
 from .local_exec import ExecOptions, JobResult, Monitor, Worker, execute
 
@@ -48,6 +49,8 @@ class JobSpec:
         prefix_timestamp: precede each output prefix with a timestamp.
         verbose: describe the launch on stderr (never the secret).
         termination_grace_s: seconds between SIGTERM and SIGKILL on failure.
+        bind_to: which CPUs each rank may use: ``auto``, ``core`` or ``none``
+            (:mod:`horo_runner.binding`).
     """
 
     command: Sequence[str]
@@ -59,6 +62,7 @@ class JobSpec:
     prefix_timestamp: bool = False
     verbose: bool = False
     termination_grace_s: float = 5.0
+    bind_to: str = "auto"
 
 
 def _worker_env(base: Mapping[str, str], slot: SlotInfo, settings: Mapping[str, str],
@@ -99,13 +103,16 @@ def _start_watch(server: KVServer, size: int, timeout: float) -> Monitor:
 
 
 def _describe(spec: JobSpec, slots: Sequence[SlotInfo], rendezvous: tuple[str, int],
-              err: IO[str]) -> None:
+              cpus: Sequence[Optional[frozenset[int]]], err: IO[str]) -> None:
     placement = ", ".join(f"{h}:{sum(1 for s in slots if s.hostname == h)}"
                           for h in dict.fromkeys(s.hostname for s in slots))
     err.write(f"hororun: rendezvous on {rendezvous[0]}:{rendezvous[1]}; starting "
               f"{spec.num_proc} processes on {placement}\n")
     for key in sorted(spec.settings_env):
         err.write(f"hororun:   {key}={spec.settings_env[key]}\n")
+    if any(c is not None for c in cpus):
+        err.write(f"hororun:   CPUs (--bind-to {spec.bind_to}): "
+                  + ", ".join(f"rank {s.rank}: {format_cpus(c)}" for s, c in zip(slots, cpus)) + "\n")
     err.write(f"hororun:   command: {shlex.join(spec.command)}\n")
     err.flush()
 
@@ -124,8 +131,8 @@ def run_job(spec: JobSpec, stdout: Optional[IO[str]] = None,
         The :class:`~horo_runner.local_exec.JobResult`.
 
     Raises:
-        ValueError: bad host list, too few slots, an empty command, or remote hosts (not
-            supported yet).
+        ValueError: bad host list, too few slots, an empty command, remote hosts (not
+            supported yet), or ``bind_to="core"`` with more ranks than cores.
     """
     if not spec.command:
         raise ValueError("no command to run")
@@ -135,15 +142,17 @@ def run_job(spec: JobSpec, stdout: Optional[IO[str]] = None,
         raise ValueError(f"remote hosts are not supported yet: {', '.join(remote)} (only this "
                          f"machine: localhost, 127.0.0.1 or its host name)")
     slots = get_host_assignments(hosts, spec.num_proc)
+    # Every host is this machine (even under other names): all ranks share its CPUs.
+    cpus = rank_cpu_sets(spec.bind_to, len(slots))
     err = stderr or sys.stderr
     secret_hex = os.urandom(_SECRET_BYTES).hex()
     with KVServer("127.0.0.1", 0, bytes.fromhex(secret_hex)) as server:
         rendezvous = server.address
         if spec.verbose:
-            _describe(spec, slots, rendezvous, err)
+            _describe(spec, slots, rendezvous, cpus, err)
         workers = [Worker(s.rank, spec.command,
-                          _worker_env(os.environ, s, spec.settings_env, rendezvous, secret_hex))
-                   for s in slots]
+                          _worker_env(os.environ, s, spec.settings_env, rendezvous, secret_hex), cpus[i])
+                   for i, s in enumerate(slots)]
         options = ExecOptions(output_dir=spec.output_dir, prefix_timestamp=spec.prefix_timestamp,
                               termination_grace_s=spec.termination_grace_s)
         return execute(workers, options, monitors=[_start_watch(server, spec.num_proc,

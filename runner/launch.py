@@ -12,6 +12,8 @@ import sys
 import textwrap
 from typing import Callable, Optional, Sequence
 
+from .binding import BIND_MODES
+
 __all__ = ["main", "parse_args", "settings_env", "SETTINGS_FLAGS"]
 
 _LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
@@ -126,6 +128,10 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-filename", metavar="DIR",
                    help="also write each rank's output to DIR/rank.<rank>/{stdout,stderr}")
     p.add_argument("--verbose", action="store_true", help="describe the launch on stderr")
+    p.add_argument("--bind-to", choices=BIND_MODES, default="auto",
+                   help="CPUs of each rank: 'auto' gives every rank its own share of this host's "
+                        "cores when there are at least as many cores as ranks (2 or more), 'core' "
+                        "insists on it, 'none' binds nothing (default: auto)")
 
     hosts = p.add_argument_group("hosts")
     hosts.add_argument("-H", "--hosts", metavar="HOSTS",
@@ -312,7 +318,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         spec = JobSpec(command=args.command, num_proc=args.num_proc, hosts=hosts,
                        settings_env=settings_env(args), start_timeout=args.start_timeout,
                        output_dir=args.output_filename, prefix_timestamp=args.prefix_timestamp,
-                       verbose=args.verbose)
+                       verbose=args.verbose, bind_to=args.bind_to)
         result = run_job(spec)
     except (ValueError, OSError) as e:
         sys.stderr.write(f"hororun: error: {e}\n")

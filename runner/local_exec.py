@@ -37,11 +37,12 @@ _READER_JOIN_S = 10.0  # a detached grandchild may hold a pipe open; do not wait
 
 @dataclasses.dataclass(frozen=True)
 class Worker:
-    """One process to start: its rank, argv and complete environment."""
+    """One process to start: its rank, argv, complete environment and, if bound, its CPUs."""
 
     rank: int
     command: Sequence[str]
     env: Mapping[str, str]
+    cpus: Optional[frozenset[int]] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +117,13 @@ class _Job:
     def start(self, worker: Worker) -> None:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
+        # A child inherits the CPUs of the thread that starts it: binding this thread for the
+        # moment of the start binds the worker from its first instruction, with no window in
+        # which it could start threads of its own on other CPUs.
+        own_cpus = os.sched_getaffinity(0) if worker.cpus is not None else None
         try:
+            if worker.cpus is not None:
+                os.sched_setaffinity(0, worker.cpus)
             proc = subprocess.Popen(list(worker.command), env=dict(worker.env),
                                     stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w,
                                     start_new_session=True, close_fds=True, cwd=self.options.cwd)
@@ -125,6 +132,8 @@ class _Job:
                 os.close(fd)
             raise
         finally:
+            if own_cpus is not None:
+                os.sched_setaffinity(0, own_cpus)
             os.close(out_w)
             os.close(err_w)
         self.procs[worker.rank] = proc

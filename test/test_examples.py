@@ -18,3 +18,19 @@ def test_pytorch_collectives_demo_under_hororun():
     want.append("[0]<stdout>:all collectives verified on 2 ranks")
     assert sorted(proc.stdout.splitlines()) == sorted(want)
     assert "FAILED" not in proc.stderr
+
+
+def test_allreduce_bench_under_hororun_with_and_without_binding():
+    """The benchmark checks every peer's sums before timing; here Horo alone, two small sizes."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HORO_", "HOROVOD_"))}
+    bench = os.path.join(ROOT, "examples", "benchmarks", "allreduce_bench.py")
+    bindings = ["none", "core"] if len(os.sched_getaffinity(0)) >= 2 else ["none"]
+    for bind in bindings:
+        proc = subprocess.run([sys.executable, bench, "-np", "2", "--launcher", "hororun", "--peers", "horo",
+                               "--sizes", "4,4K", "--repeats", "1", "--bind-to", bind], env=env, text=True,
+                              capture_output=True, stdin=subprocess.DEVNULL, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert f"-np 2 --bind-to {bind} " in proc.stdout
+        rows = [line for line in proc.stdout.splitlines() if line.startswith(("| 4 B |", "[0]<stdout>:| 4 B |",
+                                                                              "| 4 KB |", "[0]<stdout>:| 4 KB |"))]
+        assert len(rows) == 2, proc.stdout

@@ -433,6 +433,107 @@ def test_hostfile_launch(child_env, tmp_path):
                                                         "[1]<stdout>:2 localhost"]
 
 
+# ------------------------------------------------------------------------------- CPU binding
+
+AFFINITY = """
+    import json, os
+    print(json.dumps(sorted(os.sched_getaffinity(0))))
+"""
+
+
+def affinities(proc):
+    assert proc.returncode == 0, proc.stderr
+    found = {}
+    for line in proc.stdout.decode().splitlines():
+        prefix, _, payload = line.partition(":")
+        found[int(prefix[1])] = set(json.loads(payload))
+    return [found[r] for r in sorted(found)]
+
+
+def fake_topology(siblings, packages=None):
+    """A sysfs reader for CPUs whose SMT siblings and packages are given."""
+    def read(cpu, item):
+        if item == "thread_siblings_list":
+            return ",".join(str(c) for c in siblings[cpu])
+        if item == "physical_package_id":
+            return str((packages or {}).get(cpu, 0))
+        return None
+    return read
+
+
+def test_cpu_shares_keep_smt_siblings_and_packages_together(runner_path):
+    from horo_runner.binding import physical_cores, rank_cpu_sets
+    # 2 packages x 2 cores x 2 threads, numbered the way Linux usually does: siblings are n and n+4.
+    siblings = {c: (c % 4, c % 4 + 4) for c in range(8)}
+    packages = {c: (c % 4) // 2 for c in range(8)}
+    read = fake_topology(siblings, packages)
+    assert physical_cores(range(8), read) == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert rank_cpu_sets("auto", 2, range(8), read) == [{0, 1, 4, 5}, {2, 3, 6, 7}]
+    assert rank_cpu_sets("auto", 4, range(8), read) == [{0, 4}, {1, 5}, {2, 6}, {3, 7}]
+    # More ranks than cores: auto binds nothing, core refuses and says why.
+    assert rank_cpu_sets("auto", 5, range(8), read) == [None] * 5
+    with pytest.raises(ValueError, match=r"5 ranks on this host but only 4 physical cores .*0-7"):
+        rank_cpu_sets("core", 5, range(8), read)
+    # Uneven shares: the first ranks get the extra core; a restricted mask is respected.
+    assert rank_cpu_sets("core", 2, [0, 1, 2, 4, 5, 6], read) == [{0, 1, 4, 5}, {2, 6}]
+    # One rank: auto leaves it alone, core gives it every core; none never binds.
+    assert rank_cpu_sets("auto", 1, range(8), read) == [None]
+    assert rank_cpu_sets("core", 1, range(8), read) == [set(range(8))]
+    assert rank_cpu_sets("none", 4, range(8), read) == [None] * 4
+    # Without sysfs every CPU is a core of its own.
+    assert rank_cpu_sets("auto", 2, [3, 5, 9], lambda cpu, item: None) == [{3, 5}, {9}]
+    with pytest.raises(ValueError, match="--bind-to must be one of auto, core, none, got 'socket'"):
+        rank_cpu_sets("socket", 2, range(8), read)
+
+
+def test_ranks_start_bound_to_their_own_cpus(child_env):
+    from horo_runner.binding import rank_cpu_sets
+    allowed = sorted(os.sched_getaffinity(0))
+    expected = rank_cpu_sets("auto", 2, allowed)
+    proc = hororun(child_env, "--verbose", "-np", "2", *worker(AFFINITY))
+    found = affinities(proc)
+    if expected[0] is None:  # a single-core machine: nothing to bind
+        assert found == [set(allowed)] * 2
+        assert "CPUs (--bind-to" not in proc.stderr.decode()
+    else:
+        assert found == expected
+        assert not found[0] & found[1]
+        from horo_runner.binding import format_cpus
+        assert (f"hororun:   CPUs (--bind-to auto): rank 0: {format_cpus(expected[0])}, "
+                f"rank 1: {format_cpus(expected[1])}\n") in proc.stderr.decode()
+    # Threads a rank starts before importing anything inherit its CPUs too.
+    threads = """
+        import json, os, threading
+        seen = []
+        t = threading.Thread(target=lambda: seen.append(sorted(os.sched_getaffinity(0))))
+        t.start(); t.join()
+        print(json.dumps(seen[0]))
+    """
+    assert affinities(hororun(child_env, "-np", "2", *worker(threads))) == found
+    # The launcher itself keeps its own CPUs (it binds only the thread that starts a rank, and only
+    # while it does).
+    from horo_runner import run
+    assert run(lambda: sorted(os.sched_getaffinity(0)), np=2, bind_to="none") == [allowed] * 2
+    assert sorted(os.sched_getaffinity(0)) == allowed
+
+
+def test_bind_to_none_and_core(child_env):
+    allowed = set(os.sched_getaffinity(0))
+    assert affinities(hororun(child_env, "-np", "2", "--bind-to", "none", *worker(AFFINITY))) == [allowed] * 2
+    # One rank bound to "core" gets every core it may use.
+    assert affinities(hororun(child_env, "-np", "1", "--bind-to", "core", *worker(AFFINITY))) == [allowed]
+    too_many = str(len(allowed) + 1)
+    proc = hororun(child_env, "-np", too_many, "--bind-to", "core", *worker(AFFINITY))
+    assert proc.returncode == 2
+    assert re.search(rf"--bind-to core: {too_many} ranks on this host but only \d+ physical cores",
+                     proc.stderr.decode())
+    assert proc.stdout == b""
+    # auto with more ranks than cores binds nothing.
+    assert affinities(hororun(child_env, "-np", too_many, *worker(AFFINITY))) == [allowed] * int(too_many)
+    proc = hororun(child_env, "-np", "2", "--bind-to", "socket", *worker(AFFINITY))
+    assert proc.returncode == 2 and "invalid choice: 'socket'" in proc.stderr.decode()
+
+
 # ------------------------------------------------------------------------------- run() API
 
 

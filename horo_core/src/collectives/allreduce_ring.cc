@@ -23,6 +23,9 @@
 // network, so rings that cross hosts (or whose hosts are unknown) keep the phases whole, and so
 // do rings on one host when slice_bytes is 0 (rank 0 stamps that when shared memory is off). The
 // topology and the slice size are the same on every member, so all cut the same slices.
+//
+// options.ring_postscale is applied by each member to the block (or slice) it has just finished
+// reducing, before the allgather copies it on: every member still ends with the same bits.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -30,6 +33,7 @@
 #include "collectives/collectives.h"
 #include "collectives/group_io.h"
 #include "collectives/host_topology.h"
+#include "collectives/reduce_kernels.h"
 #include "collectives/ring_phases.h"
 
 namespace horo {
@@ -43,21 +47,34 @@ Status AllreduceRing(const CommGroup& group, void* buffer, int64_t count, DataTy
     return Status::InvalidArgument("allreduce ring: chunk_bytes must be positive and slice_bytes not negative, got " +
                                    std::to_string(options.chunk_bytes) + " and " + std::to_string(options.slice_bytes));
   }
+  if (options.ring_postscale != 1.0 && !IsFloatingPoint(dtype)) {
+    return Status::InvalidArgument(std::string("allreduce ring: a postscale needs a floating-point type, got ") +
+                                   DataTypeName(dtype));
+  }
   const int members = group.size();
-  if (members == 1 || count == 0) return Status::OK();
+  if (members == 1 || count == 0) {
+    ScaleBuffer(buffer, count, dtype, options.ring_postscale);
+    return Status::OK();
+  }
 
   std::vector<int64_t> block_counts(members, count / members);
   for (int64_t b = 0; b < count % members; ++b) ++block_counts[b];
   const RingBlocks blocks = RingBlocksFromCounts(block_counts, static_cast<int64_t>(DataTypeSize(dtype)));
 
   uint8_t* bytes = static_cast<uint8_t*>(buffer);
+  const int64_t element_size = static_cast<int64_t>(DataTypeSize(dtype));
+  // After the scatter-reduce this member holds block index + 1 (final_shift) fully reduced.
+  const int reduced = (group.index + 1) % members;
+  auto scale_reduced = [&](const RingBlocks& part) {
+    ScaleBuffer(bytes + part.offset[reduced], part.bytes[reduced] / element_size, dtype, options.ring_postscale);
+  };
   const bool one_host = options.topology != nullptr && options.topology->num_hosts() == 1;
   if (!one_host || options.slice_bytes == 0) {
     HORO_RETURN_IF_ERROR(RingScatterReduce(group, bytes, blocks, dtype, op, options.chunk_bytes, /*final_shift=*/1,
                                            "allreduce ring scatter-reduce"));
+    scale_reduced(blocks);
     return RingAllgather(group, bytes, blocks, /*start_shift=*/1, "allreduce ring allgather");
   }
-  const int64_t element_size = static_cast<int64_t>(DataTypeSize(dtype));
   const int64_t slice_bytes = std::max<int64_t>(1, options.slice_bytes / element_size) * element_size;
   const int64_t longest = *std::max_element(blocks.bytes.begin(), blocks.bytes.end());
   RingBlocks slice = blocks;
@@ -69,6 +86,7 @@ Status AllreduceRing(const CommGroup& group, void* buffer, int64_t count, DataTy
     }
     HORO_RETURN_IF_ERROR(RingScatterReduce(group, bytes, slice, dtype, op, slice_bytes, /*final_shift=*/1,
                                            "allreduce ring scatter-reduce"));
+    scale_reduced(slice);
     HORO_RETURN_IF_ERROR(RingAllgather(group, bytes, slice, /*start_shift=*/1, "allreduce ring allgather"));
   }
   return Status::OK();

@@ -40,6 +40,10 @@ struct AllreduceOptions {
   // kAuto and kOn reduce hierarchically whenever the group spans hosts and some host has several
   // members (otherwise hierarchical and flat are the same thing); kOff never does.
   Toggle hierarchical = Toggle::kAuto;
+  // AllreduceRing only, floating-point types only: multiplies the result by this factor, each member
+  // scaling the block it reduced while that block is still in its cache (a separate pass over the
+  // result afterwards reads and writes every byte once more). Other algorithms ignore it.
+  double ring_postscale = 1.0;
 };
 
 enum class AllreduceAlgorithm { kRecursiveDoubling = 0, kRing = 1, kHierarchical = 2 };

@@ -23,13 +23,19 @@ void Scale(void* buffer, int64_t count, DataType dtype, double factor) {
   if (factor != 1.0) ScaleBuffer(buffer, count, dtype, factor);
 }
 
+// The factor a floating-point result is multiplied by: the postscale, divided by the number of
+// members for Average.
+double PostscaleFactor(const Response& r, int members) {
+  return r.reduce_op == ReduceOp::kAverage ? r.postscale_factor / members : r.postscale_factor;
+}
+
 // Applies the postscale factor, and for Average the division by the number of members (exact,
 // truncating division for integer types).
 void Postscale(void* buffer, int64_t count, const Response& r, int members) {
   if (r.reduce_op != ReduceOp::kAverage) {
     Scale(buffer, count, r.dtype, r.postscale_factor);
   } else if (IsFloatingPoint(r.dtype)) {
-    Scale(buffer, count, r.dtype, r.postscale_factor / members);
+    Scale(buffer, count, r.dtype, PostscaleFactor(r, members));
   } else {
     Scale(buffer, count, r.dtype, r.postscale_factor);
     DivideBuffer(buffer, count, r.dtype, members);
@@ -93,6 +99,7 @@ Status Executor::AllreduceOptionsFor(const CommGroup& group, const Response& hea
 Status Executor::ReduceAcrossGroup(const CommGroup& group, const Response& head, void* buffer, int64_t count) {
   AllreduceOptions options;
   HORO_RETURN_IF_ERROR(AllreduceOptionsFor(group, head, &options));
+  bool scaled_in_ring = false;
   if (group.size() > 1 && count > 0) {
     const int64_t bytes = count * static_cast<int64_t>(DataTypeSize(head.dtype));
     const AllreduceAlgorithm algorithm = ChooseAllreduceAlgorithm(bytes, options);
@@ -100,8 +107,16 @@ Status Executor::ReduceAcrossGroup(const CommGroup& group, const Response& head,
     trace_.Activity(AllreduceAlgorithmTimelineName(algorithm));
     HORO_LOG(kTrace, rank_) << "allreduce '" << head.name << "' (" << bytes << " bytes, process set "
                             << head.process_set_id << "): " << AllreduceAlgorithmName(algorithm);
+    // The ring scales each block right after reducing it, while it is in cache: Average's division
+    // (DistributedOptimizer's default) then costs no pass of its own over every gradient.
+    if (algorithm == AllreduceAlgorithm::kRing && IsFloatingPoint(head.dtype)) {
+      options.ring_postscale = PostscaleFactor(head, group.size());
+      scaled_in_ring = true;
+    }
   }
-  return Allreduce(group, buffer, count, head.dtype, CollectiveOp(head.reduce_op), options);
+  HORO_RETURN_IF_ERROR(Allreduce(group, buffer, count, head.dtype, CollectiveOp(head.reduce_op), options));
+  if (!scaled_in_ring) Postscale(buffer, count, head, group.size());
+  return Status::OK();
 }
 
 ExecutorStats Executor::Stats() const {
@@ -260,7 +275,6 @@ Status Executor::ReduceInPlace(const CommGroup& group, Slot& slot) {
   }
   Scale(slot.entry.output, count, r.dtype, r.prescale_factor);
   HORO_RETURN_IF_ERROR(ReduceAcrossGroup(group, r, slot.entry.output, count));
-  Postscale(slot.entry.output, count, r, group.size());
   Finish(slot, Status::OK());
   return Status::OK();
 }
@@ -300,7 +314,6 @@ Status Executor::RunAllreduce(const CommGroup& group, std::vector<Slot>& slots) 
   }
   Scale(buffer, total, dtype, head.prescale_factor);
   HORO_RETURN_IF_ERROR(ReduceAcrossGroup(group, head, buffer, total));
-  Postscale(buffer, total, head, group.size());
   trace_.Activity("MEMCPY_OUT_FUSION_BUFFER");
   offset = 0;
   for (Slot* s : fused) {

@@ -80,7 +80,8 @@ class Executor {
   bool GroupOf(int32_t set_id, CommGroup* group);
   // The hosts of a set's members, computed once per set from the transport's host map.
   Status TopologyOf(int32_t set_id, const CommGroup& group, const HostTopology** topology);
-  // Allreduce with the algorithm settings of the response, counted in the stats.
+  // Allreduce with the algorithm settings of the response, counted in the stats, and its postscale
+  // (Average's division included) applied. The prescale is the caller's.
   Status ReduceAcrossGroup(const CommGroup& group, const Response& head, void* buffer, int64_t count);
   // The allreduce settings every member uses for head: the coordinator's (stamped in the response)
   // or the autotuner's crossover, and the set's host topology.

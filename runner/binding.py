@@ -21,7 +21,7 @@ can. Threads a rank starts inherit its CPUs, DataLoader workers included.
 from __future__ import annotations
 
 import os
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 __all__ = ["BIND_MODES", "format_cpus", "physical_cores", "rank_cpu_sets"]
 
@@ -101,7 +101,7 @@ def rank_cpu_sets(mode: str, local_size: int, allowed: Optional[Sequence[int]] =
         if mode == "auto":
             return unbound
         raise ValueError(f"--bind-to core: {local_size} ranks on this host but only {len(cores)} physical "
-                         f"cores among the CPUs hororun may use ({_format_cpus(allowed)}); use fewer ranks "
+                         f"cores among the CPUs hororun may use ({format_cpus(allowed)}); use fewer ranks "
                          f"or --bind-to none")
     share, extra = divmod(len(cores), local_size)
     sets: list[Optional[frozenset[int]]] = []
@@ -113,17 +113,14 @@ def rank_cpu_sets(mode: str, local_size: int, allowed: Optional[Sequence[int]] =
     return sets
 
 
-def _format_cpus(cpus: Sequence[int]) -> str:
-    """``0-3,8`` for CPUs 0, 1, 2, 3 and 8."""
-    ranges: list[str] = []
+def format_cpus(cpus: Optional[Iterable[int]]) -> str:
+    """``0-3,8`` for CPUs 0, 1, 2, 3 and 8; ``all`` for None (not bound)."""
+    if cpus is None:
+        return "all"
+    ranges: list[list[int]] = []
     for cpu in sorted(set(cpus)):
-        if ranges and cpu == int(ranges[-1].rsplit("-", 1)[-1]) + 1:
-            ranges[-1] = f"{ranges[-1].split('-')[0]}-{cpu}"
+        if ranges and cpu == ranges[-1][1] + 1:
+            ranges[-1][1] = cpu
         else:
-            ranges.append(str(cpu))
-    return ",".join(ranges)
-
-
-def format_cpus(cpus: Optional[frozenset[int]]) -> str:
-    """Human-readable CPU set for the launch description; ``all`` when not bound."""
-    return "all" if cpus is None else _format_cpus(sorted(cpus))
+            ranges.append([cpu, cpu])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)

@@ -34,3 +34,15 @@ def test_allreduce_bench_under_hororun_with_and_without_binding():
         rows = [line for line in proc.stdout.splitlines() if line.startswith(("| 4 B |", "[0]<stdout>:| 4 B |",
                                                                               "| 4 KB |", "[0]<stdout>:| 4 KB |"))]
         assert len(rows) == 2, proc.stdout
+
+
+def test_average_bench_checks_its_results_on_three_ranks():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HORO_", "HOROVOD_"))}
+    bench = os.path.join(ROOT, "examples", "benchmarks", "average_bench.py")
+    # 3 ranks: uneven ring blocks, and an average (2.0) that is not the sum (6.0).
+    proc = subprocess.run([sys.executable, "-m", "horo_runner.launch", "-np", "3", sys.executable, bench,
+                           "--tensors", "3", "--elements", "70001", "--rounds", "2", "--warmup", "1"], env=env,
+                          text=True, capture_output=True, stdin=subprocess.DEVNULL, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for label in ("Average", "Sum"):
+        assert f"[0]<stdout>:{label}: " in proc.stdout and "per round of 3 tensors (0.8 MB), 3 ranks" in proc.stdout

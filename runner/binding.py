@@ -4,7 +4,7 @@ A rank runs at least two busy threads: the framework's compute thread and Horo's
 thread, which moves and reduces the gradients. When a host's ranks fill its cores, the kernel
 keeps moving those threads between cores, and a rank's threads lose their caches and wait behind
 the other rank's threads; binding each rank to its own cores keeps every rank's threads together
-(docs/benchmarks.md, "Binding ranks to cores", has the measurements).
+(docs/benchmarks.md, "Ranks bound to their own cores", has the training measurements).
 
 Modes:
 

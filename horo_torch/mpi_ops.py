@@ -121,6 +121,30 @@ def _run_host(op_type, kind, name, tensor, output, process_set, reduce_op=None, 
     return output
 
 
+# The last in-place allreduce_ of each name on a host tensor, checked field by field before the
+# dictionary of descriptions above is consulted: a loop of metric allreduces then skips building
+# and hashing that dictionary's key (0.3 us of a 2.6 us call on one rank; docs/benchmarks.md).
+# Entries: (average, op, prescale, postscale, process set, its id, dtype, shape, description).
+_last_allreduce = {}
+
+
+def _allreduce_host(tensor, average, name, op, prescale_factor, postscale_factor, process_set):
+    reduce_op = resolve_op(average, op)
+    _run_host(lib.HORO_ALLREDUCE, "allreduce", name, tensor, tensor, process_set, reduce_op=reduce_op,
+              prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+    set_id = process_set.process_set_id
+    if name is not None and set_id is not None:
+        key = (lib.HORO_ALLREDUCE, name, set_id, reduce_op, prescale_factor, postscale_factor, 0, tensor.dtype,
+               tensor.shape)
+        prepared = _prepared_runs.get(key)
+        if prepared is not None:
+            if len(_last_allreduce) >= _PREPARED_RUNS_LIMIT:
+                _last_allreduce.clear()
+            _last_allreduce[name] = (average, op, prescale_factor, postscale_factor, process_set, set_id,
+                                     tensor.dtype, tensor.shape, prepared)
+    return tensor
+
+
 def _is_host_dense(tensor):
     return tensor.is_cpu and tensor.is_contiguous()
 
@@ -374,10 +398,16 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                process_set=global_process_set):
     """In-place allreduce; returns tensor."""
+    last = _last_allreduce.get(name)
+    # Identity for the arguments (an equal but different object takes the general path below).
+    if (last is not None and last[0] is average and last[1] is op and last[2] == prescale_factor
+            and last[3] == postscale_factor and last[4] is process_set and last[5] == process_set.process_set_id
+            and tensor.dtype is last[6] and tensor.shape == last[7] and tensor.is_cpu and tensor.is_contiguous()):
+        address = tensor.data_ptr()
+        basics.runtime().run_prepared(last[8], address, address)
+        return tensor
     if _is_host_dense(tensor):
-        return _run_host(lib.HORO_ALLREDUCE, "allreduce", name, tensor, tensor, process_set,
-                         reduce_op=resolve_op(average, op), prescale_factor=prescale_factor,
-                         postscale_factor=postscale_factor)
+        return _allreduce_host(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
     return _now(allreduce_async_, tensor, average, name, op, prescale_factor, postscale_factor, process_set)
 
 

@@ -415,6 +415,43 @@ def check_sync_and_names(hvd, c, env):
                                                                 op=hvd.Sum), torch.full((2,), float(total)))
 
 
+def check_repeated_inplace_allreduce(hvd, c, env):
+    """allreduce_ under one name while its arguments change from call to call: every call reduces
+    what it was given (the last call's description is reused only when everything matches)."""
+    r, n = hvd.rank(), hvd.size()
+    total = n * (n + 1) // 2
+
+    def run(what, tensor, want, **kwargs):
+        got = hvd.allreduce_(tensor, name="repeat", **kwargs)
+        c.same(f"{what}: returns its argument", got is tensor, True)
+        c.equal(what, tensor, want)
+
+    for i in range(3):
+        run(f"Sum, call {i}", torch.full((6,), float(r + 1)), torch.full((6,), float(total)), op=hvd.Sum)
+    run("then Max", torch.full((6,), float(r + 1)), torch.full((6,), float(n)), op=hvd.Max)
+    run("then another shape", torch.full((7,), float(r + 1)), torch.full((7,), float(total)), op=hvd.Sum)
+    run("then another dtype", torch.full((7,), r + 1, dtype=torch.int32), torch.full((7,), total, dtype=torch.int32),
+        op=hvd.Sum)
+    run("then a prescale", torch.full((7,), float(r + 1), dtype=torch.float64),
+        torch.full((7,), 2.0 * total, dtype=torch.float64), op=hvd.Sum, prescale_factor=2.0)
+    run("then a postscale", torch.full((7,), float(r + 1), dtype=torch.float64),
+        torch.full((7,), 0.5 * total, dtype=torch.float64), op=hvd.Sum, postscale_factor=0.5)
+    run("then the default op (Average)", torch.full((7,), float(r + 1), dtype=torch.float64),
+        torch.full((7,), total / n, dtype=torch.float64))
+    run("then average=False", torch.full((7,), float(r + 1), dtype=torch.float64),
+        torch.full((7,), float(total), dtype=torch.float64), average=False)
+    run("Sum again", torch.full((6,), float(r + 1)), torch.full((6,), float(total)), op=hvd.Sum)
+    # A column has the shape and dtype of the call before, but not its layout.
+    base = torch.full((6, 2), float(r + 1))
+    base[:, 1] = -1.0
+    column = base[:, 0]
+    run("then a non-contiguous view", column, torch.full((6,), float(total)), op=hvd.Sum)
+    c.equal("... the other column untouched", base[:, 1], torch.full((6,), -1.0))
+    run("Sum once more", torch.full((6,), float(r + 1)), torch.full((6,), float(total)), op=hvd.Sum)
+    c.raises("average and op together", [ValueError], "op",
+             lambda: hvd.allreduce_(torch.ones(6), name="repeat", average=True, op=hvd.Sum))
+
+
 def check_join(hvd, c, env):
     r, n = hvd.rank(), hvd.size()
     if n == 1:
@@ -586,7 +623,7 @@ def check_autograd(hvd, c, env):
 
 GROUPS = [check_topology, check_allreduce_matrix, check_noncontiguous, check_scales_and_compression,
           check_grouped_allreduce, check_allgather, check_broadcast, check_alltoall, check_reducescatter,
-          check_sync_and_names, check_join, check_autograd]
+          check_sync_and_names, check_repeated_inplace_allreduce, check_join, check_autograd]
 
 
 def run_all_checks():

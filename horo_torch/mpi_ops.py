@@ -352,18 +352,24 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
                             "allreduce")
 
 
+def _allreduce_now(tensor, name, op, prescale_factor, postscale_factor, process_set):
+    """The reduced copy of tensor (op resolved), waited for."""
+    if _is_host_dense(tensor):
+        # empty_like: a third of the cost of torch.empty(shape, dtype=...) per call.
+        return _run_host(lib.HORO_ALLREDUCE, "allreduce", name, tensor,
+                         torch.empty_like(tensor, memory_format=torch.contiguous_format),
+                         process_set, reduce_op=op, prescale_factor=prescale_factor,
+                         postscale_factor=postscale_factor)
+    return _now(allreduce_async, tensor, None, name, op, prescale_factor, postscale_factor, process_set)
+
+
 class HorovodAllreduce(torch.autograd.Function):
     """Allreduce whose gradient is the allreduce of the incoming gradient with the same op."""
 
     @staticmethod
     def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, process_set):
         ctx.op, ctx.scales, ctx.process_set = op, (prescale_factor, postscale_factor), process_set
-        if _is_host_dense(tensor):
-            return _run_host(lib.HORO_ALLREDUCE, "allreduce", name, tensor.detach(),
-                             torch.empty(tensor.shape, dtype=tensor.dtype),
-                             process_set, reduce_op=resolve_op(None, op), prescale_factor=prescale_factor,
-                             postscale_factor=postscale_factor)
-        return _now(allreduce_async, tensor, None, name, op, prescale_factor, postscale_factor, process_set)
+        return _allreduce_now(tensor, name, op, prescale_factor, postscale_factor, process_set)
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -391,7 +397,10 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     """
     op = resolve_op(average, op)
     compressed, ctx = compression.compress(tensor)
-    reduced = HorovodAllreduce.apply(compressed, name, op, prescale_factor, postscale_factor, process_set)
+    if compressed.requires_grad and torch.is_grad_enabled():
+        reduced = HorovodAllreduce.apply(compressed, name, op, prescale_factor, postscale_factor, process_set)
+    else:  # no graph to record: the autograd Function would cost 5-7 us of a 9 us call (docs/benchmarks.md)
+        reduced = _allreduce_now(compressed, name, op, prescale_factor, postscale_factor, process_set)
     return compression.decompress(reduced, ctx)
 
 

@@ -450,6 +450,22 @@ def check_repeated_inplace_allreduce(hvd, c, env):
     run("Sum once more", torch.full((6,), float(r + 1)), torch.full((6,), float(total)), op=hvd.Sum)
     c.raises("average and op together", [ValueError], "op",
              lambda: hvd.allreduce_(torch.ones(6), name="repeat", average=True, op=hvd.Sum))
+    # allreduce (out of place) records a graph only when one can be recorded.
+    x = torch.full((3,), float(r + 1))
+    y = hvd.allreduce(x, name="repeat.out", op=hvd.Sum)
+    c.equal("allreduce without grad", y, torch.full((3,), float(total)))
+    c.same("... a new tensor, input unchanged", (y is x, bool((x == r + 1).all())), (False, True))
+    c.same("... no graph", (y.requires_grad, y.grad_fn), (False, None))
+    w = torch.full((3,), float(r + 1), requires_grad=True)
+    with torch.no_grad():
+        y = hvd.allreduce(w, name="repeat.out", op=hvd.Sum)
+    c.equal("allreduce of a leaf that requires grad, under no_grad", y, torch.full((3,), float(total)))
+    c.same("... no graph", (y.requires_grad, y.grad_fn), (False, None))
+    y = hvd.allreduce(w, name="repeat.out", op=hvd.Sum)
+    c.same("with grad enabled: a graph", (y.requires_grad, type(y.grad_fn).__name__),
+           (True, "HorovodAllreduceBackward"))
+    y.sum().backward()
+    c.equal("... its gradient (the Sum of every rank's ones)", w.grad, torch.full((3,), float(n)))
 
 
 def check_join(hvd, c, env):

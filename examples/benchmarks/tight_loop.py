@@ -3,11 +3,13 @@ averaged every step: what a caller pays per collective when nothing else is in f
 
     hororun -np 2 python examples/benchmarks/tight_loop.py            # 4-byte tensor
     hororun -np 4 python examples/benchmarks/tight_loop.py --bytes 4096
+    hororun -np 2 python examples/benchmarks/tight_loop.py --out-of-place
     HORO_CALLER_PROGRESS=0 hororun -np 2 python examples/benchmarks/tight_loop.py
 
-Every rank times --blocks blocks of --calls calls of ``hvd.allreduce_(t, op=Sum, name=...)`` after
-a warm-up; rank 0 prints the per-call time of every block of the slowest rank and their median.
-The result is checked against the exact sum once.
+Every rank times --blocks blocks of --calls calls of ``hvd.allreduce_(t, op=Sum, name=...)`` (or,
+with ``--out-of-place``, ``hvd.allreduce``, which returns a new tensor) after a warm-up; rank 0
+prints the per-call time of every block of the slowest rank and their median. The result is
+checked against the exact sum once.
 """
 import argparse
 import statistics
@@ -24,6 +26,8 @@ def main():
     p.add_argument("--calls", type=int, default=3000, help="calls per timed block (default 3000)")
     p.add_argument("--blocks", type=int, default=7, help="timed blocks (default 7)")
     p.add_argument("--warmup", type=int, default=2000, help="untimed calls first (default 2000)")
+    p.add_argument("--out-of-place", action="store_true",
+                   help="time hvd.allreduce (a new tensor per call) instead of hvd.allreduce_")
     args = p.parse_args()
     if args.bytes <= 0 or args.bytes % 4:
         p.error("--bytes must be a positive multiple of 4")
@@ -31,17 +35,18 @@ def main():
     hvd.init()
     n = hvd.size()
     t = torch.full((args.bytes // 4,), float(hvd.rank() + 1))
-    hvd.allreduce_(t, op=hvd.Sum, name="tight")
+    call = hvd.allreduce if args.out_of_place else hvd.allreduce_
+    got = call(t, op=hvd.Sum, name="tight")
     expected = float(n * (n + 1) // 2)
-    if not bool((t == expected).all()):
-        raise SystemExit(f"rank {hvd.rank()}: allreduce gave {t[0].item()}, expected {expected}")
+    if not bool((got == expected).all()):
+        raise SystemExit(f"rank {hvd.rank()}: allreduce gave {got[0].item()}, expected {expected}")
     for _ in range(args.warmup):
-        hvd.allreduce_(t, op=hvd.Sum, name="tight")
+        call(t, op=hvd.Sum, name="tight")
     blocks = []
     for _ in range(args.blocks):
         start = time.perf_counter()
         for _ in range(args.calls):
-            hvd.allreduce_(t, op=hvd.Sum, name="tight")
+            call(t, op=hvd.Sum, name="tight")
         blocks.append((time.perf_counter() - start) / args.calls)
     # The slowest rank sets the pace: take every block's maximum over the ranks.
     slowest = hvd.allreduce(torch.tensor(blocks, dtype=torch.float64), op=hvd.Max, name="tight.times")

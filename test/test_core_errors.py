@@ -3,6 +3,8 @@
 Every check that compares ranks must fail on every rank with a message naming the tensor, the
 ranks and both values, and the job must go on with its next collective.
 """
+import threading
+
 import numpy as np
 import pytest
 
@@ -142,17 +144,26 @@ def test_duplicate_name_in_flight(world3):
     from horo_core.runtime import TensorSpec
     from horo_core import dtypes
 
+    # The other ranks submit "dup" only after rank 0's second try, so that the first cannot
+    # complete in between (it did once, on a busy machine: the ranks are threads of this process).
+    second_try_done = threading.Event()
+
     def body(rt):
         x = np.ones(4, np.float32)
         out = np.empty_like(x)
         spec = TensorSpec("dup", x.ctypes.data, out.ctypes.data, dtypes.FLOAT32, x.shape)
-        (h,) = rt.enqueue(lib.HORO_ALLREDUCE, [spec])
         error = None
         if rt.rank == 0:
+            (h,) = rt.enqueue(lib.HORO_ALLREDUCE, [spec])
             try:
                 rt.enqueue(lib.HORO_ALLREDUCE, [spec])
             except HoroInvalidArgument as exc:
                 error = str(exc)
+            finally:
+                second_try_done.set()
+        else:
+            assert second_try_done.wait(60), "rank 0 did not try the duplicate"
+            (h,) = rt.enqueue(lib.HORO_ALLREDUCE, [spec])
         rt.wait(h)
         rt.release(h)
         return error, out

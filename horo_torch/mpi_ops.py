@@ -100,6 +100,14 @@ def _run_host(op_type, kind, name, tensor, output, process_set, reduce_op=None, 
               postscale_factor=1.0, root_rank=0):
     """The synchronous fast path for one contiguous host tensor whose output is given: a single call
     into the core enqueues, runs the negotiation in this thread and waits. Returns output."""
+    _run_host_described(op_type, kind, name, tensor, output, process_set, reduce_op, prescale_factor,
+                        postscale_factor, root_rank)
+    return output
+
+
+def _run_host_described(op_type, kind, name, tensor, output, process_set, reduce_op, prescale_factor,
+                        postscale_factor, root_rank):
+    """_run_host; returns the prepared description it ran (None for an auto-named call)."""
     set_id = process_set.process_set_id
     runtime = basics.runtime()
     if name is None or set_id is None:  # auto-named: a new name every call, nothing to reuse
@@ -107,7 +115,7 @@ def _run_host(op_type, kind, name, tensor, output, process_set, reduce_op=None, 
         base = _op_name(kind, name, set_id)
         runtime.run(op_type, base, tensor.data_ptr(), output.data_ptr(), _dtype_code(tensor, base),
                     tuple(tensor.shape), set_id, reduce_op, prescale_factor, postscale_factor, root_rank)
-        return output
+        return None
     key = (op_type, name, set_id, reduce_op, prescale_factor, postscale_factor, root_rank, tensor.dtype, tensor.shape)
     prepared = _prepared_runs.get(key)
     if prepared is None:
@@ -118,7 +126,7 @@ def _run_host(op_type, kind, name, tensor, output, process_set, reduce_op=None, 
             _prepared_runs.clear()
         _prepared_runs[key] = prepared
     runtime.run_prepared(prepared, tensor.data_ptr(), output.data_ptr())
-    return output
+    return prepared
 
 
 # The last in-place allreduce_ of each name on a host tensor, checked field by field before the
@@ -129,19 +137,13 @@ _last_allreduce = {}
 
 
 def _allreduce_host(tensor, average, name, op, prescale_factor, postscale_factor, process_set):
-    reduce_op = resolve_op(average, op)
-    _run_host(lib.HORO_ALLREDUCE, "allreduce", name, tensor, tensor, process_set, reduce_op=reduce_op,
-              prescale_factor=prescale_factor, postscale_factor=postscale_factor)
-    set_id = process_set.process_set_id
-    if name is not None and set_id is not None:
-        key = (lib.HORO_ALLREDUCE, name, set_id, reduce_op, prescale_factor, postscale_factor, 0, tensor.dtype,
-               tensor.shape)
-        prepared = _prepared_runs.get(key)
-        if prepared is not None:
-            if len(_last_allreduce) >= _PREPARED_RUNS_LIMIT:
-                _last_allreduce.clear()
-            _last_allreduce[name] = (average, op, prescale_factor, postscale_factor, process_set, set_id,
-                                     tensor.dtype, tensor.shape, prepared)
+    prepared = _run_host_described(lib.HORO_ALLREDUCE, "allreduce", name, tensor, tensor, process_set,
+                                   resolve_op(average, op), prescale_factor, postscale_factor, 0)
+    if prepared is not None:
+        if len(_last_allreduce) >= _PREPARED_RUNS_LIMIT:
+            _last_allreduce.clear()
+        _last_allreduce[name] = (average, op, prescale_factor, postscale_factor, process_set,
+                                 process_set.process_set_id, tensor.dtype, tensor.shape, prepared)
     return tensor
 
 
@@ -561,13 +563,22 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_se
     return _broadcast_async(tensor, tensor, root_rank, name, process_set)
 
 
+def _broadcast_now(tensor, root_rank, name, process_set):
+    """root_rank's tensor in a new tensor, waited for."""
+    if _is_host_dense(tensor):
+        return _run_host(lib.HORO_BROADCAST, "broadcast", name, tensor,
+                         torch.empty_like(tensor, memory_format=torch.contiguous_format), process_set,
+                         root_rank=root_rank)
+    return _now(broadcast_async, tensor, root_rank, name, process_set)
+
+
 class HorovodBroadcast(torch.autograd.Function):
     """Broadcast; the gradient is the averaged allreduce of the gradient, kept on the root only."""
 
     @staticmethod
     def forward(ctx, tensor, root_rank, name, process_set):
         ctx.root_rank, ctx.process_set = root_rank, process_set
-        return _now(broadcast_async, tensor, root_rank, name, process_set)
+        return _broadcast_now(tensor, root_rank, name, process_set)
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -590,11 +601,15 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     Raises:
         ValueError: invalid arguments. HorovodInternalError: the collective failed.
     """
-    return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
+    if tensor.requires_grad and torch.is_grad_enabled():
+        return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
+    return _broadcast_now(tensor, root_rank, name, process_set)  # no graph to record (as allreduce)
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     """In-place broadcast; returns tensor."""
+    if _is_host_dense(tensor):
+        return _run_host(lib.HORO_BROADCAST, "broadcast", name, tensor, tensor, process_set, root_rank=root_rank)
     return _now(broadcast_async_, tensor, root_rank, name, process_set)
 
 

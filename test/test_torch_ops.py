@@ -415,9 +415,10 @@ def check_sync_and_names(hvd, c, env):
                                                                 op=hvd.Sum), torch.full((2,), float(total)))
 
 
-def check_repeated_inplace_allreduce(hvd, c, env):
+def check_repeated_named_calls(hvd, c, env):
     """allreduce_ under one name while its arguments change from call to call: every call reduces
-    what it was given (the last call's description is reused only when everything matches)."""
+    what it was given (the last call's description is reused only when everything matches); the
+    out-of-place allreduce and broadcast without and with a graph; named broadcasts repeated."""
     r, n = hvd.rank(), hvd.size()
     total = n * (n + 1) // 2
 
@@ -466,6 +467,24 @@ def check_repeated_inplace_allreduce(hvd, c, env):
            (True, "HorovodAllreduceBackward"))
     y.sum().backward()
     c.equal("... its gradient (the Sum of every rank's ones)", w.grad, torch.full((3,), float(n)))
+    # Named broadcasts, repeated with the root and the dtype changing.
+    for root in (n - 1, 0, n - 1):
+        for dtype in (torch.float32, torch.int64):
+            b = torch.full((5,), 10 * r + 1, dtype=dtype)
+            c.same(f"broadcast_ root {root} {dtype} returns its argument", hvd.broadcast_(b, root, name="bc.repeat") is b,
+                   True)
+            c.equal(f"named broadcast_ root {root} {dtype}", b, torch.full((5,), 10 * root + 1, dtype=dtype))
+            x = torch.full((5,), 10 * r + 2, dtype=dtype)
+            c.equal(f"named broadcast root {root} {dtype}", hvd.broadcast(x, root, name="bc.repeat.out"),
+                    torch.full((5,), 10 * root + 2, dtype=dtype))
+            c.equal("... input unchanged", x, torch.full((5,), 10 * r + 2, dtype=dtype))
+    w = torch.full((3,), float(r + 1), requires_grad=True)
+    with torch.no_grad():
+        y = hvd.broadcast(w, 0, name="bc.repeat.grad")
+    c.equal("broadcast of a leaf that requires grad, under no_grad", y, torch.ones(3))
+    c.same("... no graph", (y.requires_grad, y.grad_fn), (False, None))
+    y = hvd.broadcast(w, 0, name="bc.repeat.grad")
+    c.same("broadcast with grad enabled: a graph", y.requires_grad, True)
 
 
 def check_join(hvd, c, env):
@@ -639,7 +658,7 @@ def check_autograd(hvd, c, env):
 
 GROUPS = [check_topology, check_allreduce_matrix, check_noncontiguous, check_scales_and_compression,
           check_grouped_allreduce, check_allgather, check_broadcast, check_alltoall, check_reducescatter,
-          check_sync_and_names, check_repeated_inplace_allreduce, check_join, check_autograd]
+          check_sync_and_names, check_repeated_named_calls, check_join, check_autograd]
 
 
 def run_all_checks():

@@ -49,9 +49,15 @@ def _allreduce_dense(tensors, base, op, prescale_factor, postscale_factor, proce
         return _bridge.execute(lib.HORO_ALLREDUCE, names, arrays, codes, outs, set_id, reduce_op=op,
                                prescale_factor=prescale_factor, postscale_factor=postscale_factor)[0]
 
+    def forward(*xs):
+        return _bridge.call(body, xs, [x.dtype for x in xs], [x.shape for x in xs])
+
+    if _bridge.no_gradient_needed(tensors):
+        return forward(*tensors)
+
     @tf.custom_gradient
     def reduce(*xs):
-        ys = _bridge.call(body, xs, [x.dtype for x in xs], [x.shape for x in xs])
+        ys = forward(*xs)
 
         def grad(*dys):
             if op not in (Sum, Average):
@@ -180,7 +186,7 @@ def _allgather(tensors, base, process_set, differentiable=True, join_hint=None):
         return _bridge.call(body, xs, [x.dtype for x in xs], [[None] + x.shape[1:].as_list()
                                                               if x.shape.rank is not None else None for x in xs])
 
-    if not differentiable:
+    if not differentiable or _bridge.no_gradient_needed(tensors):
         return forward(*tensors)
 
     @tf.custom_gradient
@@ -242,9 +248,15 @@ def _broadcast(tensors, root_rank, base, process_set):
         outs = [np.empty_like(a) for a in arrays]
         return _bridge.execute(lib.HORO_BROADCAST, names, arrays, codes, outs, set_id, root_rank=root_rank)[0]
 
+    def forward(*xs):
+        return _bridge.call(body, xs, [x.dtype for x in xs], [x.shape for x in xs])
+
+    if _bridge.no_gradient_needed(tensors):
+        return forward(*tensors)
+
     @tf.custom_gradient
     def bcast(*xs):
-        ys = _bridge.call(body, xs, [x.dtype for x in xs], [x.shape for x in xs])
+        ys = forward(*xs)
 
         def grad(*dys):
             summed = _allreduce_dense(_grad_or_zeros(dys, ys), basics.auto_name("broadcast.grad", set_id), Sum,
@@ -360,10 +372,16 @@ def _reducescatter(tensors, base, op, prescale_factor, postscale_factor, process
         return _bridge.execute(lib.HORO_REDUCESCATTER, names, arrays, codes, [None] * len(arrays), set_id,
                                reduce_op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor)[0]
 
+    def forward(*xs):
+        return _bridge.call(body, xs, [x.dtype for x in xs],
+                            [[None] + x.shape[1:].as_list() if x.shape.rank is not None else None for x in xs])
+
+    if _bridge.no_gradient_needed(tensors):
+        return forward(*tensors)
+
     @tf.custom_gradient
     def scatter(*xs):
-        ys = _bridge.call(body, xs, [x.dtype for x in xs],
-                          [[None] + x.shape[1:].as_list() if x.shape.rank is not None else None for x in xs])
+        ys = forward(*xs)
 
         def grad(*dys):
             gathered = _allgather(_grad_or_zeros(dys, ys), basics.auto_name("reducescatter.grad", set_id),

@@ -171,6 +171,12 @@ def check_gradients(c, hvd, tf, env):
     xr = tf.ones([3 * n])
     for mode, g in grad_of(lambda t: hvd.reducescatter(t, op=hvd.Sum), xr):
         c.equal(f"reducescatter grad {mode}", g, np.concatenate([w.numpy() * (s + 1) for s in range(n)]))
+    # Eagerly, a collective of tensors no tape watches runs without a gradient wrapper.
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        other = hvd.allreduce(w * float(r + 1), op=hvd.Sum, name="grad.unwatched")
+        loss = tf.reduce_sum(x * other)
+    c.equal("gradient beside an allreduce of an unwatched tensor", tape.gradient(loss, x), w.numpy() * total)
     v = tf.Variable([2.0, 3.0])
     with tf.GradientTape() as tape:
         y = hvd.grouped_allreduce([v * 2.0, v * v], op=hvd.Sum)

@@ -26,6 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from horo_core import basics, dtypes
+from horo_core._binding import lib
 from horo_core.errors import HoroInvalidArgument, HoroUnsupportedError
 from horo_core.runtime import TensorSpec
 
@@ -97,6 +98,9 @@ def to_numpy(tensor):
     return np.asarray(tensor.numpy(), order="C")
 
 
+_RUN_OPS = (lib.HORO_ALLREDUCE, lib.HORO_BROADCAST)  # what Runtime.run takes (its output given)
+
+
 def execute(op_type, names, arrays, codes, outputs, set_id, **options):
     """Runs one core operation over NumPy arrays and waits for it.
 
@@ -110,11 +114,18 @@ def execute(op_type, names, arrays, codes, outputs, set_id, **options):
         **options: reduce_op, prescale_factor, postscale_factor, root_rank, splits.
     Returns:
         (outputs, results): the output arrays (read from the core where it allocated them) and the
-        core's Result of every member (received splits, join value).
+        core's Result of every member (received splits, join value); no results for one allreduce
+        or broadcast whose output was given (it has none to report).
     Raises:
         HorovodInternalError (or a subclass): the collective failed.
     """
     rt = basics.runtime()
+    if len(arrays) == 1 and outputs[0] is not None and op_type in _RUN_OPS:
+        # One tensor whose output is given: one synchronous call into the core (horo_run), with no
+        # handle to wait on, read and release.
+        rt.run(op_type, names[0], arrays[0].ctypes.data, outputs[0].ctypes.data, codes[0], tuple(arrays[0].shape),
+               set_id, **options)
+        return list(outputs), []
     specs = [TensorSpec(n, a.ctypes.data, 0 if o is None else o.ctypes.data, c, tuple(a.shape))
              for n, a, c, o in zip(names, arrays, codes, outputs)]
     # This thread waits at once, and its wait runs the negotiation (no background-thread hand-off).
@@ -167,7 +178,7 @@ def call(body, inputs, touts, shapes):
     Raises:
         HoroUnsupportedError: called while tracing for XLA.
     """
-    inputs = [tf.convert_to_tensor(t) for t in inputs]
+    inputs = [t if isinstance(t, tf.Tensor) else tf.convert_to_tensor(t) for t in inputs]
     if tf.executing_eagerly():
         outs = body(*[to_numpy(t) for t in inputs])
         return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, touts)]

@@ -25,7 +25,7 @@ from horo_tf.compression import Compression
 
 def _as_tensor(value):
     """A tf.Tensor with value's current contents (reads tf.Variable and Keras variables)."""
-    return tf.convert_to_tensor(value)
+    return value if isinstance(value, tf.Tensor) else tf.convert_to_tensor(value)
 
 
 def _codes(tensors, names):

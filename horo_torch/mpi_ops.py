@@ -151,6 +151,12 @@ def _is_host_dense(tensor):
     return tensor.is_cpu and tensor.is_contiguous()
 
 
+def _records_graph(tensors):
+    """Whether autograd would record an operation on tensors. When it would not, the differentiable
+    collectives skip their autograd Function, which costs about 5 us per call (docs/benchmarks.md)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
 def _register(runtime, core_handles, keep, finish, staging=None, needs_result=True):
     with _handle_lock:
         handle = next(_handle_ids)
@@ -399,9 +405,9 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     """
     op = resolve_op(average, op)
     compressed, ctx = compression.compress(tensor)
-    if compressed.requires_grad and torch.is_grad_enabled():
+    if _records_graph((compressed,)):
         reduced = HorovodAllreduce.apply(compressed, name, op, prescale_factor, postscale_factor, process_set)
-    else:  # no graph to record: the autograd Function would cost 5-7 us of a 9 us call (docs/benchmarks.md)
+    else:
         reduced = _allreduce_now(compressed, name, op, prescale_factor, postscale_factor, process_set)
     return compression.decompress(reduced, ctx)
 
@@ -462,8 +468,12 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
     """Allreduces a list of tensors as one atomic, fused group; differentiable. Returns a list."""
     op = resolve_op(average, op)
     pairs = [compression.compress(t) for t in tensors]
-    reduced = HorovodGroupedAllreduce.apply(name, op, prescale_factor, postscale_factor, process_set,
-                                            *[p[0] for p in pairs])
+    compressed = [p[0] for p in pairs]
+    if _records_graph(compressed):
+        reduced = HorovodGroupedAllreduce.apply(name, op, prescale_factor, postscale_factor, process_set, *compressed)
+    else:
+        reduced = synchronize(grouped_allreduce_async(compressed, None, name, op, prescale_factor, postscale_factor,
+                                                      process_set))
     return [compression.decompress(r, p[1]) for r, p in zip(reduced, pairs)]
 
 
@@ -522,7 +532,9 @@ def allgather(tensor, name=None, process_set=global_process_set):
     Raises:
         ValueError: invalid arguments. HorovodInternalError: the collective failed.
     """
-    return HorovodAllgather.apply(tensor, name, process_set)
+    if _records_graph((tensor,)):
+        return HorovodAllgather.apply(tensor, name, process_set)
+    return _now(allgather_async, tensor, name, process_set)
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
@@ -601,9 +613,9 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     Raises:
         ValueError: invalid arguments. HorovodInternalError: the collective failed.
     """
-    if tensor.requires_grad and torch.is_grad_enabled():
+    if _records_graph((tensor,)):
         return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
-    return _broadcast_now(tensor, root_rank, name, process_set)  # no graph to record (as allreduce)
+    return _broadcast_now(tensor, root_rank, name, process_set)
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
@@ -668,7 +680,10 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     Raises:
         ValueError: invalid splits or arguments. HorovodInternalError: the collective failed.
     """
-    return HorovodAlltoall.apply(tensor, splits, name, process_set)
+    if _records_graph((tensor,)):
+        return HorovodAlltoall.apply(tensor, splits, name, process_set)
+    output, received = _now(alltoall_async, tensor, splits, name, process_set)
+    return output if splits is None else (output, received)
 
 
 # Reducescatter -----------------------------------------------------------------------------------
@@ -727,7 +742,10 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average, p
         ValueError: invalid arguments. HorovodInternalError: the collective failed.
     """
     compressed, ctx = compression.compress(tensor)
-    out = HorovodReducescatter.apply(compressed, name, op, process_set, prescale_factor, postscale_factor)
+    if _records_graph((compressed,)):
+        out = HorovodReducescatter.apply(compressed, name, op, process_set, prescale_factor, postscale_factor)
+    else:
+        out = _now(reducescatter_async, compressed, name, op, process_set, prescale_factor, postscale_factor)
     return compression.decompress(out, ctx)
 
 

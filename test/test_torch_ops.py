@@ -485,6 +485,26 @@ def check_repeated_named_calls(hvd, c, env):
     c.same("... no graph", (y.requires_grad, y.grad_fn), (False, None))
     y = hvd.broadcast(w, 0, name="bc.repeat.grad")
     c.same("broadcast with grad enabled: a graph", y.requires_grad, True)
+    # The other differentiable collectives: no graph under no_grad, a graph otherwise.
+    leaf = torch.full((n, 2), float(r + 1), requires_grad=True)
+    calls = {
+        "allgather": (lambda t: hvd.allgather(t, name="ng.allgather"),
+                      torch.cat([torch.full((n, 2), float(s + 1)) for s in range(n)])),
+        "grouped_allreduce": (lambda t: hvd.grouped_allreduce([t, t], op=hvd.Sum, name="ng.grouped")[1],
+                              torch.full((n, 2), float(total))),
+        "reducescatter": (lambda t: hvd.reducescatter(t, op=hvd.Sum, name="ng.reducescatter"),
+                          torch.full((1, 2), float(total))),
+        "alltoall": (lambda t: hvd.alltoall(t, name="ng.alltoall"),
+                     torch.tensor([[float(s + 1)] * 2 for s in range(n)])),
+        "alltoall with splits": (lambda t: hvd.alltoall(t, splits=[1] * n, name="ng.alltoall.splits")[0],
+                                 torch.tensor([[float(s + 1)] * 2 for s in range(n)])),
+    }
+    for label, (call, want) in calls.items():
+        with torch.no_grad():
+            y = call(leaf)
+        c.equal(f"{label} of a leaf that requires grad, under no_grad", y, want)
+        c.same(f"... {label}: no graph", (y.requires_grad, y.grad_fn), (False, None))
+        c.same(f"{label} with grad enabled: a graph", call(leaf).requires_grad, True)
 
 
 def check_join(hvd, c, env):

@@ -1,6 +1,7 @@
 #include "coordinator/peer_agreement.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "coordinator/wire.h"
 
@@ -19,54 +20,90 @@ bool IsRoundMessage(const std::string& payload) {
   return !payload.empty() && static_cast<uint8_t>(payload[0]) == kRoundTag;
 }
 
-std::string SerializeRoundMessage(const RoundMessage& message) {
-  WireWriter w;
+void RoundMessage::Clear() {
+  round = 0;
+  hits.clear();
+  data.clear();
+  units.clear();
+  invalid.clear();
+  joined_sets.clear();
+  join_numbers.clear();
+}
+
+void SerializeRoundMessage(const RoundMessage& message, std::string* out) {
+  // The layout WireReader reads (wire.h), written in place: one size computation and one resize
+  // of a buffer that keeps its storage, instead of an append per field.
+  const size_t hits = message.hits.size();
   size_t data_bytes = 0;
-  for (const std::string& d : message.data) data_bytes += d.size();
-  w.Reserve(1 + 8 + 8 * 6 + 8 * 3 * message.hits.size() + data_bytes + 8 * message.invalid.size() +
-            12 * message.joined_sets.size());
-  w.U8(kRoundTag);
-  w.I64(message.round);
-  w.I64Vec(message.hits);
-  for (size_t i = 0; i < message.hits.size(); ++i) w.Str(i < message.data.size() ? message.data[i] : std::string());
-  if (message.units.size() == message.hits.size()) {
-    w.I64Vec(message.units);
-  } else {  // a hit without a unit is a group of its own
-    std::vector<int64_t> units = message.units;
-    for (size_t i = units.size(); i < message.hits.size(); ++i) units.push_back(message.hits[i]);
-    w.I64Vec(units);
+  for (size_t i = 0; i < hits && i < message.data.size(); ++i) data_bytes += message.data[i].size();
+  const size_t total = 1 + 8 + (8 + 8 * hits) + (8 * hits + data_bytes) + (8 + 8 * hits) +
+                       (8 + 8 * message.invalid.size()) + (8 + 4 * message.joined_sets.size()) +
+                       (8 + 8 * message.join_numbers.size());
+  out->resize(total);
+  char* p = &(*out)[0];
+  auto raw = [&p](const void* bytes, size_t n) {
+    if (n) std::memcpy(p, bytes, n);
+    p += n;
+  };
+  auto count = [&raw](size_t n) {
+    const int64_t v = static_cast<int64_t>(n);
+    raw(&v, 8);
+  };
+  *p++ = static_cast<char>(kRoundTag);
+  raw(&message.round, 8);
+  count(hits);
+  raw(message.hits.data(), 8 * hits);
+  for (size_t i = 0; i < hits; ++i) {
+    const size_t n = i < message.data.size() ? message.data[i].size() : 0;
+    count(n);
+    if (n) raw(message.data[i].data(), n);
   }
-  w.I64Vec(message.invalid);
-  w.I32Vec(message.joined_sets);
-  w.I64Vec(message.join_numbers);
-  return w.Take();
+  count(hits);
+  for (size_t i = 0; i < hits; ++i) {  // a hit without a unit is a group of its own
+    raw(i < message.units.size() ? &message.units[i] : &message.hits[i], 8);
+  }
+  count(message.invalid.size());
+  raw(message.invalid.data(), 8 * message.invalid.size());
+  count(message.joined_sets.size());
+  raw(message.joined_sets.data(), 4 * message.joined_sets.size());
+  count(message.join_numbers.size());
+  raw(message.join_numbers.data(), 8 * message.join_numbers.size());
 }
 
 Status ParseRoundMessage(const std::string& bytes, RoundMessage* out) {
   WireReader rd(bytes);
-  RoundMessage m;
+  RoundMessage& m = *out;
   const uint8_t tag = rd.U8();
   m.round = rd.I64();
-  m.hits = rd.I64Vec();
-  if (rd.ok()) {
-    m.data.resize(m.hits.size());
-    for (std::string& d : m.data) d = rd.Str();
-  }
-  m.units = rd.I64Vec();
+  rd.I64VecInto(&m.hits);
+  m.data.resize(rd.ok() ? m.hits.size() : 0);
+  for (std::string& d : m.data) rd.StrInto(&d);
+  rd.I64VecInto(&m.units);
   if (m.units.size() != m.hits.size()) return Status::Internal("malformed round message: groups");
-  m.invalid = rd.I64Vec();
-  m.joined_sets = rd.I32Vec();
-  m.join_numbers = rd.I64Vec();
+  rd.I64VecInto(&m.invalid);
+  rd.I32VecInto(&m.joined_sets);
+  rd.I64VecInto(&m.join_numbers);
   if (m.join_numbers.size() != m.joined_sets.size()) return Status::Internal("malformed round message: joins");
   if (!rd.ok() || !rd.AtEnd() || tag != kRoundTag || m.round < 1) return Status::Internal("malformed round message");
-  *out = std::move(m);
   return Status::OK();
 }
 
 PeerAgreement::PeerAgreement(int rank, int size, ResponseCache* cache, ProcessSetTable* sets)
-    : rank_(rank), size_(size), cache_(cache), sets_(sets) {}
+    : rank_(rank), size_(size), cache_(cache), sets_(sets), members_view_(sets) {
+  for (Inbox& slot : inbox_) {
+    slot.have.assign(static_cast<size_t>(size), 0);
+    slot.messages.resize(static_cast<size_t>(size));
+  }
+}
 
-bool PeerAgreement::Offer(const Request& request) {
+void PeerAgreement::OpenInbox(Inbox* slot, int64_t round) {
+  slot->round = round;
+  slot->count = 0;
+  std::fill(slot->have.begin(), slot->have.end(), 0);
+}
+
+bool PeerAgreement::Offer(Request* offered) {
+  const Request& request = *offered;
   if (request.kind != RequestKind::kTensor) return false;
   if (request.op_type == OpType::kJoin) {
     // Tensors this rank announced in the set and that have not run go to the coordinator, which
@@ -89,7 +126,7 @@ bool PeerAgreement::Offer(const Request& request) {
     next_.invalid.push_back(id);
     return false;
   }
-  Announce(id, request, id);
+  Announce(id, std::move(*offered), id);
   return true;
 }
 
@@ -116,13 +153,14 @@ bool PeerAgreement::OfferGroup(const std::vector<Request>& members) {
   return true;
 }
 
-void PeerAgreement::Announce(int64_t id, const Request& request, int64_t unit) {
-  mine_[id] = request;
+void PeerAgreement::Announce(int64_t id, Request request, int64_t unit) {
+  const void* input = request.input;
+  mine_[id] = std::move(request);
   next_.hits.push_back(id);
   next_.units.push_back(unit);
   const int64_t eager = EagerBytes(*cache_->Get(id));
-  if (eager > 0 && request.input != nullptr && next_data_bytes_ + eager <= kEagerBytesPerMessage) {
-    next_.data.emplace_back(static_cast<const char*>(request.input), static_cast<size_t>(eager));
+  if (eager > 0 && input != nullptr && next_data_bytes_ + eager <= kEagerBytesPerMessage) {
+    next_.data.emplace_back(static_cast<const char*>(input), static_cast<size_t>(eager));
     next_data_bytes_ += eager;
   } else {
     next_.data.emplace_back();  // on the data plane, for every rank (see CompleteRound)
@@ -142,8 +180,9 @@ bool PeerAgreement::Matches(const Response& c, const Request& r) const {
       c.on_device != (r.device != 0) || !c.joined_ranks.empty()) {
     return false;
   }
-  std::vector<int32_t>& members = scratch_match_members_;
-  if (!sets_->Members(r.process_set_id, &members)) return false;
+  const std::vector<int32_t>* found = members_view_.Get(r.process_set_id);
+  if (found == nullptr) return false;
+  const std::vector<int32_t>& members = *found;
   const auto me = std::find(members.begin(), members.end(), rank_);
   if (me == members.end()) return false;
   const size_t index = static_cast<size_t>(me - members.begin());
@@ -180,29 +219,46 @@ bool PeerAgreement::Matches(const Response& c, const Request& r) const {
 }
 
 Status PeerAgreement::Receive(int peer, const std::string& payload) {
-  RoundMessage m;
-  HORO_RETURN_IF_ERROR(ParseRoundMessage(payload, &m));
+  // The round number follows the tag: the message is parsed straight into its round's inbox.
+  int64_t round = 0;
+  if (!IsRoundMessage(payload) || payload.size() < 9) return Status::Internal("malformed round message");
+  std::memcpy(&round, payload.data() + 1, sizeof round);
   // A peer is at most one round ahead of this rank's unfinished one (it needs this rank's message
-  // to complete it).
-  if (peer < 0 || peer >= size_ || peer == rank_ || m.round <= round_done_ || m.round > round_done_ + 2 ||
-      inbox_[m.round].count(peer)) {
-    return Status::Internal("round message " + std::to_string(m.round) + " from rank " + std::to_string(peer) +
+  // to complete it). The inbox of that round holds an older round only if it never completed.
+  const bool in_step = peer >= 0 && peer < size_ && peer != rank_ && round > round_done_ && round <= round_done_ + 2;
+  Inbox* slot = in_step ? &InboxOf(round) : nullptr;
+  if (slot != nullptr && slot->round != round) {
+    if (slot->count == 0) {
+      OpenInbox(slot, round);
+    } else {
+      slot = nullptr;
+    }
+  }
+  if (slot == nullptr || slot->have[peer]) {
+    return Status::Internal("round message " + std::to_string(round) + " from rank " + std::to_string(peer) +
                             " is out of step (rank " + std::to_string(rank_) + " completed round " +
                             std::to_string(round_done_) + ")");
   }
-  inbox_[m.round][peer] = std::move(m);
+  HORO_RETURN_IF_ERROR(ParseRoundMessage(payload, &slot->messages[peer]));
+  slot->have[peer] = 1;
+  ++slot->count;
   return Status::OK();
 }
 
 bool PeerAgreement::NextMessage(std::string* payload) {
   const int64_t k = round_done_ + 1;
   if (round_sent_ >= k) return false;
-  auto asked = inbox_.find(k);
-  if (next_.empty() && asked == inbox_.end()) return false;
+  Inbox& slot = InboxOf(k);
+  const bool asked = slot.round == k && slot.count > 0;
+  if (next_.empty() && !asked) return false;
   next_.round = k;
-  *payload = SerializeRoundMessage(next_);
-  inbox_[k][rank_] = std::move(next_);
-  next_ = RoundMessage();
+  SerializeRoundMessage(next_, payload);
+  if (slot.round != k) OpenInbox(&slot, k);  // its last round completed
+  // This rank's message joins the others; next_ takes over the storage of the one it replaces.
+  std::swap(slot.messages[rank_], next_);
+  slot.have[rank_] = 1;
+  ++slot.count;
+  next_.Clear();
   next_data_bytes_ = 0;
   round_sent_ = k;
   return true;
@@ -210,29 +266,29 @@ bool PeerAgreement::NextMessage(std::string* payload) {
 
 bool PeerAgreement::RoundReady(int64_t* round) const {
   if (round_sent_ <= round_done_) return false;
-  auto it = inbox_.find(round_done_ + 1);
-  if (it == inbox_.end() || static_cast<int>(it->second.size()) < size_) return false;
-  *round = it->first;
+  const Inbox& slot = InboxOf(round_done_ + 1);
+  if (slot.round != round_done_ + 1 || slot.count < size_) return false;
+  *round = slot.round;
   return true;
 }
 
 void PeerAgreement::CompleteRound(std::vector<AgreedStep>* run) {
   run->clear();
   const int64_t k = ++round_done_;
-  std::map<int, RoundMessage> messages = std::move(inbox_[k]);
-  inbox_.erase(k);
-  for (const auto& kv : messages) {
-    for (int64_t id : kv.second.invalid) {
+  Inbox& slot = InboxOf(k);
+  std::vector<RoundMessage>& messages = slot.messages;  // by rank, every one present (RoundReady)
+  for (const RoundMessage& m : messages) {
+    for (int64_t id : m.invalid) {
       cache_->Forget(id);
       Drop(id);
     }
   }
-  for (const auto& kv : messages) {
-    for (size_t i = 0; i < kv.second.joined_sets.size(); ++i) {
-      const int32_t set = kv.second.joined_sets[i];
+  for (const RoundMessage& m : messages) {
+    for (size_t i = 0; i < m.joined_sets.size(); ++i) {
+      const int32_t set = m.joined_sets[i];
       // This rank's announcements in the set that are not sent yet are withdrawn (sent ones are
       // dropped below): they would otherwise be read after the join completed.
-      if (kv.second.join_numbers[i] > joins_done_[set] && joining_.insert(set).second) Withdraw(set);
+      if (m.join_numbers[i] > joins_done_[set] && joining_.insert(set).second) Withdraw(set);
     }
   }
   if (!joining_.empty()) {
@@ -244,8 +300,8 @@ void PeerAgreement::CompleteRound(std::vector<AgreedStep>* run) {
     for (int64_t id : stopped) Drop(id);
   }
   const auto now = std::chrono::steady_clock::now();
-  for (auto& kv : messages) {
-    RoundMessage& m = kv.second;
+  for (int sender = 0; sender < size_; ++sender) {
+    RoundMessage& m = messages[static_cast<size_t>(sender)];
     // A group's members are consecutive and share their first member's id in units.
     for (size_t begin = 0, end = 0; begin < m.hits.size(); begin = end) {
       end = begin + 1;
@@ -258,33 +314,40 @@ void PeerAgreement::CompleteRound(std::vector<AgreedStep>* run) {
         if (end - begin > 1) unit.push_back(m.hits[i]);
       }
       if (!usable) {
-        if (kv.first == rank_) Drop(m.hits[begin]);  // with the rest of its group
+        if (sender == rank_) Drop(m.hits[begin]);  // with the rest of its group
         continue;
       }
       for (size_t i = begin; i < end; ++i) {
         Announced& a = announced_[m.hits[i]];
-        if (a.ranks.empty()) a.since = now;
-        a.ranks.insert(kv.first);
+        if (a.ranks.empty()) {
+          a.ranks.assign(static_cast<size_t>(size_), 0);
+          a.since = now;
+        }
+        a.ranks[static_cast<size_t>(sender)] = 1;
         a.unit = unit;
-        if (!m.data[i].empty()) a.data[kv.first] = std::move(m.data[i]);
+        if (!m.data[i].empty()) {
+          if (a.data.empty()) a.data.resize(static_cast<size_t>(size_));
+          a.data[static_cast<size_t>(sender)] = std::move(m.data[i]);
+        }
       }
     }
   }
+  OpenInbox(&slot, 0);  // read; its messages keep their storage for a later round
   // Ready: every member announced. Ids only grow, so id order is first-negotiated order, and
   // ready is sorted. The vectors are members, kept between rounds, so that a round in the steady
   // state allocates none of them.
   std::vector<int64_t>& ready = scratch_ready_;
   std::vector<int64_t>& orphaned = scratch_orphaned_;
-  std::vector<int32_t>& members = scratch_members_;
   ready.clear();
   orphaned.clear();
   for (const auto& a : announced_) {
-    if (!sets_->Members(cache_->Get(a.first)->process_set_id, &members)) {
+    const std::vector<int32_t>* members = members_view_.Get(cache_->Get(a.first)->process_set_id);
+    if (members == nullptr) {
       orphaned.push_back(a.first);
       continue;
     }
     bool all = true;
-    for (int32_t m : members) all = all && a.second.ranks.count(m) > 0;
+    for (int32_t m : *members) all = all && a.second.ranks[static_cast<size_t>(m)];
     if (all) ready.push_back(a.first);
   }
   for (int64_t id : orphaned) Drop(id);
@@ -305,19 +368,21 @@ void PeerAgreement::CompleteRound(std::vector<AgreedStep>* run) {
     cache_->Touch(id);
     const Response& r = *cache_->Get(id);
     Announced& a = announced_[id];
-    if (!sets_->Members(r.process_set_id, &members)) members.clear();  // passed above; never stale
+    static const std::vector<int32_t> kNone;
+    const std::vector<int32_t>* found = members_view_.Get(r.process_set_id);
+    const std::vector<int32_t>& members = found ? *found : kNone;  // found above; never gone
     // Every member sent its bytes (all ranks see the same messages, so all decide alike).
     const int64_t eager = EagerBytes(r);
     bool with_data = eager > 0;
     for (int32_t m : members) {
-      auto d = a.data.find(m);
-      with_data = with_data && d != a.data.end() && static_cast<int64_t>(d->second.size()) == eager;
+      with_data = with_data && !a.data.empty() && static_cast<int64_t>(a.data[static_cast<size_t>(m)].size()) == eager;
     }
     const int64_t bytes = r.NumElements() * static_cast<int64_t>(DataTypeSize(r.dtype));
     if (with_data) {
       AgreedStep step;
-      step.fused.push_back(r);
-      for (int32_t m : members) step.contributions.push_back(std::move(a.data[m]));
+      step.reduced = &r;
+      step.contributions.reserve(members.size());
+      for (int32_t m : members) step.contributions.push_back(std::move(a.data[static_cast<size_t>(m)]));
       run->push_back(std::move(step));
       fusing = false;
     } else if (fusing && Fusable(run->back().fused.front(), r) &&
@@ -401,7 +466,7 @@ std::vector<StalledTensor> PeerAgreement::Waiting() const {
     t.name = c->name;
     t.waited_seconds = std::chrono::duration<double>(now - a.second.since).count();
     for (int32_t m : members) {
-      if (!a.second.ranks.count(m)) t.missing_ranks.push_back(m);
+      if (a.second.ranks.empty() || !a.second.ranks[static_cast<size_t>(m)]) t.missing_ranks.push_back(m);
     }
     out.push_back(std::move(t));
   }

@@ -59,19 +59,25 @@ struct RoundMessage {
   std::vector<int64_t> join_numbers; // ... for the n-th time in that set
 
   bool empty() const { return hits.empty() && invalid.empty() && joined_sets.empty(); }
+  // Empties every field, keeping the vectors' storage for the next message.
+  void Clear();
 };
 
 // Round messages share the control plane with request and response lists, whose first byte is 0
 // or 1; theirs is 'R'.
 bool IsRoundMessage(const std::string& payload);
-std::string SerializeRoundMessage(const RoundMessage& message);
+// Both reuse the storage of what they write into (*out is unspecified after a parse error): a
+// round in the steady state then allocates nothing for its messages.
+void SerializeRoundMessage(const RoundMessage& message, std::string* out);
 Status ParseRoundMessage(const std::string& bytes, RoundMessage* out);
 
 // One step every rank runs after a round: a fused response for the executor, or (contributions
 // not empty) one small allreduce whose every member's input bytes are here, in member order.
 struct AgreedStep {
-  FusedResponse fused;
+  FusedResponse fused;  // empty for a reduction of contributions
   std::vector<std::string> contributions;
+  const Response* reduced = nullptr;  // with contributions: the cached response (valid until the
+                                      // cache next changes)
 };
 
 class PeerAgreement {
@@ -85,9 +91,10 @@ class PeerAgreement {
 
   PeerAgreement(int rank, int size, ResponseCache* cache, ProcessSetTable* sets);
 
-  // A request taken from the tensor queue: true when it is announced (a cached step), false when it
-  // goes to the coordinator (perhaps with an invalidation or a join announced).
-  bool Offer(const Request& request);
+  // A request taken from the tensor queue: true when it is announced (a cached step; *request is
+  // moved from), false when it goes to the coordinator (perhaps with an invalidation or a join
+  // announced).
+  bool Offer(Request* request);
   // The requests of one grouped call (consecutive in the queue): announced together, or (false)
   // all sent to the coordinator, which emits a group only once every member is in.
   bool OfferGroup(const std::vector<Request>& members);
@@ -116,15 +123,28 @@ class PeerAgreement {
 
  private:
   struct Announced {
-    std::set<int32_t> ranks;
-    std::map<int32_t, std::string> data;  // eager allreduce: each rank's input bytes
-    std::vector<int64_t> unit;            // the ids announced as one group with it (empty: alone)
+    std::vector<char> ranks;          // by global rank: announced it (sized at the first announcement)
+    std::vector<std::string> data;    // by global rank: eager allreduce input bytes (sized at the first)
+    std::vector<int64_t> unit;        // the ids announced as one group with it (empty: alone)
     std::chrono::steady_clock::time_point since;
   };
+  // The messages of one round, by rank. A peer is at most one round ahead of this rank's unfinished
+  // one, so two of these, by the round's parity, hold every message that can be pending; their
+  // messages keep their storage from round to round.
+  struct Inbox {
+    int64_t round = 0;  // 0: holds nothing
+    int count = 0;
+    std::vector<char> have;
+    std::vector<RoundMessage> messages;
+  };
+  Inbox& InboxOf(int64_t round) { return inbox_[round & 1]; }
+  const Inbox& InboxOf(int64_t round) const { return inbox_[round & 1]; }
+  // Makes slot hold round (it must hold none).
+  void OpenInbox(Inbox* slot, int64_t round);
   // Whether this rank's request asks for exactly what the cached response does.
   bool Matches(const Response& cached, const Request& request) const;
   // Adds this rank's announcement of id (unit: its group's first id) to the next message.
-  void Announce(int64_t id, const Request& request, int64_t unit);
+  void Announce(int64_t id, Request request, int64_t unit);
   // Stops waiting for id and the rest of its group; this rank's announcements of them, sent or
   // not, become fallbacks.
   void Drop(int64_t id);
@@ -140,7 +160,7 @@ class PeerAgreement {
   int64_t round_done_ = 0;  // the last round completed
   RoundMessage next_;       // news for the next message
   int64_t next_data_bytes_ = 0;
-  std::map<int64_t, std::map<int, RoundMessage>> inbox_;  // round -> rank -> message
+  Inbox inbox_[2];
   std::map<int64_t, Request> mine_;                       // ids this rank announced, not yet run
   std::map<int64_t, std::vector<int64_t>> my_units_;      // of those, the ones announced as a group
   std::map<int64_t, Announced> announced_;                // every rank's announcements, not yet run
@@ -156,8 +176,7 @@ class PeerAgreement {
   std::vector<int64_t> scratch_ready_;
   std::vector<int64_t> scratch_orphaned_;
   std::vector<int64_t> scratch_whole_;
-  std::vector<int32_t> scratch_members_;
-  mutable std::vector<int32_t> scratch_match_members_;
+  mutable MembersView members_view_;
 };
 
 }  // namespace horo

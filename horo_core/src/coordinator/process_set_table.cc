@@ -39,12 +39,15 @@ int32_t ProcessSetTable::Add(const std::vector<int32_t>& ranks) {
   std::lock_guard<std::mutex> lock(mutex_);
   int32_t id = next_id_++;
   sets_[id] = ranks;
+  generation_.fetch_add(1, std::memory_order_release);
   return id;
 }
 
 bool ProcessSetTable::Remove(int32_t id) {
   std::lock_guard<std::mutex> lock(mutex_);
-  return id != 0 && sets_.erase(id) > 0;
+  const bool removed = id != 0 && sets_.erase(id) > 0;
+  if (removed) generation_.fetch_add(1, std::memory_order_release);
+  return removed;
 }
 
 }  // namespace horo

@@ -9,7 +9,7 @@ Status TensorQueue::Add(std::vector<TensorEntry> entries) {
   std::set<std::string> seen;
   for (const TensorEntry& e : entries) {
     const Request& r = e.request;
-    if (table_.count({r.process_set_id, r.name}) || (entries.size() > 1 && !seen.insert(r.name).second)) {
+    if (table_.count(Lookup(r.process_set_id, &r.name)) || (entries.size() > 1 && !seen.insert(r.name).second)) {
       return Status(HORO_ERR_DUPLICATE_NAME,
                     "a " + std::string(OpTypeName(r.op_type)) + " of a tensor named '" + r.name +
                         "' is already in flight; names of concurrent operations must be unique");
@@ -24,17 +24,16 @@ Status TensorQueue::Add(std::vector<TensorEntry> entries) {
   return Status::OK();
 }
 
-std::vector<Request> TensorQueue::TakeRequests() {
+void TensorQueue::TakeRequests(std::vector<Request>* out) {
+  out->clear();
   std::lock_guard<std::mutex> lock(mutex_);
-  std::vector<Request> out;
-  out.swap(unsent_);
+  out->swap(unsent_);
   has_unsent_.store(false, std::memory_order_release);
-  return out;
 }
 
 bool TensorQueue::Take(int32_t process_set_id, const std::string& name, TensorEntry* out) {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = table_.find({process_set_id, name});
+  auto it = table_.find(Lookup(process_set_id, &name));
   if (it == table_.end()) return false;
   *out = std::move(it->second);
   table_.erase(it);

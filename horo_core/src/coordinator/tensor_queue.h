@@ -29,8 +29,9 @@ class TensorQueue {
   // Adds every entry or none: a name already in flight in the same process set (or twice in
   // entries) is HORO_ERR_DUPLICATE_NAME.
   Status Add(std::vector<TensorEntry> entries);
-  // Moves out the requests not yet sent.
-  std::vector<Request> TakeRequests();
+  // Moves the requests not yet sent into *out (emptied first), whose storage the queue keeps for
+  // the next ones.
+  void TakeRequests(std::vector<Request>* out);
   // Lock-free: a caller that drives the negotiation looks on every spin round.
   bool HasRequests() const { return has_unsent_.load(std::memory_order_acquire); }
   // Removes and returns the entry, false if absent.
@@ -39,8 +40,22 @@ class TensorQueue {
   std::vector<int64_t> TakeAllHandles();
 
  private:
+  // Keyed by (process set, name); looked up without copying the name.
+  using Key = std::pair<int32_t, std::string>;
+  using Lookup = std::pair<int32_t, const std::string*>;
+  struct KeyLess {
+    using is_transparent = void;
+    bool operator()(const Key& a, const Key& b) const { return a < b; }
+    bool operator()(const Key& a, const Lookup& b) const {
+      return a.first != b.first ? a.first < b.first : a.second < *b.second;
+    }
+    bool operator()(const Lookup& a, const Key& b) const {
+      return a.first != b.first ? a.first < b.first : *a.second < b.second;
+    }
+  };
+
   std::mutex mutex_;
-  std::map<std::pair<int32_t, std::string>, TensorEntry> table_;
+  std::map<Key, TensorEntry, KeyLess> table_;
   std::vector<Request> unsent_;
   std::atomic<bool> has_unsent_{false};  // !unsent_.empty(), written under mutex_
 };

@@ -65,6 +65,22 @@ class WireReader {
     Raw(v.data(), v.size() * 4);
     return v;
   }
+  // The same into existing objects, reusing their storage.
+  void StrInto(std::string* s) {
+    int64_t n = Length(1);
+    s->assign(in_.data() + pos_, ok_ ? n : 0);
+    pos_ += ok_ ? n : 0;
+  }
+  void I64VecInto(std::vector<int64_t>* v) {
+    int64_t n = Length(8);
+    v->resize(ok_ ? n : 0);
+    Raw(v->data(), v->size() * 8);
+  }
+  void I32VecInto(std::vector<int32_t>* v) {
+    int64_t n = Length(4);
+    v->resize(ok_ ? n : 0);
+    Raw(v->data(), v->size() * 4);
+  }
 
  private:
   // Reads an element count and checks that count * element_size bytes remain.

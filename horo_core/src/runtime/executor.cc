@@ -50,6 +50,7 @@ Executor::Executor(const Config& config, int rank, Transport* transport, Process
       rank_(rank),
       transport_(transport),
       sets_(sets),
+      members_view_(sets),
       queue_(queue),
       handles_(handles),
       trace_(timeline) {
@@ -129,13 +130,16 @@ ExecutorStats Executor::Stats() const {
 }
 
 Status Executor::ReduceContributions(const Response& r, const std::vector<std::string>& contributions) {
-  CommGroup group;
-  if (!GroupOf(r.process_set_id, &group)) return Status::OK();  // not a member: nothing to do
+  const std::vector<int32_t>* members = members_view_.Get(r.process_set_id);
+  if (members == nullptr || !std::binary_search(members->begin(), members->end(), rank_)) {
+    return Status::OK();  // not a member: nothing to do
+  }
+  const int group_size = static_cast<int>(members->size());
   const int64_t count = r.NumElements();
   const size_t bytes = static_cast<size_t>(count) * DataTypeSize(r.dtype);
-  if (static_cast<int>(contributions.size()) != group.size()) {
+  if (static_cast<int>(contributions.size()) != group_size) {
     return Status::Internal("allreduce of tensor '" + r.name + "' has " + std::to_string(contributions.size()) +
-                            " contributions for " + std::to_string(group.size()) + " members");
+                            " contributions for " + std::to_string(group_size) + " members");
   }
   for (const std::string& c : contributions) {
     if (c.size() != bytes) {
@@ -160,7 +164,7 @@ Status Executor::ReduceContributions(const Response& r, const std::vector<std::s
     }
     ReduceInto(out, theirs, count, r.dtype, CollectiveOp(r.reduce_op));
   }
-  Postscale(out, count, r, group.size());
+  Postscale(out, count, r, group_size);
   allreduce_from_announcements_.fetch_add(1, std::memory_order_relaxed);
   Finish(slot, Status::OK());
   trace_.Close();

@@ -110,6 +110,7 @@ class Executor {
   int rank_;
   CountingTransport transport_;  // the collectives' view of the transport
   ProcessSetTable* sets_;
+  MembersView members_view_;  // ReduceContributions' set, read in place
   TensorQueue* queue_;
   HandleManager* handles_;
   AllreduceOptions allreduce_options_;

@@ -11,7 +11,14 @@ namespace horo {
 int64_t HandleManager::Allocate() {
   std::lock_guard<std::mutex> lock(mutex_);
   int64_t h = next_handle_++;
-  states_[h] = std::make_shared<State>();
+  std::shared_ptr<State> state;
+  if (spare_.empty()) {
+    state = std::make_shared<State>();
+  } else {
+    state = std::move(spare_.back());
+    spare_.pop_back();
+  }
+  states_.emplace(h, std::move(state));
   return h;
 }
 
@@ -87,8 +94,19 @@ const HandleResult* HandleManager::Result(int64_t handle) {
 }
 
 Status HandleManager::Release(int64_t handle) {
+  constexpr size_t kMostSpare = 64;
   std::lock_guard<std::mutex> lock(mutex_);
-  if (states_.erase(handle) == 0) return Status::InvalidArgument("unknown handle " + std::to_string(handle));
+  auto it = states_.find(handle);
+  if (it == states_.end()) return Status::InvalidArgument("unknown handle " + std::to_string(handle));
+  std::shared_ptr<State> state = std::move(it->second);
+  states_.erase(it);
+  // Copies are made only under mutex_ while the handle is listed: a count of one now stays one.
+  if (state.use_count() == 1 && spare_.size() < kMostSpare) {
+    state->done.store(false, std::memory_order_relaxed);
+    state->status = Status::OK();
+    state->result = HandleResult();
+    spare_.push_back(std::move(state));
+  }
   return Status::OK();
 }
 

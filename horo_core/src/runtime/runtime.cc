@@ -174,15 +174,16 @@ Status Runtime::Enqueue(OpType op, const horo_tensor_t* tensors, int32_t count, 
                         horo_handle_t* handles) {
   if (!started_) return Status(HORO_ERR_NOT_INITIALIZED, "runtime is not connected");
   if (stopped_) return StoppedStatus();
-  std::vector<int32_t> members;
-  if (!sets_.Members(options.process_set_id, &members)) {
-    return Status::InvalidArgument("process set " + std::to_string(options.process_set_id) + " does not exist");
-  }
-  if (!std::binary_search(members.begin(), members.end(), rank_)) {
+  if (!sets_.Contains(options.process_set_id, rank_)) {
+    std::vector<int32_t> members;
+    if (!sets_.Members(options.process_set_id, &members)) {
+      return Status::InvalidArgument("process set " + std::to_string(options.process_set_id) + " does not exist");
+    }
     return Status::InvalidArgument("rank " + std::to_string(rank_) + " is not a member of process set " +
                                    std::to_string(options.process_set_id));
   }
   std::vector<TensorEntry> entries;
+  entries.reserve(count > 1 ? static_cast<size_t>(count) : 1);
   if (op == OpType::kBarrier || op == OpType::kJoin) {
     TensorEntry e;
     e.request.op_type = op;
@@ -228,24 +229,24 @@ Status Runtime::Enqueue(OpType op, const horo_tensor_t* tensors, int32_t count, 
       entries.push_back(std::move(e));
     }
   }
-  for (TensorEntry& e : entries) e.handle = handles_.Allocate();
-  Status st = queue_.Add(entries);
+  const size_t n = entries.size();
+  for (size_t i = 0; i < n; ++i) handles[i] = entries[i].handle = handles_.Allocate();
+  Status st = queue_.Add(std::move(entries));
   if (!st.ok()) {
-    for (TensorEntry& e : entries) handles_.Release(e.handle);
+    for (size_t i = 0; i < n; ++i) handles_.Release(handles[i]);
     return st;
   }
-  for (size_t i = 0; i < entries.size(); ++i) handles[i] = entries[i].handle;
-  FailIfStoppedMeanwhile(entries);
+  FailIfStoppedMeanwhile(handles, n);
   if (!callers_drive_ || !options.caller_waits) WakeBackground();
   return Status::OK();
 }
 
-void Runtime::FailIfStoppedMeanwhile(const std::vector<TensorEntry>& entries) {
+void Runtime::FailIfStoppedMeanwhile(const horo_handle_t* handles, size_t count) {
   // Stop() sets stopped_ before failing the queued handles, so an entry added after that sweep is
   // seen here and failed instead of waiting forever.
   if (!stopped_) return;
   Status status = StoppedStatus();
-  for (const TensorEntry& e : entries) handles_.Complete(e.handle, status);
+  for (size_t i = 0; i < count; ++i) handles_.Complete(handles[i], status);
 }
 
 Status Runtime::ChangeProcessSet(bool add, const std::vector<int32_t>& ranks, int32_t id, horo_handle_t* handle) {
@@ -276,11 +277,15 @@ Status Runtime::ChangeProcessSet(bool add, const std::vector<int32_t>& ranks, in
     r.name = std::string(add ? "process_set_add." : "process_set_remove.") + std::to_string(set_change_count_++);
   }
   e.handle = handles_.Allocate();
-  std::vector<TensorEntry> entries;
-  entries.push_back(e);
-  HORO_RETURN_IF_ERROR(queue_.Add(entries));
   *handle = e.handle;
-  FailIfStoppedMeanwhile(entries);
+  std::vector<TensorEntry> entries;
+  entries.push_back(std::move(e));
+  Status st = queue_.Add(std::move(entries));
+  if (!st.ok()) {
+    handles_.Release(*handle);
+    return st;
+  }
+  FailIfStoppedMeanwhile(handle, 1);
   WakeBackground();
   return Status::OK();
 }
@@ -445,7 +450,8 @@ bool Runtime::Pass(int poll_ms, bool* progress) {
     std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(cycle_time_ms_));
   }
   RequestList mine;
-  std::vector<Request> taken = queue_.TakeRequests();
+  std::vector<Request>& taken = taken_;
+  queue_.TakeRequests(&taken);
   const bool took = !taken.empty();
   if (agreement_) {
     // Repeated tensors are announced to the peers instead (coordinator/peer_agreement.h); the
@@ -461,7 +467,7 @@ bool Runtime::Pass(int poll_ms, bool* progress) {
           first.group_size > 1
               ? end - begin == static_cast<size_t>(first.group_size) &&
                     agreement_->OfferGroup(std::vector<Request>(taken.begin() + begin, taken.begin() + end))
-              : agreement_->Offer(first);
+              : agreement_->Offer(&taken[begin]);
       if (announced) continue;
       for (size_t i = begin; i < end; ++i) mine.requests.push_back(std::move(taken[i]));
     }
@@ -587,7 +593,7 @@ bool Runtime::AdvanceRounds(bool* progress) {
     // Between two rounds, rank 0 first sends what the coordinator has (after this round, on every
     // rank), so that its lists are never held back by a stream of rounds.
     if (rank_ == 0 && !agreement_->mid_round() && !RespondAsCoordinator(progress)) return false;
-    std::string payload;
+    std::string& payload = round_payload_;
     if (agreement_->NextMessage(&payload)) {
       *progress = true;
       for (int peer = 0; peer < size_; ++peer) {
@@ -623,12 +629,12 @@ bool Runtime::AdvanceRounds(bool* progress) {
       held_lists_.pop_front();
       if (!Apply(list, true)) return false;
     }
-    std::vector<AgreedStep> run;
+    std::vector<AgreedStep>& run = agreed_run_;
     agreement_->CompleteRound(&run);
     for (const AgreedStep& step : run) {
-      agreed_responses_.fetch_add(static_cast<int64_t>(step.fused.size()), std::memory_order_relaxed);
-      Status st = step.contributions.empty() ? executor_->Execute(step.fused)
-                                             : executor_->ReduceContributions(step.fused.front(), step.contributions);
+      agreed_responses_.fetch_add(step.reduced ? 1 : static_cast<int64_t>(step.fused.size()), std::memory_order_relaxed);
+      Status st = step.reduced ? executor_->ReduceContributions(*step.reduced, step.contributions)
+                               : executor_->Execute(step.fused);
       if (!st.ok()) {
         FailOnDataPlane(st);
         return false;

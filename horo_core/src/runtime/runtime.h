@@ -89,7 +89,7 @@ class Runtime {
 
   Status ValidateTensor(OpType op, const horo_tensor_t& t, const horo_op_options_t& options) const;
   Status StoppedStatus();
-  void FailIfStoppedMeanwhile(const std::vector<TensorEntry>& entries);
+  void FailIfStoppedMeanwhile(const horo_handle_t* handles, size_t count);
   void Loop();
   // One round of negotiation and execution, under progress_mutex_: polls the control plane for up
   // to poll_ms, takes the queued requests, and (rank 0) builds and sends responses; every rank
@@ -146,6 +146,9 @@ class Runtime {
   std::unique_ptr<ParameterManager> tuner_;  // rank 0 with HORO_AUTOTUNE only
   std::unique_ptr<PeerAgreement> agreement_;  // set by Connect when every rank can use it
   std::deque<ResponseList> held_lists_;       // workers: lists whose round is not complete yet
+  std::string round_payload_;                 // AdvanceRounds' scratch, kept for its storage
+  std::vector<Request> taken_;                // Pass's scratch, kept for its storage
+  std::vector<AgreedStep> agreed_run_;        // AdvanceRounds' scratch, kept for its storage
   std::atomic<int64_t> agreed_responses_{0};
   std::atomic<int64_t> coordinator_responses_{0};
   double cycle_time_ms_;                     // HORO_CYCLE_TIME, or what the autotuner chose

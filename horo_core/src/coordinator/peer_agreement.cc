@@ -96,6 +96,56 @@ PeerAgreement::PeerAgreement(int rank, int size, ResponseCache* cache, ProcessSe
   }
 }
 
+namespace {
+constexpr size_t kMostSpareNodes = 64;
+}  // namespace
+
+PeerAgreement::Announced& PeerAgreement::AnnouncedEntry(int64_t id) {
+  auto it = announced_.find(id);
+  if (it != announced_.end()) return it->second;
+  if (spare_announced_.empty()) return announced_[id];
+  auto node = std::move(spare_announced_.back());
+  spare_announced_.pop_back();
+  node.key() = id;  // its Announced was emptied, storage kept, by EraseAnnounced
+  return announced_.insert(std::move(node)).position->second;
+}
+
+void PeerAgreement::EraseAnnounced(std::map<int64_t, Announced>::iterator it) {
+  if (spare_announced_.size() >= kMostSpareNodes) {
+    announced_.erase(it);
+    return;
+  }
+  auto node = announced_.extract(it);
+  Announced& a = node.mapped();
+  a.ranks.clear();
+  a.data.clear();
+  a.unit.clear();
+  spare_announced_.push_back(std::move(node));
+}
+
+void PeerAgreement::KeepMine(int64_t id, Request request) {
+  auto it = mine_.find(id);
+  if (it != mine_.end()) {
+    it->second = std::move(request);
+  } else if (spare_mine_.empty()) {
+    mine_.emplace(id, std::move(request));
+  } else {
+    auto node = std::move(spare_mine_.back());
+    spare_mine_.pop_back();
+    node.key() = id;
+    node.mapped() = std::move(request);
+    mine_.insert(std::move(node));
+  }
+}
+
+void PeerAgreement::EraseMine(std::map<int64_t, Request>::iterator it) {
+  if (spare_mine_.size() >= kMostSpareNodes) {
+    mine_.erase(it);
+    return;
+  }
+  spare_mine_.push_back(mine_.extract(it));
+}
+
 void PeerAgreement::OpenInbox(Inbox* slot, int64_t round) {
   slot->round = round;
   slot->count = 0;
@@ -155,7 +205,7 @@ bool PeerAgreement::OfferGroup(const std::vector<Request>& members) {
 
 void PeerAgreement::Announce(int64_t id, Request request, int64_t unit) {
   const void* input = request.input;
-  mine_[id] = std::move(request);
+  KeepMine(id, std::move(request));
   next_.hits.push_back(id);
   next_.units.push_back(unit);
   const int64_t eager = EagerBytes(*cache_->Get(id));
@@ -318,7 +368,7 @@ void PeerAgreement::CompleteRound(std::vector<AgreedStep>* run) {
         continue;
       }
       for (size_t i = begin; i < end; ++i) {
-        Announced& a = announced_[m.hits[i]];
+        Announced& a = AnnouncedEntry(m.hits[i]);
         if (a.ranks.empty()) {
           a.ranks.assign(static_cast<size_t>(size_), 0);
           a.since = now;
@@ -394,8 +444,9 @@ void PeerAgreement::CompleteRound(std::vector<AgreedStep>* run) {
       group_bytes = bytes;
       fusing = true;
     }
-    announced_.erase(id);
-    mine_.erase(id);
+    EraseAnnounced(announced_.find(id));
+    auto my = mine_.find(id);
+    if (my != mine_.end()) EraseMine(my);
     my_units_.erase(id);
     ++responses_run_;
   }
@@ -406,7 +457,7 @@ void PeerAgreement::Drop(int64_t id) {
   auto a = announced_.find(id);
   if (a != announced_.end()) {
     unit = a->second.unit;
-    announced_.erase(a);
+    EraseAnnounced(a);
   }
   auto u = my_units_.find(id);
   if (u != my_units_.end()) {
@@ -425,7 +476,7 @@ void PeerAgreement::Drop(int64_t id) {
       break;
     }
     fallbacks_.push_back(std::move(it->second));
-    mine_.erase(it);
+    EraseMine(it);
   }
   for (int64_t member : unit) {
     if (member != id && (announced_.count(member) || mine_.count(member))) Drop(member);

@@ -141,6 +141,12 @@ class PeerAgreement {
   const Inbox& InboxOf(int64_t round) const { return inbox_[round & 1]; }
   // Makes slot hold round (it must hold none).
   void OpenInbox(Inbox* slot, int64_t round);
+  // announced_ and mine_ entries come from and go back to nodes kept aside, so that a steady
+  // state of the same tensors step after step allocates no map node.
+  Announced& AnnouncedEntry(int64_t id);
+  void EraseAnnounced(std::map<int64_t, Announced>::iterator it);
+  void KeepMine(int64_t id, Request request);
+  void EraseMine(std::map<int64_t, Request>::iterator it);
   // Whether this rank's request asks for exactly what the cached response does.
   bool Matches(const Response& cached, const Request& request) const;
   // Adds this rank's announcement of id (unit: its group's first id) to the next message.
@@ -177,6 +183,8 @@ class PeerAgreement {
   std::vector<int64_t> scratch_orphaned_;
   std::vector<int64_t> scratch_whole_;
   mutable MembersView members_view_;
+  std::vector<std::map<int64_t, Announced>::node_type> spare_announced_;
+  std::vector<std::map<int64_t, Request>::node_type> spare_mine_;
 };
 
 }  // namespace horo

@@ -4,21 +4,34 @@
 
 namespace horo {
 
-Status TensorQueue::Add(std::vector<TensorEntry> entries) {
+namespace {
+constexpr size_t kMostSpareNodes = 64;
+}  // namespace
+
+Status TensorQueue::Add(std::vector<TensorEntry>* entries) {
   std::lock_guard<std::mutex> lock(mutex_);
   std::set<std::string> seen;
-  for (const TensorEntry& e : entries) {
+  for (const TensorEntry& e : *entries) {
     const Request& r = e.request;
-    if (table_.count(Lookup(r.process_set_id, &r.name)) || (entries.size() > 1 && !seen.insert(r.name).second)) {
+    if (table_.count(Lookup(r.process_set_id, &r.name)) || (entries->size() > 1 && !seen.insert(r.name).second)) {
       return Status(HORO_ERR_DUPLICATE_NAME,
                     "a " + std::string(OpTypeName(r.op_type)) + " of a tensor named '" + r.name +
                         "' is already in flight; names of concurrent operations must be unique");
     }
   }
-  for (TensorEntry& e : entries) {
+  for (TensorEntry& e : *entries) {
     unsent_.push_back(e.request);
-    auto key = std::make_pair(e.request.process_set_id, e.request.name);
-    table_.emplace(std::move(key), std::move(e));
+    if (spare_.empty()) {
+      Key key(e.request.process_set_id, e.request.name);
+      table_.emplace(std::move(key), std::move(e));
+      continue;
+    }
+    auto node = std::move(spare_.back());
+    spare_.pop_back();
+    node.key().first = e.request.process_set_id;
+    node.key().second = e.request.name;
+    node.mapped() = std::move(e);
+    table_.insert(std::move(node));
   }
   has_unsent_.store(!unsent_.empty(), std::memory_order_release);
   return Status::OK();
@@ -36,7 +49,11 @@ bool TensorQueue::Take(int32_t process_set_id, const std::string& name, TensorEn
   auto it = table_.find(Lookup(process_set_id, &name));
   if (it == table_.end()) return false;
   *out = std::move(it->second);
-  table_.erase(it);
+  if (spare_.size() < kMostSpareNodes) {
+    spare_.push_back(table_.extract(it));
+  } else {
+    table_.erase(it);
+  }
   return true;
 }
 

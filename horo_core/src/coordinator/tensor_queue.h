@@ -27,8 +27,8 @@ struct TensorEntry {
 class TensorQueue {
  public:
   // Adds every entry or none: a name already in flight in the same process set (or twice in
-  // entries) is HORO_ERR_DUPLICATE_NAME.
-  Status Add(std::vector<TensorEntry> entries);
+  // entries) is HORO_ERR_DUPLICATE_NAME. Added entries are moved from.
+  Status Add(std::vector<TensorEntry>* entries);
   // Moves the requests not yet sent into *out (emptied first), whose storage the queue keeps for
   // the next ones.
   void TakeRequests(std::vector<Request>* out);
@@ -56,6 +56,8 @@ class TensorQueue {
 
   std::mutex mutex_;
   std::map<Key, TensorEntry, KeyLess> table_;
+  // Nodes of taken entries, reused by Add: a tensor added and taken every step allocates no node.
+  std::vector<std::map<Key, TensorEntry, KeyLess>::node_type> spare_;
   std::vector<Request> unsent_;
   std::atomic<bool> has_unsent_{false};  // !unsent_.empty(), written under mutex_
 };

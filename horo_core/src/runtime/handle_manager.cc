@@ -11,14 +11,14 @@ namespace horo {
 int64_t HandleManager::Allocate() {
   std::lock_guard<std::mutex> lock(mutex_);
   int64_t h = next_handle_++;
-  std::shared_ptr<State> state;
   if (spare_.empty()) {
-    state = std::make_shared<State>();
+    states_.emplace(h, std::make_shared<State>());
   } else {
-    state = std::move(spare_.back());
+    auto node = std::move(spare_.back());
     spare_.pop_back();
+    node.key() = h;
+    states_.insert(std::move(node));
   }
-  states_.emplace(h, std::move(state));
   return h;
 }
 
@@ -98,15 +98,17 @@ Status HandleManager::Release(int64_t handle) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = states_.find(handle);
   if (it == states_.end()) return Status::InvalidArgument("unknown handle " + std::to_string(handle));
-  std::shared_ptr<State> state = std::move(it->second);
-  states_.erase(it);
-  // Copies are made only under mutex_ while the handle is listed: a count of one now stays one.
-  if (state.use_count() == 1 && spare_.size() < kMostSpare) {
-    state->done.store(false, std::memory_order_relaxed);
-    state->status = Status::OK();
-    state->result = HandleResult();
-    spare_.push_back(std::move(state));
+  // Copies are made only under mutex_ while the handle is listed: a count of one stays one.
+  if (it->second.use_count() != 1 || spare_.size() >= kMostSpare) {
+    states_.erase(it);
+    return Status::OK();
   }
+  auto node = states_.extract(it);
+  State& state = *node.mapped();
+  state.done.store(false, std::memory_order_relaxed);
+  state.status = Status::OK();
+  state.result = HandleResult();
+  spare_.push_back(std::move(node));
   return Status::OK();
 }
 

@@ -60,9 +60,9 @@ class HandleManager {
   // Shared so that a waiter keeps its state alive while it spins or sleeps unlocked, even if
   // another thread releases the handle meanwhile.
   std::unordered_map<int64_t, std::shared_ptr<State>> states_;
-  // States of released handles that nobody else held, reset for reuse: a loop of synchronous
-  // collectives then allocates no state per call.
-  std::vector<std::shared_ptr<State>> spare_;
+  // Released handles' nodes whose state nobody else held, reset for reuse: a loop of synchronous
+  // collectives then allocates neither a node nor a state per call.
+  std::vector<std::unordered_map<int64_t, std::shared_ptr<State>>::node_type> spare_;
 };
 
 }  // namespace horo

@@ -182,8 +182,9 @@ Status Runtime::Enqueue(OpType op, const horo_tensor_t* tensors, int32_t count, 
     return Status::InvalidArgument("rank " + std::to_string(rank_) + " is not a member of process set " +
                                    std::to_string(options.process_set_id));
   }
-  std::vector<TensorEntry> entries;
-  entries.reserve(count > 1 ? static_cast<size_t>(count) : 1);
+  // Per calling thread, kept for its storage (Add moves the entries out).
+  thread_local std::vector<TensorEntry> entries;
+  entries.clear();
   if (op == OpType::kBarrier || op == OpType::kJoin) {
     TensorEntry e;
     e.request.op_type = op;
@@ -231,7 +232,7 @@ Status Runtime::Enqueue(OpType op, const horo_tensor_t* tensors, int32_t count, 
   }
   const size_t n = entries.size();
   for (size_t i = 0; i < n; ++i) handles[i] = entries[i].handle = handles_.Allocate();
-  Status st = queue_.Add(std::move(entries));
+  Status st = queue_.Add(&entries);
   if (!st.ok()) {
     for (size_t i = 0; i < n; ++i) handles_.Release(handles[i]);
     return st;
@@ -280,7 +281,7 @@ Status Runtime::ChangeProcessSet(bool add, const std::vector<int32_t>& ranks, in
   *handle = e.handle;
   std::vector<TensorEntry> entries;
   entries.push_back(std::move(e));
-  Status st = queue_.Add(std::move(entries));
+  Status st = queue_.Add(&entries);
   if (!st.ok()) {
     handles_.Release(*handle);
     return st;

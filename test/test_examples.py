@@ -46,3 +46,13 @@ def test_average_bench_checks_its_results_on_three_ranks():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for label in ("Average", "Sum"):
         assert f"[0]<stdout>:{label}: " in proc.stdout and "per round of 3 tensors (0.8 MB), 3 ranks" in proc.stdout
+
+
+def test_call_overhead_times_each_layer_on_one_rank():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HORO_", "HOROVOD_"))}
+    bench = os.path.join(ROOT, "examples", "benchmarks", "call_overhead.py")
+    proc = subprocess.run([sys.executable, bench, "--calls", "300", "--repeats", "1", "--bytes", "64"], env=env,
+                          text=True, capture_output=True, stdin=subprocess.DEVNULL, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    labels = [line.split("  ")[0] for line in proc.stdout.splitlines() if line.endswith("us per call")]
+    assert labels == ["hvd.allreduce_", "Runtime.run_prepared", "lib.horo_run_at (cffi)"], proc.stdout

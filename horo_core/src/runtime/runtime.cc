@@ -330,7 +330,14 @@ void Runtime::Loop() {
     if (callers_drive_) BackgroundWait(spin_until, wait_ms);
     bool progress = false;
     {
-      std::lock_guard<std::mutex> lock(progress_mutex_);
+      // While a caller drives, one holding the lock is already making progress: blocking on it
+      // would only cost that caller a wake-up of this thread when it lets go.
+      std::unique_lock<std::mutex> lock(progress_mutex_, std::defer_lock);
+      if (callers_drive_ && drivers_.load(std::memory_order_relaxed) > 0) {
+        if (!lock.try_lock()) continue;
+      } else {
+        lock.lock();
+      }
       if (loop_ended_) return;
       if (!Pass(callers_drive_ ? 0 : poll_ms_, &progress)) {
         loop_ended_ = true;

@@ -56,8 +56,9 @@ class PreparedRun:
 
 
 def prepare_run(op_type, name, dtype, shape, process_set_id=0, reduce_op=None, prescale_factor=1.0,
-                postscale_factor=1.0, root_rank=0) -> PreparedRun:
-    """Describes a synchronous operation on one host tensor for Runtime.run_prepared."""
+                postscale_factor=1.0, root_rank=0, caller_waits=True) -> PreparedRun:
+    """Describes an operation on one host tensor: for Runtime.run_prepared (synchronous), or with
+    caller_waits=False for Runtime.enqueue_prepared (asynchronous)."""
     c_name = ffi.new("char[]", name.encode())
     c_shape = ffi.new("int64_t[]", list(shape) or [0])
     t = ffi.new("horo_tensor_t*")
@@ -65,7 +66,7 @@ def prepare_run(op_type, name, dtype, shape, process_set_id=0, reduce_op=None, p
     t.dtype = dtype
     t.ndim = len(shape)
     t.shape = c_shape
-    options = Runtime._options(process_set_id, reduce_op, prescale_factor, postscale_factor, root_rank, True)
+    options = Runtime._options(process_set_id, reduce_op, prescale_factor, postscale_factor, root_rank, caller_waits)
     return PreparedRun(op_type, t, options, (c_name, c_shape))
 
 
@@ -339,6 +340,24 @@ class Runtime:
                 check(status, last_error())
         finally:
             active.pop()
+
+    def enqueue_prepared(self, prepared, input_ptr, output_ptr) -> int:
+        """enqueue() of one tensor from a description made once by prepare_run(caller_waits=False):
+        per call only the two addresses cross into the core (horo_enqueue_at). Returns the handle."""
+        out = ffi.new("horo_handle_t*")
+        active = self._active  # as in run_prepared
+        active.append(None)
+        try:
+            rt = self._rt
+            if rt is None:
+                check(lib.HORO_ERR_SHUT_DOWN)
+            status = lib.horo_enqueue_at(rt, prepared.op_type, prepared.tensor, input_ptr, output_ptr,
+                                         prepared.options, out)
+            if status != lib.HORO_OK:
+                check(status, last_error())
+        finally:
+            active.pop()
+        return out[0]
 
     def poll(self, handle) -> bool:
         done = ffi.new("int32_t*")

@@ -422,33 +422,51 @@ def check_repeated_named_calls(hvd, c, env):
     r, n = hvd.rank(), hvd.size()
     total = n * (n + 1) // 2
 
-    def run(what, tensor, want, **kwargs):
-        got = hvd.allreduce_(tensor, name="repeat", **kwargs)
-        c.same(f"{what}: returns its argument", got is tensor, True)
-        c.equal(what, tensor, want)
+    def in_place(tensor, name, **kwargs):
+        return hvd.allreduce_(tensor, name=name, **kwargs)
 
-    for i in range(3):
-        run(f"Sum, call {i}", torch.full((6,), float(r + 1)), torch.full((6,), float(total)), op=hvd.Sum)
-    run("then Max", torch.full((6,), float(r + 1)), torch.full((6,), float(n)), op=hvd.Max)
-    run("then another shape", torch.full((7,), float(r + 1)), torch.full((7,), float(total)), op=hvd.Sum)
-    run("then another dtype", torch.full((7,), r + 1, dtype=torch.int32), torch.full((7,), total, dtype=torch.int32),
-        op=hvd.Sum)
-    run("then a prescale", torch.full((7,), float(r + 1), dtype=torch.float64),
-        torch.full((7,), 2.0 * total, dtype=torch.float64), op=hvd.Sum, prescale_factor=2.0)
-    run("then a postscale", torch.full((7,), float(r + 1), dtype=torch.float64),
-        torch.full((7,), 0.5 * total, dtype=torch.float64), op=hvd.Sum, postscale_factor=0.5)
-    run("then the default op (Average)", torch.full((7,), float(r + 1), dtype=torch.float64),
-        torch.full((7,), total / n, dtype=torch.float64))
-    run("then average=False", torch.full((7,), float(r + 1), dtype=torch.float64),
-        torch.full((7,), float(total), dtype=torch.float64), average=False)
-    run("Sum again", torch.full((6,), float(r + 1)), torch.full((6,), float(total)), op=hvd.Sum)
-    # A column has the shape and dtype of the call before, but not its layout.
-    base = torch.full((6, 2), float(r + 1))
-    base[:, 1] = -1.0
-    column = base[:, 0]
-    run("then a non-contiguous view", column, torch.full((6,), float(total)), op=hvd.Sum)
-    c.equal("... the other column untouched", base[:, 1], torch.full((6,), -1.0))
-    run("Sum once more", torch.full((6,), float(r + 1)), torch.full((6,), float(total)), op=hvd.Sum)
+    def in_place_async(tensor, name, **kwargs):
+        return hvd.synchronize(hvd.allreduce_async_(tensor, name=name, **kwargs))
+
+    # The same sequence through allreduce_ and through allreduce_async_ + synchronize, which also
+    # reuses the last call's description per name.
+    for mode, call in (("allreduce_", in_place), ("allreduce_async_", in_place_async)):
+        def run(what, tensor, want, **kwargs):
+            got = call(tensor, "repeat." + mode, **kwargs)
+            c.same(f"{mode} {what}: returns its argument", got is tensor, True)
+            c.equal(f"{mode} {what}", tensor, want)
+
+        for i in range(3):
+            run(f"Sum, call {i}", torch.full((6,), float(r + 1)), torch.full((6,), float(total)), op=hvd.Sum)
+        run("then Max", torch.full((6,), float(r + 1)), torch.full((6,), float(n)), op=hvd.Max)
+        run("then another shape", torch.full((7,), float(r + 1)), torch.full((7,), float(total)), op=hvd.Sum)
+        run("then another dtype", torch.full((7,), r + 1, dtype=torch.int32),
+            torch.full((7,), total, dtype=torch.int32), op=hvd.Sum)
+        run("then a prescale", torch.full((7,), float(r + 1), dtype=torch.float64),
+            torch.full((7,), 2.0 * total, dtype=torch.float64), op=hvd.Sum, prescale_factor=2.0)
+        run("then a postscale", torch.full((7,), float(r + 1), dtype=torch.float64),
+            torch.full((7,), 0.5 * total, dtype=torch.float64), op=hvd.Sum, postscale_factor=0.5)
+        run("then the default op (Average)", torch.full((7,), float(r + 1), dtype=torch.float64),
+            torch.full((7,), total / n, dtype=torch.float64))
+        run("then average=False", torch.full((7,), float(r + 1), dtype=torch.float64),
+            torch.full((7,), float(total), dtype=torch.float64), average=False)
+        run("Sum again", torch.full((6,), float(r + 1)), torch.full((6,), float(total)), op=hvd.Sum)
+        # A column has the shape and dtype of the call before, but not its layout.
+        base = torch.full((6, 2), float(r + 1))
+        base[:, 1] = -1.0
+        column = base[:, 0]
+        run("then a non-contiguous view", column, torch.full((6,), float(total)), op=hvd.Sum)
+        c.equal(f"{mode} ... the other column untouched", base[:, 1], torch.full((6,), -1.0))
+        run("Sum once more", torch.full((6,), float(r + 1)), torch.full((6,), float(total)), op=hvd.Sum)
+    # Repeated named async calls in flight together, waited for in reverse order: each result lands
+    # in the tensor its own call gave.
+    for step in range(3):
+        a, b = torch.full((4,), float(r + 1)), torch.full((4,), float(10 * (r + 1)))
+        ha = hvd.allreduce_async_(a, name="repeat.a", op=hvd.Sum)
+        hb = hvd.allreduce_async_(b, name="repeat.b", op=hvd.Sum)
+        c.same(f"async step {step}: b, then a", (hvd.synchronize(hb) is b, hvd.synchronize(ha) is a), (True, True))
+        c.equal(f"async step {step}: a", a, torch.full((4,), float(total)))
+        c.equal(f"async step {step}: b", b, torch.full((4,), float(10 * total)))
     c.raises("average and op together", [ValueError], "op",
              lambda: hvd.allreduce_(torch.ones(6), name="repeat", average=True, op=hvd.Sum))
     # allreduce (out of place) records a graph only when one can be recorded.

@@ -236,6 +236,12 @@ horo_status_t horo_run(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t*
 horo_status_t horo_run_at(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t* tensor, uintptr_t input,
                           uintptr_t output, const horo_op_options_t* options);
 
+/* horo_enqueue of one tensor described the same way (tensor->input and ->output ignored, the
+ * addresses given instead): the asynchronous counterpart of horo_run_at, for a binding that
+ * enqueues the same tensors step after step (gradients). */
+horo_status_t horo_enqueue_at(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t* tensor, uintptr_t input,
+                              uintptr_t output, const horo_op_options_t* options, horo_handle_t* handle);
+
 horo_status_t horo_poll(horo_runtime_t* rt, horo_handle_t handle, int32_t* done);
 /* Blocks until the handle completes or timeout_seconds pass (< 0: no limit); meanwhile the calling
  * thread may run the negotiation and the collective itself (HORO_CALLER_PROGRESS).

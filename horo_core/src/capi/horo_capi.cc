@@ -421,6 +421,15 @@ horo_status_t horo_run_at(horo_runtime_t* rt, int32_t op_type, const horo_tensor
   return horo_run(rt, op_type, &t, 1, options);
 }
 
+horo_status_t horo_enqueue_at(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t* tensor, uintptr_t input,
+                              uintptr_t output, const horo_op_options_t* options, horo_handle_t* handle) {
+  if (tensor == nullptr) return Fail(HORO_ERR_INVALID_ARGUMENT, "null tensor");
+  horo_tensor_t t = *tensor;
+  t.input = reinterpret_cast<const void*>(input);
+  t.output = reinterpret_cast<void*>(output);
+  return horo_enqueue(rt, op_type, &t, 1, options, handle);
+}
+
 horo_status_t horo_poll(horo_runtime_t* rt, horo_handle_t handle, int32_t* done) {
   HORO_API_BEGIN();
   HORO_REQUIRE_RUNTIME(rt);

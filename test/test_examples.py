@@ -56,3 +56,13 @@ def test_call_overhead_times_each_layer_on_one_rank():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     labels = [line.split("  ")[0] for line in proc.stdout.splitlines() if line.endswith("us per call")]
     assert labels == ["hvd.allreduce_", "Runtime.run_prepared", "lib.horo_run_at (cffi)"], proc.stdout
+
+
+def test_async_step_checks_its_values_on_two_ranks():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HORO_", "HOROVOD_"))}
+    bench = os.path.join(ROOT, "examples", "benchmarks", "async_step.py")
+    proc = subprocess.run([sys.executable, "-m", "horo_runner.launch", "-np", "2", sys.executable, bench,
+                           "--tensors", "5", "--steps", "3", "--repeats", "1", "--warmup", "1"], env=env, text=True,
+                          capture_output=True, stdin=subprocess.DEVNULL, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "[0]<stdout>:2 ranks: " in proc.stdout and "per step of 5 async allreduces" in proc.stdout, proc.stdout

@@ -136,14 +136,31 @@ def _run_host_described(op_type, kind, name, tensor, output, process_set, reduce
 _last_allreduce = {}
 
 
+def _last_description(memo, name, tensor, average, op, prescale_factor, postscale_factor, process_set):
+    """The description memo holds for name when this call matches the one that made it: the same
+    objects for average, op and process set (an equal but different object does not match), equal
+    scales, the set's id unchanged, and a dense host tensor of the same dtype and shape. Else None."""
+    last = memo.get(name)
+    if (last is not None and last[0] is average and last[1] is op and last[2] == prescale_factor
+            and last[3] == postscale_factor and last[4] is process_set and last[5] == process_set.process_set_id
+            and tensor.dtype is last[6] and tensor.shape == last[7] and tensor.is_cpu and tensor.is_contiguous()):
+        return last[8]
+    return None
+
+
+def _remember(memo, name, tensor, average, op, prescale_factor, postscale_factor, process_set, prepared):
+    if len(memo) >= _PREPARED_RUNS_LIMIT:
+        memo.clear()
+    memo[name] = (average, op, prescale_factor, postscale_factor, process_set, process_set.process_set_id,
+                  tensor.dtype, tensor.shape, prepared)
+
+
 def _allreduce_host(tensor, average, name, op, prescale_factor, postscale_factor, process_set):
     prepared = _run_host_described(lib.HORO_ALLREDUCE, "allreduce", name, tensor, tensor, process_set,
                                    resolve_op(average, op), prescale_factor, postscale_factor, 0)
     if prepared is not None:
-        if len(_last_allreduce) >= _PREPARED_RUNS_LIMIT:
-            _last_allreduce.clear()
-        _last_allreduce[name] = (average, op, prescale_factor, postscale_factor, process_set,
-                                 process_set.process_set_id, tensor.dtype, tensor.shape, prepared)
+        _remember(_last_allreduce, name, tensor, average, op, prescale_factor, postscale_factor, process_set,
+                  prepared)
     return tensor
 
 
@@ -361,27 +378,23 @@ _last_async = {}
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                      process_set=global_process_set):
     """In-place form of allreduce_async: the result overwrites tensor. Returns a handle."""
-    last = _last_async.get(name)
-    if (last is not None and last[0] is average and last[1] is op and last[2] == prescale_factor
-            and last[3] == postscale_factor and last[4] is process_set and last[5] == process_set.process_set_id
-            and tensor.dtype is last[6] and tensor.shape == last[7] and tensor.is_cpu and tensor.is_contiguous()
-            and not getattr(_caller, "waits", False)):
+    waits = getattr(_caller, "waits", False)
+    prepared = None if waits else _last_description(_last_async, name, tensor, average, op, prescale_factor,
+                                                    postscale_factor, process_set)
+    if prepared is not None:
         runtime = basics.runtime()
         address = tensor.data_ptr()
-        core_handle = runtime.enqueue_prepared(last[8], address, address)
+        core_handle = runtime.enqueue_prepared(prepared, address, address)
         return _register(runtime, (core_handle,), tensor, lambda rt, results: tensor, None, False)
     resolved = resolve_op(average, op)
     handle = _allreduce_async([tensor], [tensor], name, resolved, prescale_factor, postscale_factor, process_set,
                               "allreduce")
     set_id = process_set.process_set_id
-    if name is not None and set_id is not None and _is_host_dense(tensor) and not getattr(_caller, "waits", False):
+    if name is not None and set_id is not None and _is_host_dense(tensor) and not waits:
         base = _op_name("allreduce", name, set_id)
         prepared = prepare_run(lib.HORO_ALLREDUCE, base, _dtype_code(tensor, base), tuple(tensor.shape), set_id,
                                resolved, prescale_factor, postscale_factor, 0, caller_waits=False)
-        if len(_last_async) >= _PREPARED_RUNS_LIMIT:
-            _last_async.clear()
-        _last_async[name] = (average, op, prescale_factor, postscale_factor, process_set, set_id, tensor.dtype,
-                             tensor.shape, prepared)
+        _remember(_last_async, name, tensor, average, op, prescale_factor, postscale_factor, process_set, prepared)
     return handle
 
 
@@ -440,13 +453,11 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                process_set=global_process_set):
     """In-place allreduce; returns tensor."""
-    last = _last_allreduce.get(name)
-    # Identity for the arguments (an equal but different object takes the general path below).
-    if (last is not None and last[0] is average and last[1] is op and last[2] == prescale_factor
-            and last[3] == postscale_factor and last[4] is process_set and last[5] == process_set.process_set_id
-            and tensor.dtype is last[6] and tensor.shape == last[7] and tensor.is_cpu and tensor.is_contiguous()):
+    prepared = _last_description(_last_allreduce, name, tensor, average, op, prescale_factor, postscale_factor,
+                                 process_set)
+    if prepared is not None:
         address = tensor.data_ptr()
-        basics.runtime().run_prepared(last[8], address, address)
+        basics.runtime().run_prepared(prepared, address, address)
         return tensor
     if _is_host_dense(tensor):
         return _allreduce_host(tensor, average, name, op, prescale_factor, postscale_factor, process_set)

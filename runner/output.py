@@ -98,8 +98,15 @@ class OutputSink:
         text = "".join(prefix + line.decode("utf-8", errors="replace") for line in lines)
         with self._lock:
             out = self._streams[stream]
-            out.write(text)
-            out.flush()
+            if out is not None:
+                try:
+                    out.write(text)
+                    out.flush()
+                except BrokenPipeError:
+                    # The reader went away (`hororun ... | head`): the job goes on, its lines for
+                    # this stream are dropped (the per-rank files still get them).
+                    self._streams[stream] = None
+                    _silence(out)
             f = self._files.get((rank, stream))
             if f is not None:
                 f.write(text)
@@ -111,6 +118,20 @@ class OutputSink:
             for f in self._files.values():
                 f.close()
             self._files.clear()
+
+
+def _silence(stream: IO[str]) -> None:
+    """Points a stream whose reader has gone at /dev/null, so that its unwritten buffer does not
+    raise again when the interpreter flushes it at exit."""
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 
 
 def forward_pipe(fd: int, rank: int, stream: str, sink: OutputSink) -> None:

@@ -103,6 +103,29 @@ def test_output_filename_tees_per_rank(child_env, tmp_path):
     assert "[1]<stdout>:out 1\n" in proc.stdout.decode()
 
 
+def test_reader_that_goes_away_drops_lines_but_not_the_job(child_env, tmp_path):
+    """`hororun ... | head`: the launcher keeps draining the workers, the job finishes normally with
+    no traceback, and the per-rank files still receive every line."""
+    code = """
+        import os
+        r = os.environ["HORO_RANK"]
+        for i in range(20000):
+            print(f"line {i} of rank {r}")
+    """
+    out_dir = tmp_path / "logs"
+    proc = subprocess.Popen(hororun_cmd("-np", "2", "--output-filename", str(out_dir), *worker(code)),
+                            env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL)
+    first = proc.stdout.readline()
+    proc.stdout.close()  # 800 KB are on their way: the launcher's next writes find no reader
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0, err
+    assert b"<stdout>:line 0 of rank" in first
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+    for r in range(2):
+        assert (out_dir / f"rank.{r}" / "stdout").read_text().count("\n") == 20000
+
+
 def test_rank_dir_names_are_zero_padded(runner_path):
     from horo_runner.output import rank_dir_name
     assert [rank_dir_name(r, 11) for r in (0, 3, 10)] == ["rank.00", "rank.03", "rank.10"]

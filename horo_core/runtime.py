@@ -107,7 +107,9 @@ class Stats:
     and by the background thread; the response counts are responses (one per tensor) this rank ran
     after the ranks agreed on a repeated tensor among themselves, and after the coordinator
     negotiated it; allreduce_from_announcements counts the small agreed allreduces whose data
-    came with the announcements and was reduced on each rank, with no data-plane step.
+    came with the announcements and was reduced on each rank, with no data-plane step;
+    rounds_agreed counts the completed rounds of that agreement, each a message from every rank
+    (a loop of one repeated synchronous allreduce needs one per call).
     """
     allreduce_recursive_doubling: int
     allreduce_ring: int
@@ -121,6 +123,7 @@ class Stats:
     responses_agreed_by_peers: int
     responses_from_coordinator: int
     allreduce_from_announcements: int
+    rounds_agreed: int
 
 
 class LoopbackHub:

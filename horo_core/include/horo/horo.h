@@ -164,6 +164,9 @@ typedef struct horo_runtime_stats {
   int64_t responses_from_coordinator;    /* ... and those the coordinator negotiated */
   int64_t allreduce_from_announcements;  /* small host allreduces agreed between the ranks, whose data
                                             came with the announcements and was reduced locally */
+  int64_t rounds_agreed;                 /* rounds of that agreement completed: each takes a message
+                                            from every rank (a loop of one synchronous repeated
+                                            allreduce needs one per call) */
 } horo_runtime_stats_t;
 
 /* One setting of the configuration table. */

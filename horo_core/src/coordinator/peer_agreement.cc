@@ -295,12 +295,12 @@ Status PeerAgreement::Receive(int peer, const std::string& payload) {
   return Status::OK();
 }
 
-bool PeerAgreement::NextMessage(std::string* payload) {
+bool PeerAgreement::NextMessage(std::string* payload, bool answer) {
   const int64_t k = round_done_ + 1;
   if (round_sent_ >= k) return false;
   Inbox& slot = InboxOf(k);
   const bool asked = slot.round == k && slot.count > 0;
-  if (next_.empty() && !asked) return false;
+  if (next_.empty() && (!asked || !answer)) return false;
   next_.round = k;
   SerializeRoundMessage(next_, payload);
   if (slot.round != k) OpenInbox(&slot, k);  // its last round completed
@@ -312,6 +312,12 @@ bool PeerAgreement::NextMessage(std::string* payload) {
   next_data_bytes_ = 0;
   round_sent_ = k;
   return true;
+}
+
+bool PeerAgreement::AnswerOwed() const {
+  const int64_t k = round_done_ + 1;
+  const Inbox& slot = InboxOf(k);
+  return round_sent_ < k && slot.round == k && slot.count > 0;
 }
 
 bool PeerAgreement::RoundReady(int64_t* round) const {

@@ -100,8 +100,12 @@ class PeerAgreement {
   bool OfferGroup(const std::vector<Request>& members);
   // A peer's round message.
   Status Receive(int peer, const std::string& payload);
-  // The message this rank must send to every peer now, if any.
-  bool NextMessage(std::string* payload);
+  // The message this rank must send to every peer now, if any. With answer false, a message that
+  // would carry no news, only answer a peer's round, is not made (AnswerOwed() then says so): the
+  // caller expects news soon and lets it travel in that round instead of the one after.
+  bool NextMessage(std::string* payload, bool answer = true);
+  // A peer's message for the next round is in and this rank has not sent its own.
+  bool AnswerOwed() const;
   // True when the next round has every rank's message; *round is its number. The runtime then
   // applies the coordinator's lists made before it and calls CompleteRound.
   bool RoundReady(int64_t* round) const;

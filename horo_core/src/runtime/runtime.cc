@@ -363,6 +363,7 @@ void Runtime::BackgroundWait(std::chrono::steady_clock::time_point spin_until, i
     park_wake_ = false;
     return;
   }
+  if (answer_owed_.load(std::memory_order_relaxed)) return;  // its message was read: the doorbell is quiet
   if (std::chrono::steady_clock::now() < spin_until) {
     SpinRound();
     return;
@@ -416,9 +417,9 @@ void Runtime::Drive(const std::atomic<bool>& done, std::chrono::steady_clock::ti
   while (!done.load(std::memory_order_acquire) && !loop_ended_ && (!timed || Clock::now() < deadline)) {
     bool progress = false;
     // A pass with nothing queued and no control message would only poll: look first, cheaply.
-    if (queue_.HasRequests() || transport_->ControlPending()) {
+    if (queue_.HasRequests() || transport_->ControlPending() || answer_owed_.load(std::memory_order_relaxed)) {
       std::unique_lock<std::mutex> lock(progress_mutex_, std::try_to_lock);
-      if (lock.owns_lock() && !loop_ended_ && !Pass(0, &progress)) loop_ended_ = true;
+      if (lock.owns_lock() && !loop_ended_ && !Pass(0, &progress, &done)) loop_ended_ = true;
     }
     if (progress) {
       caller_passes_.fetch_add(1, std::memory_order_relaxed);
@@ -444,7 +445,7 @@ void Runtime::Drive(const std::atomic<bool>& done, std::chrono::steady_clock::ti
   if (!finished || loop_ended_ || queue_.HasRequests()) WakeBackground();
 }
 
-bool Runtime::Pass(int poll_ms, bool* progress) {
+bool Runtime::Pass(int poll_ms, bool* progress, const std::atomic<bool>* caller_done) {
   const bool is_coordinator = rank_ == 0;
   std::vector<ControlMessage> messages;
   std::vector<int> lost;
@@ -508,7 +509,7 @@ bool Runtime::Pass(int poll_ms, bool* progress) {
       last_stall_check_ns_ = now_ns;
       poll_ms_ = coordinator_->CheckStalls(agreement_ ? agreement_->Waiting() : std::vector<StalledTensor>());
     }
-    if (agreement_ && !AdvanceRounds(progress)) return false;
+    if (agreement_ && !AdvanceRounds(progress, caller_done)) return false;
     if (!RespondAsCoordinator(progress)) return false;
   } else {
     for (const ControlMessage& m : messages) {
@@ -523,7 +524,7 @@ bool Runtime::Pass(int poll_ms, bool* progress) {
       return false;
     }
     if (agreement_) {
-      if (!AdvanceRounds(progress)) return false;
+      if (!AdvanceRounds(progress, caller_done)) return false;
       std::vector<Request> fallbacks = agreement_->TakeFallbacks();
       for (Request& r : fallbacks) mine.requests.push_back(std::move(r));
     }
@@ -596,13 +597,14 @@ bool Runtime::RespondAsCoordinator(bool* progress) {
   }
 }
 
-bool Runtime::AdvanceRounds(bool* progress) {
+bool Runtime::AdvanceRounds(bool* progress, const std::atomic<bool>* caller_done) {
   while (true) {
     // Between two rounds, rank 0 first sends what the coordinator has (after this round, on every
     // rank), so that its lists are never held back by a stream of rounds.
     if (rank_ == 0 && !agreement_->mid_round() && !RespondAsCoordinator(progress)) return false;
     std::string& payload = round_payload_;
-    if (agreement_->NextMessage(&payload)) {
+    const bool answer = caller_done == nullptr || !caller_done->load(std::memory_order_acquire);
+    if (agreement_->NextMessage(&payload, answer)) {
       *progress = true;
       for (int peer = 0; peer < size_; ++peer) {
         if (peer == rank_) continue;
@@ -639,6 +641,7 @@ bool Runtime::AdvanceRounds(bool* progress) {
     }
     std::vector<AgreedStep>& run = agreed_run_;
     agreement_->CompleteRound(&run);
+    agreed_rounds_.fetch_add(1, std::memory_order_relaxed);
     for (const AgreedStep& step : run) {
       agreed_responses_.fetch_add(step.reduced ? 1 : static_cast<int64_t>(step.fused.size()), std::memory_order_relaxed);
       Status st = step.reduced ? executor_->ReduceContributions(*step.reduced, step.contributions)
@@ -654,6 +657,7 @@ bool Runtime::AdvanceRounds(bool* progress) {
     held_lists_.pop_front();
     if (!Apply(list, true)) return false;
   }
+  answer_owed_.store(agreement_->AnswerOwed(), std::memory_order_relaxed);
   return true;
 }
 

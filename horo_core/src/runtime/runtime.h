@@ -56,10 +56,12 @@ class Runtime {
     *by_background = background_passes_.load();
   }
   // Responses this rank ran after the ranks agreed on them without the coordinator
-  // (coordinator/peer_agreement.h), and those the coordinator sent or (rank 0) built.
-  void CountResponses(int64_t* agreed_by_peers, int64_t* from_coordinator) const {
+  // (coordinator/peer_agreement.h), and those the coordinator sent or (rank 0) built; the rounds
+  // of that agreement completed.
+  void CountResponses(int64_t* agreed_by_peers, int64_t* from_coordinator, int64_t* rounds) const {
     *agreed_by_peers = agreed_responses_.load();
     *from_coordinator = coordinator_responses_.load();
+    *rounds = agreed_rounds_.load();
   }
   HandleManager& handles() { return handles_; }
 
@@ -94,8 +96,8 @@ class Runtime {
   // One round of negotiation and execution, under progress_mutex_: polls the control plane for up
   // to poll_ms, takes the queued requests, and (rank 0) builds and sends responses; every rank
   // executes the responses it has. *progress tells whether anything happened. Returns false when
-  // the runtime stopped.
-  bool Pass(int poll_ms, bool* progress);
+  // the runtime stopped. caller_done: the handle of the caller that runs the pass (Drive), if any.
+  bool Pass(int poll_ms, bool* progress, const std::atomic<bool>* caller_done = nullptr);
   // A caller waiting on done runs passes while they make progress (see runtime.cc), starting none
   // after deadline.
   void Drive(const std::atomic<bool>& done, std::chrono::steady_clock::time_point deadline);
@@ -111,8 +113,10 @@ class Runtime {
   // every rank, at connect time; sends this rank's round messages, completes the rounds that have
   // every message and runs what they agreed on, applying held response lists in their place.
   // Returns false when the loop must end.
+  // Once caller_done is set, a message that would only answer a peer's round is left to the next
+  // pass (answer_owed_): see "Who makes progress" in runtime.cc.
   Status DecidePeerAgreement();
-  bool AdvanceRounds(bool* progress);
+  bool AdvanceRounds(bool* progress, const std::atomic<bool>* caller_done);
   // Rank 0: builds the coordinator's response lists, sends them and applies them, until none is
   // due (with peer agreement, only between rounds). Returns false when the loop must end.
   bool RespondAsCoordinator(bool* progress);
@@ -150,6 +154,7 @@ class Runtime {
   std::vector<Request> taken_;                // Pass's scratch, kept for its storage
   std::vector<AgreedStep> agreed_run_;        // AdvanceRounds' scratch, kept for its storage
   std::atomic<int64_t> agreed_responses_{0};
+  std::atomic<int64_t> agreed_rounds_{0};
   std::atomic<int64_t> coordinator_responses_{0};
   double cycle_time_ms_;                     // HORO_CYCLE_TIME, or what the autotuner chose
 
@@ -161,6 +166,7 @@ class Runtime {
   std::atomic<int64_t> caller_passes_{0};
   std::atomic<int64_t> background_passes_{0};
   std::atomic<int64_t> last_drive_ns_{0};  // steady-clock time the last Drive ended
+  std::atomic<bool> answer_owed_{false};    // a peer's round waits for this rank's message
   std::mutex park_mutex_;
   std::condition_variable park_cv_;
   bool park_wake_ = false;         // under park_mutex_

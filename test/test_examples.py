@@ -66,3 +66,19 @@ def test_async_step_checks_its_values_on_two_ranks():
                           capture_output=True, stdin=subprocess.DEVNULL, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "[0]<stdout>:2 ranks: " in proc.stdout and "per step of 5 async allreduces" in proc.stdout, proc.stdout
+
+
+def test_tight_loop_reports_what_a_call_costs():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HORO_", "HOROVOD_"))}
+    bench = os.path.join(ROOT, "examples", "benchmarks", "tight_loop.py")
+    proc = subprocess.run([sys.executable, "-m", "horo_runner.launch", "-np", "2", "--bind-to", "none", sys.executable,
+                           bench, "--one-core", "--calls", "300", "--blocks", "2", "--warmup", "100"], env=env, text=True,
+                          capture_output=True, stdin=subprocess.DEVNULL, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [line.split(":", 1)[1] for line in proc.stdout.splitlines() if line.startswith("[0]<stdout>:")]
+    assert lines[0].startswith("2 ranks, 4 B: per-call us ") and " median " in lines[0], proc.stdout
+    words = lines[1].split()
+    assert lines[1].startswith("per call, mean over ranks: ") and words[6:] == [
+        "rounds,", words[7], "caller", "passes,", words[10], "involuntary", "switches"], proc.stdout
+    # Ranks that share a core agree on one round per call (a few more while the loop starts).
+    assert 1.0 <= float(words[5]) <= 1.5, proc.stdout

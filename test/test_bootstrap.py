@@ -3,11 +3,12 @@ step and mpirun. Each rank reports what init() told it and the result of one all
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 
 import pytest
+
+from free_ports import free_port
 
 WORKER = """
 import json, torch
@@ -19,12 +20,6 @@ print(json.dumps({"rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.loca
                   "cross_size": hvd.cross_size(), "sum": total}), flush=True)
 hvd.shutdown()
 """
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def clean_env():

@@ -10,6 +10,7 @@ import threading
 
 import pytest
 
+from free_ports import free_port
 from horo_core.kvstore import (KVAuthError, KVClient, KVConnectionError, KVProtocolError,
                                KVRequestError, KVServer, KVTimeoutError)
 
@@ -357,9 +358,7 @@ def test_stop_wakes_a_blocked_get_and_closes_clients():
 
 
 def test_client_waits_for_a_server_that_starts_later():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     box = {}
 
     def connect():
@@ -382,8 +381,6 @@ def test_client_waits_for_a_server_that_starts_later():
 
 
 def test_unreachable_server_names_endpoint():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     with pytest.raises(KVConnectionError, match=f"could not reach the rendezvous at 127.0.0.1:{port}"):
         KVClient("127.0.0.1", port, SECRET, timeout=0.3)

@@ -16,7 +16,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -24,6 +23,7 @@ import textwrap
 import pytest
 
 import horo_runner
+from free_ports import free_port
 
 N = 3
 CHILD_TIMEOUT = 120  # guards against a hang only; no test asserts on time
@@ -33,12 +33,6 @@ def clean_env(**extra):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HORO_", "HOROVOD_"))}
     env.update({k: str(v) for k, v in extra.items()})
     return env
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_script(tmp_path, body):

@@ -130,10 +130,12 @@ def test_async_operations_complete_while_nobody_waits():
             rt.destroy()
 
 
-def _shared_core_job(calls, pair_calls):
-    """Runs on every rank, all ranks pinned to one CPU: calls synchronous allreduces of one name,
-    then (with 3 ranks: ranks 0 and 1 only, while rank 2 sleeps) pair_calls in a set of those two,
-    then one together. Returns (failures, agreement rounds during the loop, passes by callers then)."""
+def _shared_core_job(blocks, calls, pair_calls, done_file):
+    """Runs on every rank, all ranks pinned to one CPU: blocks of calls synchronous allreduces of
+    one name, then (with 3 ranks: ranks 0 and 1 only, while rank 2 sleeps until rank 0 creates
+    done_file) pair_calls in a set of those two, then one together. Returns (failures, agreement
+    rounds per block, passes by callers in the blocks, and on rank 2 of 3 the passes its background
+    thread ran while it slept)."""
     import os
     import time
 
@@ -160,13 +162,19 @@ def _shared_core_job(calls, pair_calls):
     for _ in range(20):  # the first call goes through the coordinator; then the ranks agree alone
         allreduce("loop")
     start = rt.stats()
-    for i in range(calls):
-        allreduce("loop")
-        if not np.all(out == total):
-            failures.append(f"loop call {i}: {out}")
+    rounds = []  # per block of calls: another job on the core can add rounds to one block, not to all
+    for block in range(blocks):
+        before = rt.stats().rounds_agreed
+        for i in range(calls):
+            allreduce("loop")
+            if not np.all(out == total):
+                failures.append(f"loop block {block} call {i}: {out}")
+        rounds.append(rt.stats().rounds_agreed - before)
     end = rt.stats()
-    # The last rank leaves its caller's answer to a peer's round unsent (its next call is not
-    # coming): its background thread must send it, or the pair's cached steps wait forever.
+    # Rounds are global: while rank 2 sleeps, every round of the pair's cached steps needs its
+    # message, which only its background thread can send (the first one perhaps an answer its
+    # caller left unsent when its last call finished).
+    background = None
     if n == 2:
         pass
     elif rank < 2:
@@ -174,28 +182,40 @@ def _shared_core_job(calls, pair_calls):
             allreduce("pair", pair)
             if not np.all(out == 3.0):
                 failures.append(f"pair call {i}: {out}")
+        if rank == 0:
+            open(done_file, "w").close()
     else:
-        time.sleep(0.5)
+        before = rt.stats().passes_by_background
+        deadline = time.monotonic() + 120
+        while not os.path.exists(done_file) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        background = rt.stats().passes_by_background - before
     allreduce("together")
     if not np.all(out == total):
         failures.append(f"together: {out}")
     basics.shutdown()
-    return failures, end.rounds_agreed - start.rounds_agreed, end.passes_by_callers - start.passes_by_callers
+    return failures, rounds, end.passes_by_callers - start.passes_by_callers, background
 
 
 @pytest.mark.parametrize("np_", [2, 3])
-def test_ranks_sharing_a_core_agree_one_round_per_call(np_):
+def test_ranks_sharing_a_core_agree_one_round_per_call(np_, tmp_path):
     """On a shared core a rank often reads a peer's next round message in the pass that finishes its
     own call. Answering it at once with an empty message pushed its next call's announcement into
     the round after: two rounds, and two switches between the ranks, per call. The answer now waits
     for the caller's next call (or the background thread), so a loop takes about one round per call."""
     import horo_runner
 
-    calls = 1500
+    blocks, calls, pair_calls = 5, 300, 200
     env = {"HORO_PEER_TIMEOUT_SECONDS": "60", "HORO_DYNAMIC_PROCESS_SETS": "1"}
-    reports = horo_runner.run(_shared_core_job, args=(calls, 200), np=np_, env=env, bind_to="none")
-    for rank, (failures, rounds, caller_passes) in enumerate(reports):
+    reports = horo_runner.run(_shared_core_job, args=(blocks, calls, pair_calls, str(tmp_path / "pair_done")),
+                              np=np_, env=env, bind_to="none")
+    for rank, (failures, rounds, caller_passes, _) in enumerate(reports):
         assert failures == [], f"rank {rank}: {failures[:5]}"
         assert caller_passes > 0, f"rank {rank}: callers ran no pass"
-        # Measured: 1.02-1.22 rounds per call; 2.0 with the answer sent at once.
-        assert calls <= rounds <= 1.5 * calls, f"rank {rank}: {rounds} rounds for {calls} calls"
+        assert all(r >= calls for r in rounds), f"rank {rank}: {rounds} rounds for blocks of {calls} calls"
+        # Measured: 1.0-1.2 rounds per call on a quiet core, up to 1.7 in a block shared with two busy
+        # processes; 2.0 in every block with the answer sent at once.
+        assert min(rounds) <= 1.3 * calls, f"rank {rank}: {rounds} rounds for blocks of {calls} calls"
+    if np_ == 3:
+        # At least one pass per round of the pair (more when a pass finds nothing new to send).
+        assert reports[2][3] >= pair_calls, f"rank 2's background thread ran {reports[2][3]} passes"

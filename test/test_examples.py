@@ -80,5 +80,5 @@ def test_tight_loop_reports_what_a_call_costs():
     words = lines[1].split()
     assert lines[1].startswith("per call, mean over ranks: ") and words[6:] == [
         "rounds,", words[7], "caller", "passes,", words[10], "involuntary", "switches"], proc.stdout
-    # Ranks that share a core agree on one round per call (a few more while the loop starts).
-    assert 1.0 <= float(words[5]) <= 1.5, proc.stdout
+    # Every call takes a round at least (test_caller_progress.py checks that it takes about one).
+    assert float(words[5]) >= 0.99, proc.stdout

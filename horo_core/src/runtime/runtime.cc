@@ -442,7 +442,14 @@ void Runtime::Drive(const std::atomic<bool>& done, std::chrono::steady_clock::ti
   // must listen to the doorbell again at once.
   last_drive_ns_.store(finished ? SteadyNanos() : 0);
   drivers_.fetch_sub(1);
-  if (!finished || loop_ended_ || queue_.HasRequests()) WakeBackground();
+  if (!finished || loop_ended_ || queue_.HasRequests()) {
+    WakeBackground();
+  } else if (answer_owed_.load(std::memory_order_relaxed)) {
+    // The background thread may have looked at answer_owed_ just before it was set and be about
+    // to sleep on the doorbell, which the message already read will not ring: ring it (no system
+    // call unless it sleeps).
+    transport_->Wake();
+  }
 }
 
 bool Runtime::Pass(int poll_ms, bool* progress, const std::atomic<bool>* caller_done) {
@@ -603,7 +610,12 @@ bool Runtime::AdvanceRounds(bool* progress, const std::atomic<bool>* caller_done
     // rank), so that its lists are never held back by a stream of rounds.
     if (rank_ == 0 && !agreement_->mid_round() && !RespondAsCoordinator(progress)) return false;
     std::string& payload = round_payload_;
-    const bool answer = caller_done == nullptr || !caller_done->load(std::memory_order_acquire);
+    // A round is answered late at most once: rank 0 may finish a coordinator-negotiated call in
+    // the same pass as it answers, so without the limit a stream of them would put it off forever.
+    const int64_t next_round = agreement_->round_done() + 1;
+    const bool answer =
+        caller_done == nullptr || !caller_done->load(std::memory_order_acquire) || deferred_round_ == next_round;
+    if (!answer && agreement_->AnswerOwed()) deferred_round_ = next_round;
     if (agreement_->NextMessage(&payload, answer)) {
       *progress = true;
       for (int peer = 0; peer < size_; ++peer) {

@@ -167,6 +167,7 @@ class Runtime {
   std::atomic<int64_t> background_passes_{0};
   std::atomic<int64_t> last_drive_ns_{0};  // steady-clock time the last Drive ended
   std::atomic<bool> answer_owed_{false};    // a peer's round waits for this rank's message
+  int64_t deferred_round_ = 0;              // the last round answered late; under progress_mutex_
   std::mutex park_mutex_;
   std::condition_variable park_cv_;
   bool park_wake_ = false;         // under park_mutex_

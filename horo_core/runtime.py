@@ -109,7 +109,9 @@ class Stats:
     negotiated it; allreduce_from_announcements counts the small agreed allreduces whose data
     came with the announcements and was reduced on each rank, with no data-plane step;
     rounds_agreed counts the completed rounds of that agreement, each a message from every rank
-    (a loop of one repeated synchronous allreduce needs one per call).
+    (a loop of one repeated synchronous allreduce needs one per call); caller_polls counts the
+    waits in which a driving caller busy-polled before its first yield, caller_yields the times
+    such a caller gave up its core (sched_yield).
     """
     allreduce_recursive_doubling: int
     allreduce_ring: int
@@ -124,6 +126,8 @@ class Stats:
     responses_from_coordinator: int
     allreduce_from_announcements: int
     rounds_agreed: int
+    caller_polls: int
+    caller_yields: int
 
 
 class LoopbackHub:

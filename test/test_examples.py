@@ -79,6 +79,7 @@ def test_tight_loop_reports_what_a_call_costs():
     assert lines[0].startswith("2 ranks, 4 B: per-call us ") and " median " in lines[0], proc.stdout
     words = lines[1].split()
     assert lines[1].startswith("per call, mean over ranks: ") and words[6:] == [
-        "rounds,", words[7], "caller", "passes,", words[10], "involuntary", "switches"], proc.stdout
+        "rounds,", words[7], "caller", "passes,", words[10], "polls,", words[12], "yields,", words[14], "involuntary",
+        "switches"], proc.stdout
     # Every call takes a round at least (test_caller_progress.py checks that it takes about one).
     assert float(words[5]) >= 0.99, proc.stdout

@@ -10,7 +10,8 @@ Every rank times --blocks blocks of --calls calls of ``hvd.allreduce_(t, op=Sum,
 with ``--out-of-place``, ``hvd.allreduce``, which returns a new tensor) after a warm-up; rank 0
 prints the per-call time of every block of the slowest rank and their median, then what a call
 cost on average over the ranks: rounds of the agreement between the ranks, passes the caller ran,
-and times the calling thread was switched out while runnable (its core given to another rank).
+waits in which it busy-polled before yielding, yields of its core, and times the calling thread was
+switched out while runnable (its core given to another rank).
 The result is checked against the exact sum once.
 
 ``--one-core`` pins every rank to the first CPU of the launcher's set, the most oversubscribed
@@ -66,6 +67,8 @@ def main():
     timed_calls = args.blocks * args.calls
     costs = torch.tensor([stats_after.rounds_agreed - stats_before.rounds_agreed,
                           stats_after.passes_by_callers - stats_before.passes_by_callers,
+                          stats_after.caller_polls - stats_before.caller_polls,
+                          stats_after.caller_yields - stats_before.caller_yields,
                           usage_after.ru_nivcsw - usage_before.ru_nivcsw], dtype=torch.float64) / timed_calls
     # The slowest rank sets the pace: take every block's maximum over the ranks.
     slowest = hvd.allreduce(torch.tensor(blocks, dtype=torch.float64), op=hvd.Max, name="tight.times")
@@ -74,9 +77,9 @@ def main():
         per_call = [f"{s * 1e6:.1f}" for s in slowest.tolist()]
         print(f"{n} ranks, {args.bytes} B: per-call us {' '.join(per_call)}; "
               f"median {statistics.median(slowest.tolist()) * 1e6:.1f} us", flush=True)
-        rounds, passes, switches = costs.tolist()
-        print(f"per call, mean over ranks: {rounds:.2f} rounds, {passes:.2f} caller passes, "
-              f"{switches:.2f} involuntary switches", flush=True)
+        rounds, passes, polls, yields, switches = costs.tolist()
+        print(f"per call, mean over ranks: {rounds:.2f} rounds, {passes:.2f} caller passes, {polls:.2f} polls, "
+              f"{yields:.2f} yields, {switches:.2f} involuntary switches", flush=True)
     hvd.shutdown()
 
 

@@ -167,6 +167,10 @@ typedef struct horo_runtime_stats {
   int64_t rounds_agreed;                 /* rounds of that agreement completed: each takes a message
                                             from every rank (a loop of one synchronous repeated
                                             allreduce needs one per call) */
+  int64_t caller_polls;                  /* waits of a driving caller that busy-polled before their
+                                            first yield (while that pays off: ranks with cores of
+                                            their own) ... */
+  int64_t caller_yields;                 /* ... and the times a driving caller yielded its core */
 } horo_runtime_stats_t;
 
 /* One setting of the configuration table. */

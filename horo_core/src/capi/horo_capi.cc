@@ -267,7 +267,7 @@ horo_status_t horo_runtime_stats(horo_runtime_t* rt, horo_runtime_stats_t* out) 
   out->bytes_sent_other_hosts = stats.sent.other_hosts;
   out->allgather_ring = stats.allgather_runs[static_cast<int>(horo::AllgatherAlgorithm::kRing)];
   out->allgather_hierarchical = stats.allgather_runs[static_cast<int>(horo::AllgatherAlgorithm::kHierarchical)];
-  rt->impl->CountPasses(&out->passes_by_callers, &out->passes_by_background);
+  rt->impl->CountPasses(&out->passes_by_callers, &out->passes_by_background, &out->caller_polls, &out->caller_yields);
   rt->impl->CountResponses(&out->responses_agreed_by_peers, &out->responses_from_coordinator, &out->rounds_agreed);
   out->allreduce_from_announcements = stats.allreduce_from_announcements;
   return HORO_OK;

@@ -15,4 +15,14 @@ namespace horo {
 
 inline void SpinRound() { ::sched_yield(); }
 
+// One step of a busy wait that keeps the core: tells the CPU this is a spin loop (x86 pause,
+// ARM yield), which saves power and leaves the sibling hyperthread the pipeline.
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
 }  // namespace horo

@@ -1,5 +1,7 @@
 #include "runtime/runtime.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <sstream>
@@ -100,6 +102,12 @@ Status Runtime::Connect(const std::vector<std::string>& addresses) {
     HORO_RETURN_IF_ERROR(network_->Connect(addresses));
   }
   callers_drive_ = config_.caller_progress && config_.spin_microseconds > 0 && transport_->CanWaitControl();
+  // With more ranks on this host than it has CPUs online, a busy poll can only hold a core that a
+  // peer needs: Drive never polls then (PollBeforeYield).
+  const std::vector<int> hosts = transport_->HostIds();
+  const long local_ranks = hosts.empty() ? size_ : std::count(hosts.begin(), hosts.end(), hosts[rank_]);
+  const long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
+  poll_allowed_ = callers_drive_ && cpus > 0 && local_ranks <= cpus;
   HORO_RETURN_IF_ERROR(DecidePeerAgreement());
   started_ = true;
   thread_ = std::thread([this] { Loop(); });
@@ -306,9 +314,28 @@ Status Runtime::ChangeProcessSet(bool add, const std::vector<int32_t>& ranks, in
 // wait at once (horo_op_options_t.caller_waits); a caller that gives up, or leaves requests
 // behind, wakes it too. Without a transport that can wait without reading (CanWaitControl), the
 // background thread alone runs the passes, blocking in PollControl as before.
+//
+// A driving caller that finds nothing to do yields its core (SpinRound): on a host with more ranks
+// than cores, the peer it waits for may need that very core. Where every rank has a core, the
+// system call only adds to a wait of a microsecond or two for a peer on another core; so before
+// its first yield a drive may busy-poll the control plane for a few microseconds, while doing so
+// keeps paying off (the drive then finishes without yielding at all), and seldom otherwise: ranks
+// sharing a core never see a message arrive while they poll, and stop within a few calls. With
+// more ranks on the host than CPUs online it never polls.
 namespace {
 
 constexpr auto kParkTime = std::chrono::milliseconds(1);  // background thread: recheck after a drive
+// Drive's busy poll before its first yield: up to kPollPauses CPU pauses, looking for a control
+// message every kPollPausesPerLook (256 pauses are a few microseconds, about what a peer on another
+// core takes to announce its next call). A poll pays off when the drive then finishes without
+// yielding; each one that does raises the score (up to kPollScoreMax), each one that does not
+// lowers it by kPollPenalty, and at 0 only every kPollProbePeriod-th drive polls, to notice when
+// the peers have cores of their own again.
+constexpr int kPollPauses = 256;
+constexpr int kPollPausesPerLook = 4;
+constexpr int kPollScoreMax = 16;
+constexpr int kPollPenalty = 4;
+constexpr uint32_t kPollProbePeriod = 32;
 // The background thread's longest sleep between passes, so that a request whose caller said it
 // would wait (caller_waits) but does not is still negotiated soon.
 constexpr int kLongestWaitMs = 8;
@@ -412,6 +439,8 @@ void Runtime::Drive(const std::atomic<bool>& done, std::chrono::steady_clock::ti
   const bool timed = deadline != Clock::time_point::max();
   Clock::time_point idle_since;
   int idle_rounds = 0;
+  bool polled = false;  // this drive busy-polled before its first yield (PollBeforeYield)
+  int yields = 0;
   // A pass already under way is not interrupted (it may move a large collective), so a timed wait
   // can overrun its deadline by one pass; it never starts another after it.
   while (!done.load(std::memory_order_acquire) && !loop_ended_ && (!timed || Clock::now() < deadline)) {
@@ -434,9 +463,17 @@ void Runtime::Drive(const std::atomic<bool>& done, std::chrono::steady_clock::ti
         break;
       }
     }
+    if (!polled && yields == 0 && !timed) {
+      polled = PollBeforeYield();
+      if (polled) continue;
+    }
     SpinRound();
+    ++yields;
   }
+  if (yields > 0) caller_yields_.fetch_add(yields, std::memory_order_relaxed);
+  if (polled) caller_polls_.fetch_add(1, std::memory_order_relaxed);
   const bool finished = done.load(std::memory_order_acquire);
+  if (polled) ScorePoll(finished && yields == 0);
   // A caller that finished will likely be back soon (a loop of synchronous collectives): the
   // background thread stays parked a little longer. One that gives up leaves it the work, and it
   // must listen to the doorbell again at once.
@@ -450,6 +487,23 @@ void Runtime::Drive(const std::atomic<bool>& done, std::chrono::steady_clock::ti
     // call unless it sleeps).
     transport_->Wake();
   }
+}
+
+bool Runtime::PollBeforeYield() {
+  if (!poll_allowed_) return false;
+  int score = poll_score_.load(std::memory_order_relaxed);
+  if (score <= 0 && poll_probes_.fetch_add(1, std::memory_order_relaxed) % kPollProbePeriod != 0) return false;
+  for (int i = 0; i < kPollPauses; ++i) {
+    CpuRelax();
+    if (i % kPollPausesPerLook == kPollPausesPerLook - 1 && transport_->ControlPending()) break;
+  }
+  return true;
+}
+
+void Runtime::ScorePoll(bool paid_off) {
+  int score = poll_score_.load(std::memory_order_relaxed);
+  score = paid_off ? std::min(score + 1, kPollScoreMax) : std::max(score - kPollPenalty, 0);
+  poll_score_.store(score, std::memory_order_relaxed);
 }
 
 bool Runtime::Pass(int poll_ms, bool* progress, const std::atomic<bool>* caller_done) {

@@ -50,10 +50,13 @@ class Runtime {
   const Config& config() const { return config_; }
   ProcessSetTable& process_sets() { return sets_; }
   ExecutorStats stats() const { return executor_->Stats(); }
-  // Passes that moved something, by callers (Drive) and by the background thread.
-  void CountPasses(int64_t* by_callers, int64_t* by_background) const {
+  // Passes that moved something, by callers (Drive) and by the background thread; how often a
+  // driving caller busy-polled before its first yield, and how often it yielded its core.
+  void CountPasses(int64_t* by_callers, int64_t* by_background, int64_t* caller_polls, int64_t* caller_yields) const {
     *by_callers = caller_passes_.load();
     *by_background = background_passes_.load();
+    *caller_polls = caller_polls_.load();
+    *caller_yields = caller_yields_.load();
   }
   // Responses this rank ran after the ranks agreed on them without the coordinator
   // (coordinator/peer_agreement.h), and those the coordinator sent or (rank 0) built; the rounds
@@ -101,6 +104,11 @@ class Runtime {
   // A caller waiting on done runs passes while they make progress (see runtime.cc), starting none
   // after deadline.
   void Drive(const std::atomic<bool>& done, std::chrono::steady_clock::time_point deadline);
+  // Drive's busy poll before its first yield, while it pays off (see runtime.cc): true when it
+  // polled (whether or not a message came), false when it is off for this drive.
+  bool PollBeforeYield();
+  // After a drive that polled: paid_off when it then finished without yielding at all.
+  void ScorePoll(bool paid_off);
   // The background thread between passes when callers may drive; wait_ms: its longest sleep, which
   // the last pass computed (from poll_ms_ and the timeline's shipping, both read under the lock).
   void BackgroundWait(std::chrono::steady_clock::time_point spin_until, int wait_ms);
@@ -165,7 +173,12 @@ class Runtime {
   std::atomic<int> drivers_{0};    // callers inside Drive
   std::atomic<int64_t> caller_passes_{0};
   std::atomic<int64_t> background_passes_{0};
+  std::atomic<int64_t> caller_polls_{0};
+  std::atomic<int64_t> caller_yields_{0};
   std::atomic<int64_t> last_drive_ns_{0};  // steady-clock time the last Drive ended
+  bool poll_allowed_ = false;              // set by Connect: this host has a CPU per local rank
+  std::atomic<int> poll_score_{0};         // PollBeforeYield: on while > 0
+  std::atomic<uint32_t> poll_probes_{0};   // drives that found it off; every kPollProbePeriod-th tries
   std::atomic<bool> answer_owed_{false};    // a peer's round waits for this rank's message
   int64_t deferred_round_ = 0;              // the last round answered late; under progress_mutex_
   std::mutex park_mutex_;

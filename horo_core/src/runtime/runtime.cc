@@ -103,9 +103,12 @@ Status Runtime::Connect(const std::vector<std::string>& addresses) {
   }
   callers_drive_ = config_.caller_progress && config_.spin_microseconds > 0 && transport_->CanWaitControl();
   // With more ranks on this host than it has CPUs online, a busy poll can only hold a core that a
-  // peer needs: Drive never polls then (PollBeforeYield).
+  // peer needs: Drive never polls then (PollAllowed). The ranks of an in-process (loopback) world
+  // are all threads of this process, whatever hosts it emulates.
   const std::vector<int> hosts = transport_->HostIds();
-  const long local_ranks = hosts.empty() ? size_ : std::count(hosts.begin(), hosts.end(), hosts[rank_]);
+  const long local_ranks = network_ == nullptr || rank_ >= static_cast<int>(hosts.size())
+                               ? size_
+                               : std::count(hosts.begin(), hosts.end(), hosts[rank_]);
   const long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
   poll_allowed_ = callers_drive_ && cpus > 0 && local_ranks <= cpus;
   HORO_RETURN_IF_ERROR(DecidePeerAgreement());
@@ -318,24 +321,28 @@ Status Runtime::ChangeProcessSet(bool add, const std::vector<int32_t>& ranks, in
 // A driving caller that finds nothing to do yields its core (SpinRound): on a host with more ranks
 // than cores, the peer it waits for may need that very core. Where every rank has a core, the
 // system call only adds to a wait of a microsecond or two for a peer on another core; so before
-// its first yield a drive may busy-poll the control plane for a few microseconds, while doing so
-// keeps paying off (the drive then finishes without yielding at all), and seldom otherwise: ranks
+// yielding a drive may busy-poll the control plane for a few microseconds at a time, while doing
+// so keeps paying off (drives then finish without yielding at all), and seldom otherwise: ranks
 // sharing a core never see a message arrive while they poll, and stop within a few calls. With
 // more ranks on the host than CPUs online it never polls.
 namespace {
 
 constexpr auto kParkTime = std::chrono::milliseconds(1);  // background thread: recheck after a drive
-// Drive's busy poll before its first yield: up to kPollPauses CPU pauses, looking for a control
-// message every kPollPausesPerLook (256 pauses are a few microseconds, about what a peer on another
-// core takes to announce its next call). A poll pays off when the drive then finishes without
-// yielding; each one that does raises the score (up to kPollScoreMax), each one that does not
-// lowers it by kPollPenalty, and at 0 only every kPollProbePeriod-th drive polls, to notice when
-// the peers have cores of their own again.
-constexpr int kPollPauses = 256;
+// Drive's busy poll before it yields: CPU pauses, looking for a control message (or its handle
+// done) every kPollPausesPerLook, for at most kPollTime (capped by HORO_SPIN_MICROSECONDS), about
+// what a peer on another core takes to announce its next call, with margin. A drive polls again
+// after each poll that found something, until it finishes or a poll comes back empty and it
+// yields. Polling paid off when the drive finished without yielding; each drive that did raises
+// the score (up to kPollScoreMax), each that did not lowers it by kPollPenalty. At 0 a drive polls
+// only as a probe, to notice when the peers have cores of their own again: after kPollProbeFirst
+// drives, and twice as many after each probe that fails, up to kPollProbeLongest (on a shared core
+// a probe holds the core the peer needs for the whole kPollTime).
+constexpr auto kPollTime = std::chrono::microseconds(20);
 constexpr int kPollPausesPerLook = 4;
 constexpr int kPollScoreMax = 16;
 constexpr int kPollPenalty = 4;
-constexpr uint32_t kPollProbePeriod = 32;
+constexpr int kPollProbeFirst = 64;
+constexpr int kPollProbeLongest = 8192;
 // The background thread's longest sleep between passes, so that a request whose caller said it
 // would wait (caller_waits) but does not is still negotiated soon.
 constexpr int kLongestWaitMs = 8;
@@ -439,7 +446,9 @@ void Runtime::Drive(const std::atomic<bool>& done, std::chrono::steady_clock::ti
   const bool timed = deadline != Clock::time_point::max();
   Clock::time_point idle_since;
   int idle_rounds = 0;
-  bool polled = false;  // this drive busy-polled before its first yield (PollBeforeYield)
+  const auto poll_time = std::min<Clock::duration>(kPollTime, spin);
+  int poll = -1;        // whether this drive may busy-poll before yielding: -1 not asked yet, 0, 1
+  bool polled = false;  // it did
   int yields = 0;
   // A pass already under way is not interrupted (it may move a large collective), so a timed wait
   // can overrun its deadline by one pass; it never starts another after it.
@@ -463,9 +472,12 @@ void Runtime::Drive(const std::atomic<bool>& done, std::chrono::steady_clock::ti
         break;
       }
     }
-    if (!polled && yields == 0 && !timed) {
-      polled = PollBeforeYield();
-      if (polled) continue;
+    if (yields == 0 && !timed) {
+      if (poll < 0) poll = PollAllowed() ? 1 : 0;
+      if (poll == 1) {
+        polled = true;
+        if (PollForMessage(done, poll_time)) continue;
+      }
     }
     SpinRound();
     ++yields;
@@ -489,21 +501,35 @@ void Runtime::Drive(const std::atomic<bool>& done, std::chrono::steady_clock::ti
   }
 }
 
-bool Runtime::PollBeforeYield() {
+bool Runtime::PollAllowed() {
   if (!poll_allowed_) return false;
-  int score = poll_score_.load(std::memory_order_relaxed);
-  if (score <= 0 && poll_probes_.fetch_add(1, std::memory_order_relaxed) % kPollProbePeriod != 0) return false;
-  for (int i = 0; i < kPollPauses; ++i) {
-    CpuRelax();
-    if (i % kPollPausesPerLook == kPollPausesPerLook - 1 && transport_->ControlPending()) break;
+  if (poll_score_.load(std::memory_order_relaxed) > 0) return true;
+  return poll_skip_.fetch_sub(1, std::memory_order_relaxed) <= 0;  // a probe
+}
+
+bool Runtime::PollForMessage(const std::atomic<bool>& done, std::chrono::steady_clock::duration limit) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point until = Clock::now() + limit;
+  while (true) {
+    for (int i = 0; i < kPollPausesPerLook; ++i) CpuRelax();
+    if (done.load(std::memory_order_acquire) || transport_->ControlPending()) return true;
+    if (Clock::now() >= until) return false;
   }
-  return true;
 }
 
 void Runtime::ScorePoll(bool paid_off) {
   int score = poll_score_.load(std::memory_order_relaxed);
-  score = paid_off ? std::min(score + 1, kPollScoreMax) : std::max(score - kPollPenalty, 0);
-  poll_score_.store(score, std::memory_order_relaxed);
+  int next = 0;
+  do {
+    next = paid_off ? std::min(score + 1, kPollScoreMax) : std::max(score - kPollPenalty, 0);
+  } while (!poll_score_.compare_exchange_weak(score, next, std::memory_order_relaxed));
+  if (paid_off) {
+    poll_backoff_.store(kPollProbeFirst, std::memory_order_relaxed);
+  } else if (next == 0) {
+    const int backoff = poll_backoff_.load(std::memory_order_relaxed);
+    poll_skip_.store(backoff, std::memory_order_relaxed);
+    poll_backoff_.store(std::min(backoff * 2, kPollProbeLongest), std::memory_order_relaxed);
+  }
 }
 
 bool Runtime::Pass(int poll_ms, bool* progress, const std::atomic<bool>* caller_done) {

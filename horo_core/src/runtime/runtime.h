@@ -104,10 +104,11 @@ class Runtime {
   // A caller waiting on done runs passes while they make progress (see runtime.cc), starting none
   // after deadline.
   void Drive(const std::atomic<bool>& done, std::chrono::steady_clock::time_point deadline);
-  // Drive's busy poll before its first yield, while it pays off (see runtime.cc): true when it
-  // polled (whether or not a message came), false when it is off for this drive.
-  bool PollBeforeYield();
-  // After a drive that polled: paid_off when it then finished without yielding at all.
+  // Drive's busy poll before it yields, while it pays off (see runtime.cc): whether this drive may
+  // poll; then one poll, true when a control message came or done was set within limit.
+  bool PollAllowed();
+  bool PollForMessage(const std::atomic<bool>& done, std::chrono::steady_clock::duration limit);
+  // After a drive that polled: paid_off when it finished without yielding at all.
   void ScorePoll(bool paid_off);
   // The background thread between passes when callers may drive; wait_ms: its longest sleep, which
   // the last pass computed (from poll_ms_ and the timeline's shipping, both read under the lock).
@@ -177,8 +178,9 @@ class Runtime {
   std::atomic<int64_t> caller_yields_{0};
   std::atomic<int64_t> last_drive_ns_{0};  // steady-clock time the last Drive ended
   bool poll_allowed_ = false;              // set by Connect: this host has a CPU per local rank
-  std::atomic<int> poll_score_{0};         // PollBeforeYield: on while > 0
-  std::atomic<uint32_t> poll_probes_{0};   // drives that found it off; every kPollProbePeriod-th tries
+  std::atomic<int> poll_score_{0};         // PollAllowed: on while > 0
+  std::atomic<int> poll_skip_{0};          // while the score is 0: drives until the next probe
+  std::atomic<int> poll_backoff_{64};      // ... and the skip after the next probe that fails
   std::atomic<bool> answer_owed_{false};    // a peer's round waits for this rank's message
   int64_t deferred_round_ = 0;              // the last round answered late; under progress_mutex_
   std::mutex park_mutex_;

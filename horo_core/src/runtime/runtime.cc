@@ -331,7 +331,7 @@ constexpr auto kParkTime = std::chrono::milliseconds(1);  // background thread: 
 // Drive's busy poll before it yields: CPU pauses, looking for a control message (or its handle
 // done) every kPollPausesPerLook, for at most kPollTime (capped by HORO_SPIN_MICROSECONDS), about
 // what a peer on another core takes to announce its next call, with margin. A drive polls again
-// after each poll that found something, until it finishes or a poll comes back empty and it
+// after each pass that moved something, until it finishes or a poll comes back empty and it
 // yields. Polling paid off when the drive finished without yielding; each drive that did raises
 // the score (up to kPollScoreMax), each that did not lowers it by kPollPenalty. At 0 a drive polls
 // only as a probe, to notice when the peers have cores of their own again: after kPollProbeFirst
@@ -447,8 +447,10 @@ void Runtime::Drive(const std::atomic<bool>& done, std::chrono::steady_clock::ti
   Clock::time_point idle_since;
   int idle_rounds = 0;
   const auto poll_time = std::min<Clock::duration>(kPollTime, spin);
-  int poll = -1;        // whether this drive may busy-poll before yielding: -1 not asked yet, 0, 1
-  bool polled = false;  // it did
+  int poll = -1;         // whether this drive may busy-poll before yielding: -1 not asked yet, 0, 1
+  bool may_poll = true;  // once per idle stretch: a poll that found something, whose pass then moved
+                         // nothing (another thread of this rank holds the lock), yields next
+  bool polled = false;   // it did
   int yields = 0;
   // A pass already under way is not interrupted (it may move a large collective), so a timed wait
   // can overrun its deadline by one pass; it never starts another after it.
@@ -462,6 +464,7 @@ void Runtime::Drive(const std::atomic<bool>& done, std::chrono::steady_clock::ti
     if (progress) {
       caller_passes_.fetch_add(1, std::memory_order_relaxed);
       idle_rounds = 0;
+      may_poll = true;
       continue;
     }
     if (idle_rounds++ % kRoundsPerLook == 0) {
@@ -472,7 +475,8 @@ void Runtime::Drive(const std::atomic<bool>& done, std::chrono::steady_clock::ti
         break;
       }
     }
-    if (yields == 0 && !timed) {
+    if (may_poll && yields == 0 && !timed) {
+      may_poll = false;
       if (poll < 0) poll = PollAllowed() ? 1 : 0;
       if (poll == 1) {
         polled = true;
@@ -526,7 +530,7 @@ void Runtime::ScorePoll(bool paid_off) {
   if (paid_off) {
     poll_backoff_.store(kPollProbeFirst, std::memory_order_relaxed);
   } else if (next == 0) {
-    const int backoff = poll_backoff_.load(std::memory_order_relaxed);
+    const int backoff = std::max(poll_backoff_.load(std::memory_order_relaxed), kPollProbeFirst);
     poll_skip_.store(backoff, std::memory_order_relaxed);
     poll_backoff_.store(std::min(backoff * 2, kPollProbeLongest), std::memory_order_relaxed);
   }

@@ -180,7 +180,7 @@ class Runtime {
   bool poll_allowed_ = false;              // set by Connect: this host has a CPU per local rank
   std::atomic<int> poll_score_{0};         // PollAllowed: on while > 0
   std::atomic<int> poll_skip_{0};          // while the score is 0: drives until the next probe
-  std::atomic<int> poll_backoff_{64};      // ... and the skip after the next probe that fails
+  std::atomic<int> poll_backoff_{0};       // ... and the skip after the next probe that fails (0: the first)
   std::atomic<bool> answer_owed_{false};    // a peer's round waits for this rank's message
   int64_t deferred_round_ = 0;              // the last round answered late; under progress_mutex_
   std::mutex park_mutex_;

@@ -355,7 +355,8 @@ void PeerAgreement::CompleteRound(std::vector<AgreedStep>* run) {
     }
     for (int64_t id : stopped) Drop(id);
   }
-  const auto now = std::chrono::steady_clock::now();
+  // Read once, and only for an id announced for the first time (a wait's start, for stall reports).
+  std::chrono::steady_clock::time_point now{};
   for (int sender = 0; sender < size_; ++sender) {
     RoundMessage& m = messages[static_cast<size_t>(sender)];
     // A group's members are consecutive and share their first member's id in units.
@@ -376,11 +377,12 @@ void PeerAgreement::CompleteRound(std::vector<AgreedStep>* run) {
       for (size_t i = begin; i < end; ++i) {
         Announced& a = AnnouncedEntry(m.hits[i]);
         if (a.ranks.empty()) {
+          if (now == std::chrono::steady_clock::time_point{}) now = std::chrono::steady_clock::now();
           a.ranks.assign(static_cast<size_t>(size_), 0);
           a.since = now;
         }
         a.ranks[static_cast<size_t>(sender)] = 1;
-        a.unit = unit;
+        if (a.unit != unit) a.unit = unit;
         if (!m.data[i].empty()) {
           if (a.data.empty()) a.data.resize(static_cast<size_t>(size_));
           a.data[static_cast<size_t>(sender)] = std::move(m.data[i]);
@@ -413,7 +415,9 @@ void PeerAgreement::CompleteRound(std::vector<AgreedStep>* run) {
   whole.clear();
   for (int64_t id : ready) {
     bool complete = true;
-    for (int64_t member : announced_[id].unit) {
+    const auto entry = announced_.find(id);
+    if (entry == announced_.end()) continue;  // dropped with an orphaned group (never, as sets match)
+    for (int64_t member : entry->second.unit) {
       complete = complete && std::binary_search(ready.begin(), ready.end(), member);
     }
     if (complete) whole.push_back(id);
@@ -423,7 +427,8 @@ void PeerAgreement::CompleteRound(std::vector<AgreedStep>* run) {
   for (int64_t id : whole) {
     cache_->Touch(id);
     const Response& r = *cache_->Get(id);
-    Announced& a = announced_[id];
+    const auto entry = announced_.find(id);  // present: whole is a subset of what is listed
+    Announced& a = entry->second;
     static const std::vector<int32_t> kNone;
     const std::vector<int32_t>* found = members_view_.Get(r.process_set_id);
     const std::vector<int32_t>& members = found ? *found : kNone;  // found above; never gone
@@ -450,7 +455,7 @@ void PeerAgreement::CompleteRound(std::vector<AgreedStep>* run) {
       group_bytes = bytes;
       fusing = true;
     }
-    EraseAnnounced(announced_.find(id));
+    EraseAnnounced(entry);
     auto my = mine_.find(id);
     if (my != mine_.end()) EraseMine(my);
     my_units_.erase(id);

@@ -538,8 +538,12 @@ void Runtime::ScorePoll(bool paid_off) {
 
 bool Runtime::Pass(int poll_ms, bool* progress, const std::atomic<bool>* caller_done) {
   const bool is_coordinator = rank_ == 0;
-  std::vector<ControlMessage> messages;
-  std::vector<int> lost;
+  // Kept between passes for their storage; the last pass's messages go back to the transport now
+  // (their payloads' storage receives the next ones).
+  std::vector<ControlMessage>& messages = pass_messages_;
+  std::vector<int>& lost = pass_lost_;
+  if (!messages.empty()) transport_->RecycleControl(&messages);
+  lost.clear();
   Status st = transport_->PollControl(timeline_->PollTimeoutMs(poll_ms), &messages, &lost);
   if (!st.ok()) {
     Stop(st, true);

@@ -162,6 +162,8 @@ class Runtime {
   std::string round_payload_;                 // AdvanceRounds' scratch, kept for its storage
   std::vector<Request> taken_;                // Pass's scratch, kept for its storage
   std::vector<AgreedStep> agreed_run_;        // AdvanceRounds' scratch, kept for its storage
+  std::vector<ControlMessage> pass_messages_;  // Pass's, kept for its storage (and its payloads')
+  std::vector<int> pass_lost_;                 // Pass's scratch
   std::atomic<int64_t> agreed_responses_{0};
   std::atomic<int64_t> agreed_rounds_{0};
   std::atomic<int64_t> coordinator_responses_{0};

@@ -71,6 +71,10 @@ class Transport {
                              std::vector<int>* lost_peers) = 0;
   // Thread-safe: makes a PollControl in progress (or the next one) return promptly.
   virtual void Wake() = 0;
+  // Empties *messages, which PollControl filled and the caller has read: a transport may keep the
+  // payloads' storage for the messages it reads next, so that a steady stream of small messages
+  // allocates nothing.
+  virtual void RecycleControl(std::vector<ControlMessage>* messages) { messages->clear(); }
 
   // Waiting without reading, so that the thread that waits need not be the one that reads (see
   // "Who makes progress" in runtime/runtime.cc). True when WaitControl is available; valid once

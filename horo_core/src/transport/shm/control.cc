@@ -174,15 +174,30 @@ Status ShmTransport::DrainControlLocked(std::vector<ControlMessage>* out) {
             link->control_in.Read(&link->control_frame[link->control_frame_have], length - link->control_frame_have);
         if (link->control_frame_have < length) break;
       }
-      ControlMessage message;
-      message.peer = link->peer;
-      message.payload.swap(link->control_frame);
-      out->push_back(std::move(message));
+      out->emplace_back();
+      out->back().peer = link->peer;
+      out->back().payload.swap(link->control_frame);
+      if (!spare_frames_.empty()) {  // the next frame reuses storage instead of allocating
+        link->control_frame.swap(spare_frames_.back());
+        spare_frames_.pop_back();
+      }
       link->control_header_have = 0;
       link->control_frame_have = 0;
     }
   }
   return Status::OK();
+}
+
+void ShmTransport::RecycleControl(std::vector<ControlMessage>* messages) {
+  {
+    std::lock_guard<std::mutex> lock(control_read_mutex_);
+    for (ControlMessage& m : *messages) {
+      if (spare_frames_.size() >= kSpareFrames) break;
+      m.payload.clear();
+      spare_frames_.push_back(std::move(m.payload));
+    }
+  }
+  messages->clear();
 }
 
 void ShmTransport::DrainControlWhileWaiting() {

@@ -61,6 +61,9 @@ thread_local std::string t_last_error;
 thread_local std::vector<horo::SettingInfo> t_settings;
 
 horo_status_t SetError(const horo::Status& status) {
+  // horo_last_error() keeps the last failure's message: a success leaves it (and the thread-local
+  // lookup a write would cost on every call) alone.
+  if (status.ok()) return HORO_OK;
   t_last_error = status.message();
   return status.code();
 }

@@ -118,6 +118,7 @@ class PeerAgreement {
   void JoinDone(int32_t process_set_id);
   // Requests of this rank that must go to the coordinator after all (see above).
   std::vector<Request> TakeFallbacks();
+  bool has_fallbacks() const { return !fallbacks_.empty(); }
   // Cached tensors announced by some members only, for the stall inspector.
   std::vector<StalledTensor> Waiting() const;
 

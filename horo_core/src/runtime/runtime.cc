@@ -181,6 +181,18 @@ Status Runtime::ValidateTensor(OpType op, const horo_tensor_t& t, const horo_op_
   return Status::OK();
 }
 
+namespace {
+
+// Per calling thread, kept for its storage (Enqueue's Add moves the entries out). Behind a call that
+// is not inlined: in a shared library every use of a thread_local calls __tls_get_addr, and the
+// compiler looked the address up again after each call Enqueue makes (seven times per call).
+[[gnu::noinline]] std::vector<TensorEntry>& ThreadEntries() {
+  thread_local std::vector<TensorEntry> entries;
+  return entries;
+}
+
+}  // namespace
+
 Status Runtime::Enqueue(OpType op, const horo_tensor_t* tensors, int32_t count, const horo_op_options_t& options,
                         horo_handle_t* handles) {
   if (!started_) return Status(HORO_ERR_NOT_INITIALIZED, "runtime is not connected");
@@ -193,8 +205,7 @@ Status Runtime::Enqueue(OpType op, const horo_tensor_t* tensors, int32_t count, 
     return Status::InvalidArgument("rank " + std::to_string(rank_) + " is not a member of process set " +
                                    std::to_string(options.process_set_id));
   }
-  // Per calling thread, kept for its storage (Add moves the entries out).
-  thread_local std::vector<TensorEntry> entries;
+  std::vector<TensorEntry>& entries = ThreadEntries();
   entries.clear();
   if (op == OpType::kBarrier || op == OpType::kJoin) {
     TensorEntry e;
@@ -620,8 +631,9 @@ bool Runtime::Pass(int poll_ms, bool* progress, const std::atomic<bool>* caller_
     }
     if (agreement_) {
       if (!AdvanceRounds(progress, caller_done)) return false;
-      std::vector<Request> fallbacks = agreement_->TakeFallbacks();
-      for (Request& r : fallbacks) mine.requests.push_back(std::move(r));
+      if (agreement_->has_fallbacks()) {
+        for (Request& r : agreement_->TakeFallbacks()) mine.requests.push_back(std::move(r));
+      }
     }
     if (!mine.requests.empty() || mine.shutdown) {
       *progress = true;
@@ -665,10 +677,10 @@ Status Runtime::DecidePeerAgreement() {
 
 bool Runtime::RespondAsCoordinator(bool* progress) {
   while (true) {
-    if (agreement_) {
+    if (agreement_ && agreement_->has_fallbacks()) {
       RequestList fallbacks;
       fallbacks.requests = agreement_->TakeFallbacks();
-      if (!fallbacks.requests.empty()) coordinator_->AddRequests(0, fallbacks);
+      coordinator_->AddRequests(0, fallbacks);
     }
     // In the middle of a round, a list would reach the workers after messages of a round that this
     // rank has not completed: only a failure's shutdown may go then, applied at once.

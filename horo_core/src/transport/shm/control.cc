@@ -29,10 +29,10 @@ int64_t NanosBetween(std::chrono::steady_clock::time_point from, std::chrono::st
 }  // namespace
 
 shm::Link* ShmTransport::ControlLink(int peer) const {
-  if (!connected_ || peer < 0 || peer >= size() || peer == rank()) return nullptr;
-  // Not a control pair (TCP refuses it with a message) unless every pair is linked.
-  if (rank() != 0 && peer != 0 && !every_peer_linked_) return nullptr;
-  return links_.links[peer].get();
+  // Null for this rank itself and, unless every pair is linked, for a pair of workers (TCP refuses
+  // that with a message); one lookup, as it runs for every control frame sent or looked for.
+  if (!connected_ || peer < 0 || static_cast<size_t>(peer) >= control_link_of_.size()) return nullptr;
+  return control_link_of_[static_cast<size_t>(peer)];
 }
 
 void ShmTransport::Wake() {

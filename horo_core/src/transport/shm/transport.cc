@@ -37,6 +37,7 @@ ShmTransport::ShmTransport(std::unique_ptr<TcpTransport> tcp, const ShmOptions& 
 
 ShmTransport::~ShmTransport() {
   Close();
+  control_link_of_.clear();
   links_.links.clear();
   links_.mapped.clear();
   links_.own.reset();
@@ -59,9 +60,11 @@ Status ShmTransport::Connect(const std::vector<std::string>& addresses) {
   for (int peer = 0; peer < size(); ++peer) {
     if (peer != rank() && !links_.links[peer]) every_peer_linked_ = false;
   }
+  control_link_of_.assign(static_cast<size_t>(size()), nullptr);
   for (int peer = 0; peer < size(); ++peer) {
     if (peer == rank() || (rank() != 0 && peer != 0 && !every_peer_linked_)) continue;
     (links_.links[peer] ? control_links_ : tcp_control_peers_) = true;
+    control_link_of_[static_cast<size_t>(peer)] = links_.links[peer].get();
   }
   connected_ = true;
   return Status::OK();

@@ -138,6 +138,7 @@ class ShmTransport : public Transport {
   bool control_links_ = false;      // some control peer uses shared memory
   bool tcp_control_peers_ = false;  // some control peer uses TCP
   bool every_peer_linked_ = false;  // every peer has a link: every pair of ranks has control rings
+  std::vector<shm::Link*> control_link_of_;  // by peer: ControlLink's answer, set once connected
   std::atomic<bool> wake_requested_{false};
   std::mutex control_read_mutex_;                // the one reader of the inbound control rings
   std::vector<ControlMessage> pending_control_;  // drained outside PollControl, returned by it

@@ -12,6 +12,10 @@ from typing import List, Optional, Sequence, Tuple
 
 from horo_core._binding import check, ffi, last_error, lib
 
+# The message of a call made after the runtime was destroyed (no call into the core was made, so
+# horo_last_error() has nothing to say about it).
+_SHUT_DOWN = "Horo has been shut down: the runtime was destroyed"
+
 
 @dataclasses.dataclass
 class TensorSpec:
@@ -84,7 +88,7 @@ class _CallGuard:
         with owner._calls_lock:
             rt = owner._rt
             if rt is None:
-                check(lib.HORO_ERR_SHUT_DOWN)
+                check(lib.HORO_ERR_SHUT_DOWN, _SHUT_DOWN)
             owner._calls += 1
         return rt
 
@@ -341,7 +345,7 @@ class Runtime:
         try:
             rt = self._rt
             if rt is None:
-                check(lib.HORO_ERR_SHUT_DOWN)
+                check(lib.HORO_ERR_SHUT_DOWN, _SHUT_DOWN)
             status = lib.horo_run_at(rt, prepared.op_type, prepared.tensor, input_ptr, output_ptr, prepared.options)
             if status != lib.HORO_OK:
                 check(status, last_error())
@@ -357,7 +361,7 @@ class Runtime:
         try:
             rt = self._rt
             if rt is None:
-                check(lib.HORO_ERR_SHUT_DOWN)
+                check(lib.HORO_ERR_SHUT_DOWN, _SHUT_DOWN)
             status = lib.horo_enqueue_at(rt, prepared.op_type, prepared.tensor, input_ptr, output_ptr,
                                          prepared.options, out)
             if status != lib.HORO_OK:

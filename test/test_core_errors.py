@@ -10,7 +10,7 @@ import pytest
 
 from horo_core import numpy_ops as ops
 from horo_core._binding import lib
-from horo_core.errors import (HoroInvalidArgument, HoroMismatchError, HoroShutdownError,
+from horo_core.errors import (HoroError, HoroInvalidArgument, HoroMismatchError, HoroShutdownError,
                               HoroUnsupportedError)
 from horo_core.runtime import LoopbackHub, Runtime
 from loopback_world import World
@@ -293,6 +293,22 @@ def test_operation_after_shutdown_raises():
         ops.allreduce(rt, np.ones(2, np.float32), "late")
     rt.destroy()
     hub.close()
+
+
+def test_call_after_destroy_names_the_shutdown_not_an_earlier_failure():
+    # horo_last_error() keeps the last failure's message; a call refused before it reaches the
+    # core must not report that older, unrelated message.
+    hub = LoopbackHub(1)
+    rt = Runtime(0, 1, loopback=hub)
+    rt.connect()
+    with pytest.raises(HoroError, match="12345"):
+        rt.remove_process_set(12345)
+    rt.shutdown()
+    rt.destroy()
+    hub.close()
+    with pytest.raises(HoroShutdownError, match="shut down") as raised:
+        rt.stats()
+    assert "12345" not in str(raised.value)
 
 
 def test_removing_a_set_fails_its_pending_tensors_instead_of_hanging():

@@ -252,7 +252,7 @@ horo_status_t horo_enqueue_at(horo_runtime_t* rt, int32_t op_type, const horo_te
 horo_status_t horo_poll(horo_runtime_t* rt, horo_handle_t handle, int32_t* done);
 /* Blocks until the handle completes or timeout_seconds pass (< 0: no limit); meanwhile the calling
  * thread may run the negotiation and the collective itself (HORO_CALLER_PROGRESS).
- * Returns the operation's status; its message is in horo_last_error(). */
+ * Returns the operation's status; a failure's message is in horo_last_error(). */
 horo_status_t horo_wait(horo_runtime_t* rt, horo_handle_t handle, double timeout_seconds);
 horo_status_t horo_handle_result(horo_runtime_t* rt, horo_handle_t handle, horo_result_t* out);
 horo_status_t horo_release(horo_runtime_t* rt, horo_handle_t handle);

@@ -418,7 +418,7 @@ void PeerAgreement::CompleteRound(std::vector<AgreedStep>* run) {
     const auto entry = announced_.find(id);
     if (entry == announced_.end()) continue;  // dropped with an orphaned group (never, as sets match)
     for (int64_t member : entry->second.unit) {
-      complete = complete && std::binary_search(ready.begin(), ready.end(), member);
+      complete = complete && std::binary_search(ready.begin(), ready.end(), member) && announced_.count(member);
     }
     if (complete) whole.push_back(id);
   }

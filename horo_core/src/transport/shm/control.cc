@@ -177,9 +177,13 @@ Status ShmTransport::DrainControlLocked(std::vector<ControlMessage>* out) {
       out->emplace_back();
       out->back().peer = link->peer;
       out->back().payload.swap(link->control_frame);
-      if (!spare_frames_.empty()) {  // the next frame reuses storage instead of allocating
-        link->control_frame.swap(spare_frames_.back());
-        spare_frames_.pop_back();
+      if (reader_spares_.empty()) {  // the recycled payloads, taken over in one go
+        std::lock_guard<std::mutex> lock(spare_mutex_);
+        reader_spares_.swap(spare_frames_);
+      }
+      if (!reader_spares_.empty()) {  // the next frame reuses storage instead of allocating
+        link->control_frame.swap(reader_spares_.back());
+        reader_spares_.pop_back();
       }
       link->control_header_have = 0;
       link->control_frame_have = 0;
@@ -189,10 +193,16 @@ Status ShmTransport::DrainControlLocked(std::vector<ControlMessage>* out) {
 }
 
 void ShmTransport::RecycleControl(std::vector<ControlMessage>* messages) {
-  {
-    std::lock_guard<std::mutex> lock(control_read_mutex_);
+  // Only rings take spares (TCP's messages come with their own storage), and only small payloads
+  // are kept: a large request list or timeline shipment would otherwise stay allocated for good.
+  // Not under control_read_mutex_: ControlReady takes that mutex being held for a reader at work
+  // (a message may be coming), and a background thread woken by it would answer a round that the
+  // caller means to answer with its next call.
+  if (connected_ && control_links_) {
+    std::lock_guard<std::mutex> lock(spare_mutex_);
     for (ControlMessage& m : *messages) {
       if (spare_frames_.size() >= kSpareFrames) break;
+      if (m.payload.capacity() > kSpareFrameBytes) continue;
       m.payload.clear();
       spare_frames_.push_back(std::move(m.payload));
     }

@@ -65,7 +65,8 @@ class ShmTransport : public Transport {
   Status SendControl(int peer, const std::string& payload) override;
   Status PollControl(int timeout_ms, std::vector<ControlMessage>* messages, std::vector<int>* lost_peers) override;
   void Wake() override;
-  // Keeps up to kSpareFrames payloads (their storage) for the next frames read.
+  // Keeps up to kSpareFrames payloads of at most kSpareFrameBytes (their storage) for the next
+  // frames read from the control rings.
   void RecycleControl(std::vector<ControlMessage>* messages) override;
   // Available when no control peer is on TCP: every source of news then rings one doorbell.
   bool CanWaitControl() const override { return connected_ && !tcp_control_peers_; }
@@ -142,10 +143,14 @@ class ShmTransport : public Transport {
   std::atomic<bool> wake_requested_{false};
   std::mutex control_read_mutex_;                // the one reader of the inbound control rings
   std::vector<ControlMessage> pending_control_;  // drained outside PollControl, returned by it
-  // Payloads handed back by RecycleControl, emptied with their storage kept: a frame being read
-  // takes one (under control_read_mutex_).
+  // Payloads handed back by RecycleControl, emptied with their storage kept (under spare_mutex_);
+  // the reader takes them all over when its own spares run out (reader_spares_, under
+  // control_read_mutex_), and a frame being read takes one.
   static constexpr size_t kSpareFrames = 64;
+  static constexpr size_t kSpareFrameBytes = 64 << 10;  // larger payloads are freed, not kept
+  std::mutex spare_mutex_;
   std::vector<std::string> spare_frames_;
+  std::vector<std::string> reader_spares_;
   std::mutex control_send_mutex_;                // senders of control frames, one at a time
   int64_t last_tcp_check_ns_ = 0;                // PollControl's last look at the TCP control plane (CoarseNanos)
 };

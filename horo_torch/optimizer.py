@@ -14,6 +14,7 @@ the results into ``p.grad`` and finally runs the wrapped optimizer's own ``step`
 import collections
 import contextlib
 import warnings
+import weakref
 
 import torch
 
@@ -60,6 +61,8 @@ def _first_rank(process_set):
 
 class _DistributedOptimizer:
     """Methods mixed in front of the wrapped optimizer's class; see DistributedOptimizer."""
+
+    _horo_scheduled = None  # weak reference to the wrapped optimizer when an LR scheduler had patched it
 
     def _horo_setup(self, parameter_names, compression, backward_passes_per_step, op, gradient_predivide_factor,
                     groups, sparse_as_dense, process_set):
@@ -274,6 +277,9 @@ class _DistributedOptimizer:
             else:
                 self.synchronize()
         self._synchronized = False
+        original = self._horo_scheduled() if self._horo_scheduled else None
+        if original is not None:
+            original._opt_called = True  # an LR scheduler made on it before wrapping checks this
         return super().step(closure)
 
     def zero_grad(self, set_to_none=True):
@@ -421,8 +427,17 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
 
     base = optimizer.__class__
     cls = type(base.__name__, (_DistributedOptimizer, base), {"__module__": __name__, "__qualname__": base.__name__})
+    state = dict(optimizer.__dict__)
+    # Methods set on the optimizer instance are bound to the original, not to the distributed one:
+    # torch's LR schedulers wrap optimizer.step there, and that wrapper would run the original's
+    # plain step, skipping the reduction. They are not carried over; the scheduler's record that
+    # step() was called still reaches the original (_DistributedOptimizer.step).
+    for key in [k for k, v in state.items() if callable(v) and callable(getattr(cls, k, None))]:
+        del state[key]
+    scheduled = hasattr(getattr(optimizer, "step", None), "_wrapped_by_lr_sched")
     distributed = cls.__new__(cls)
-    distributed.__setstate__(dict(optimizer.__dict__))
+    distributed.__setstate__(state)
+    distributed._horo_scheduled = weakref.ref(optimizer) if scheduled else None
     distributed._horo_setup(parameter_names, compression, backward_passes_per_step, op,
                             float(gradient_predivide_factor), groups, sparse_as_dense, process_set)
     return distributed

@@ -254,6 +254,24 @@ def run_behaviour(size, rank):
         opt.step()
     report["skip_synchronize"] = (model.weight.tolist(), len(caught))
 
+    # An LR scheduler made on the optimizer before it is wrapped (torch patches the original's
+    # step): step() still reduces, the scheduler's rate reaches the wrapper, and it does not warn.
+    model = torch.nn.Linear(2, 1, bias=False)
+    with torch.no_grad():
+        model.weight.fill_(0.0)
+    plain = torch.optim.SGD(model.parameters(), lr=1.0)
+    scheduler = torch.optim.lr_scheduler.StepLR(plain, step_size=1, gamma=0.5)
+    opt = hvd.DistributedOptimizer(plain, named_parameters=model.named_parameters(), op=hvd.Sum)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            model(torch.full((1, 2), float(rank + 1))).sum().backward()
+            opt.step()
+            scheduler.step()
+            opt.zero_grad()
+    report["scheduler made before wrapping"] = (model.weight.tolist(), opt.param_groups[0]["lr"],
+                                                [str(w.message) for w in caught])
+
     # A parameter no rank uses still gets a (zero) gradient and nobody waits for it.
     model = Net(branches=True)
     opt = hvd.DistributedOptimizer(sgd(model.parameters()), named_parameters=model.named_parameters())
@@ -381,6 +399,8 @@ def test_distributed_optimizer_behaves_as_horovods(two_rank_reports):
         assert len(warned) == 1 and warned[0].startswith("optimizer.step() called without optimizer.skip_synchronize()")
         assert "the gradients were already reduced and are not reduced again" in warned[0]
         assert b["skip_synchronize"] == ([[-6.0, -6.0]], 0)
+        # Steps of lr 1 and 0.5 on the summed gradient 3: -3 - 1.5.
+        assert b["scheduler made before wrapping"] == ([[-4.5, -4.5]], 0.25, [])
         assert b["unused everywhere"] == ([0.0, 0.0, 0.0], True), "zeros for the unused, the other rank's head reduced"
         assert b["load_state_dict"] == (True, True)
         is_sparse, difference = b["sparse gradient missing on rank 1"]

@@ -147,6 +147,38 @@ def check_callbacks(c, hvd, keras, tf):
     c.close("schedule: after end_epoch keeps the last rate", seen[2]["learning_rate"], 0.1)
 
 
+def check_broadcast_of_models_built_by_their_first_step(c, hvd, keras, tf):
+    """A Sequential without an Input (Horovod's tensorflow2_keras_mnist.py) and a subclassed model
+    have no variables at on_train_begin; Keras creates them in the first step. The callback must
+    still leave every rank with root_rank's weights."""
+    n, r = hvd.size(), hvd.rank()
+    (xs, ys), _, _ = shard_and_global(n, r)
+
+    class Subclassed(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.hidden = keras.layers.Dense(6, activation="tanh")
+            self.out = keras.layers.Dense(1)
+
+        def call(self, x):
+            return self.out(self.hidden(x))
+
+    models = {"Sequential without Input": lambda: keras.Sequential([keras.layers.Dense(6, activation="tanh"),
+                                                                     keras.layers.Dense(1)]),
+              "subclassed": Subclassed}
+    for what, make in models.items():
+        keras.utils.set_random_seed(300 + r)  # different weights on every rank until the broadcast
+        model = make()
+        model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9)), loss="mse")
+        c.same(f"{what}: no variables before fit", len(model.variables), 0)
+        model.fit(xs, ys, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+                  callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+        state = model.get_weights() + [v.numpy() for v in model.optimizer.variables]
+        for i, value in enumerate(state):
+            root = np.asarray(hvd.broadcast(value, 0, name=f"built_by_first_step.{what}.{i}"))
+            c.same(f"{what}: variable {i} is root_rank's", bool(np.array_equal(value, root)), True)
+
+
 def check_checkpoint_and_load(c, hvd, keras, tf):
     import os
     import tempfile
@@ -345,6 +377,7 @@ def check_sparse_embedding_fit(c, hvd, keras, tf):
 
 
 GROUPS = [check_fit_equivalence, check_gradient_accumulation, check_custom_loop, check_callbacks,
+          check_broadcast_of_models_built_by_their_first_step,
           check_checkpoint_and_load, check_xla_and_functions, check_mixed_precision, check_sync_batch_norm_fit,
           check_sparse_embedding_fit]
 

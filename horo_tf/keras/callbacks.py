@@ -19,7 +19,9 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """Broadcasts the model's variables and the optimizer's from root_rank when training starts.
 
     Keras 3 builds the optimizer before ``on_train_begin``, so both are broadcast before the first
-    step; an optimizer that is not built yet is broadcast after the first batch instead.
+    step. Variables that the first step creates (a model without an ``Input`` or a subclassed
+    model, which Keras builds on its first batch; an optimizer not built yet) are broadcast after
+    the first batch instead, as Horovod broadcasts everything then.
 
     Args:
         root_rank: the global rank whose values every rank takes.
@@ -35,22 +37,30 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         elif not isinstance(local_variables, (list, tuple)):
             local_variables = [local_variables]
         self._local = {id(v) for v in local_variables}
-        self._optimizer_pending = False
+        self._first_batch = False
+        self._done = set()  # ids of the variables broadcast at on_train_begin
 
-    def _broadcast(self, variables):
-        broadcast_variables([v for v in variables if id(v) not in self._local], root_rank=self.root_rank)
+    def _variables(self):
+        optimizer = getattr(self.model, "optimizer", None)
+        variables = list(self.model.variables)
+        if optimizer is not None and optimizer.built:
+            variables += list(optimizer.variables)
+        return [v for v in variables if id(v) not in self._local]
 
     def on_train_begin(self, logs=None):
-        self._broadcast(self.model.variables)
-        optimizer = getattr(self.model, "optimizer", None)
-        self._optimizer_pending = optimizer is not None and not optimizer.built
-        if optimizer is not None and optimizer.built:
-            self._broadcast(optimizer.variables)
+        variables = self._variables()
+        self._done = {id(v) for v in variables}
+        broadcast_variables(variables, root_rank=self.root_rank)
+        self._first_batch = True
 
     def on_train_batch_end(self, batch, logs=None):
-        if self._optimizer_pending:
-            self._optimizer_pending = False
-            self._broadcast(self.model.optimizer.variables)
+        if not self._first_batch:
+            return
+        self._first_batch = False
+        created = [v for v in self._variables() if id(v) not in self._done]
+        self._done = set()
+        if created:
+            broadcast_variables(created, root_rank=self.root_rank)
 
 
 class MetricAverageCallback(keras.callbacks.Callback):

@@ -65,6 +65,9 @@ class JobSpec:
     bind_to: str = "auto"
 
 
+_HOROVOD_MIRRORED = ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE", "HOSTNAME")
+
+
 def _worker_env(base: Mapping[str, str], slot: SlotInfo, settings: Mapping[str, str],
                 rendezvous: tuple[str, int], secret_hex: str) -> dict[str, str]:
     env = dict(base)
@@ -82,6 +85,10 @@ def _worker_env(base: Mapping[str, str], slot: SlotInfo, settings: Mapping[str, 
         SECRET_ENV: secret_hex,
         "PYTHONUNBUFFERED": "1",
     })
+    # horovodrun's names for the same facts, which scripts read before init() (to pick a GPU, or to
+    # log on rank 0 only). HORO_* win in launch_env.detect, so these never decide anything here.
+    for name in _HOROVOD_MIRRORED:
+        env["HOROVOD_" + name] = env["HORO_" + name]
     return env
 
 

@@ -8,11 +8,14 @@ are refused.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import textwrap
 from typing import Callable, Optional, Sequence
 
 from .binding import BIND_MODES
+
+DEFAULT_START_TIMEOUT = 30.0  # seconds, as horovodrun
 
 __all__ = ["main", "parse_args", "settings_env", "SETTINGS_FLAGS"]
 
@@ -50,12 +53,13 @@ SETTINGS_FLAGS: tuple[tuple[str, str, Callable[[object], Optional[str]]], ...] =
     ("autotune_steps_per_sample", "HORO_AUTOTUNE_STEPS_PER_SAMPLE", str),
     ("autotune_bayes_opt_max_samples", "HORO_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", str),
     ("autotune_gaussian_process_noise", "HORO_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", _number),
+    ("tcp", "NCCL_IB_DISABLE", _flag),  # as horovodrun: NCCL (Horo's CUDA path) keeps off InfiniBand
 )
 
 # Horovod flags that do not apply here: (option strings, takes a value).
 _IGNORED_FLAGS = (
     (("--gloo",), False), (("--mpi",), False), (("--jsrun",), False),
-    (("--disable-cache",), False), (("--tcp",), False), (("--mpi-threads-disable",), False),
+    (("--disable-cache",), False), (("--mpi-threads-disable",), False),
     (("--torus-allreduce",), False), (("--no-torus-allreduce",), False),
     (("--network-interfaces",), True), (("--network-interface",), True),
     (("-p", "--ssh-port"), True), (("-i", "--ssh-identity-file"), True),
@@ -122,9 +126,10 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="number of processes to run (required)")
     p.add_argument("-cb", "--check-build", action="store_true",
                    help="show which frameworks, controllers and tensor operations are available")
-    p.add_argument("--start-timeout", type=float, default=30.0, metavar="SECONDS",
+    p.add_argument("--start-timeout", type=float, default=None, metavar="SECONDS",
                    help="seconds every rank has to register with the rendezvous once the first "
-                        "has (default 30; HORO_START_TIMEOUT in the workers)")
+                        "has (default: HORO_START_TIMEOUT or HOROVOD_START_TIMEOUT, else 30; "
+                        "HORO_START_TIMEOUT in the workers)")
     p.add_argument("--output-filename", metavar="DIR",
                    help="also write each rank's output to DIR/rank.<rank>/{stdout,stderr}")
     p.add_argument("--verbose", action="store_true", help="describe the launch on stderr")
@@ -132,6 +137,9 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="CPUs of each rank: 'auto' gives every rank its own share of this host's "
                         "cores when there are at least as many cores as ranks (2 or more), 'core' "
                         "insists on it, 'none' binds nothing (default: auto)")
+    p.add_argument("--tcp", action="store_true",
+                   help="keep NCCL (CUDA tensors) off InfiniBand: NCCL_IB_DISABLE=1 in the workers; "
+                        "Horo's own transport is shared memory and TCP already")
 
     hosts = p.add_argument_group("hosts")
     hosts.add_argument("-H", "--hosts", metavar="HOSTS",
@@ -256,7 +264,19 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         parser.error("no command given")
     if args.hosts and args.hostfile:
         parser.error("use either -H/--hosts or --hostfile, not both")
-    if args.start_timeout <= 0:
+    if args.start_timeout is None:
+        args.start_timeout = DEFAULT_START_TIMEOUT
+        for name in ("HORO_START_TIMEOUT", "HOROVOD_START_TIMEOUT"):
+            text = os.environ.get(name, "").strip()
+            if text:
+                try:
+                    args.start_timeout = float(text)
+                except ValueError:
+                    parser.error(f"{name}={text!r} is not a number of seconds")
+                if not args.start_timeout > 0:
+                    parser.error(f"{name} must be positive, got {text!r}")
+                break
+    if not args.start_timeout > 0:
         parser.error("--start-timeout must be positive")
     return args
 

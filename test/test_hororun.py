@@ -276,7 +276,9 @@ def test_worker_environment_and_rendezvous(child_env):
                  "HORO_START_TIMEOUT", "HORO_FUSION_THRESHOLD", "HORO_CYCLE_TIME",
                  "HORO_CACHE_CAPACITY", "HORO_STALL_CHECK_DISABLE",
                  "HORO_STALL_CHECK_TIME_SECONDS", "HORO_STALL_SHUTDOWN_TIME_SECONDS",
-                 "HORO_LOG_LEVEL", "HORO_LOG_HIDE_TIME"]
+                 "HORO_LOG_LEVEL", "HORO_LOG_HIDE_TIME", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK",
+                 "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE", "HOROVOD_HOSTNAME",
+                 "NCCL_IB_DISABLE"]
         print(json.dumps({"env": {n: os.environ.get(n) for n in names}, "peers": peers,
                           "family": info.family}))
     """
@@ -284,7 +286,7 @@ def test_worker_environment_and_rendezvous(child_env):
                    "--cache-capacity", "0", "--no-stall-check",
                    "--stall-check-warning-time-seconds", "10",
                    "--stall-check-shutdown-time-seconds", "20", "--log-level", "debug",
-                   "--log-without-timestamp", "--start-timeout", "45", *worker(code))
+                   "--log-without-timestamp", "--start-timeout", "45", "--tcp", *worker(code))
     assert proc.returncode == 0, proc.stderr
     reports = {}
     for line in proc.stdout.decode().splitlines():
@@ -301,12 +303,19 @@ def test_worker_environment_and_rendezvous(child_env):
             "HORO_FUSION_THRESHOLD": str(32 * 2 ** 20), "HORO_CYCLE_TIME": "3.5",
             "HORO_CACHE_CAPACITY": "0", "HORO_STALL_CHECK_DISABLE": "1",
             "HORO_STALL_CHECK_TIME_SECONDS": "10", "HORO_STALL_SHUTDOWN_TIME_SECONDS": "20",
-            "HORO_LOG_LEVEL": "DEBUG", "HORO_LOG_HIDE_TIME": "1"}
+            "HORO_LOG_LEVEL": "DEBUG", "HORO_LOG_HIDE_TIME": "1",
+            # horovodrun's names for the rank facts, for scripts that read them before init()
+            "HOROVOD_RANK": str(r), "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_RANK": str(r), "HOROVOD_LOCAL_SIZE": "2",
+            "HOROVOD_CROSS_RANK": "0", "HOROVOD_CROSS_SIZE": "1", "HOROVOD_HOSTNAME": "localhost",
+            "NCCL_IB_DISABLE": "1"}
 
 
-def test_settings_env_only_for_given_flags(runner_path):
+def test_settings_env_only_for_given_flags(runner_path, monkeypatch):
     from horo_runner.launch import parse_args, settings_env
+    monkeypatch.delenv("HORO_START_TIMEOUT", raising=False)
+    monkeypatch.delenv("HOROVOD_START_TIMEOUT", raising=False)
     assert settings_env(parse_args(["-np", "2", "true"])) == {"HORO_START_TIMEOUT": "30"}
+    assert settings_env(parse_args(["-np", "2", "--tcp", "true"]))["NCCL_IB_DISABLE"] == "1"
     env = settings_env(parse_args(["-np", "2", "--fusion-threshold-mb", "0", "true"]))
     assert env["HORO_FUSION_THRESHOLD"] == "0"
     on = settings_env(parse_args(["-np", "2", "--hierarchical-allreduce", "true"]))
@@ -322,6 +331,23 @@ def test_settings_env_only_for_given_flags(runner_path):
         parse_args(["-np", "2", "--hierarchical-allgather", "--no-hierarchical-allgather", "true"])
     env = settings_env(parse_args(["-np", "2", "--timeline-filename", "t.json", "--timeline-mark-cycles", "true"]))
     assert env["HORO_TIMELINE"] == "t.json" and env["HORO_TIMELINE_MARK_CYCLES"] == "1"
+
+
+def test_start_timeout_from_horovods_variable_or_ours(runner_path, monkeypatch):
+    """horovodrun reads HOROVOD_START_TIMEOUT when --start-timeout is not given; the workers must
+    see the same value (the core prefers HORO_START_TIMEOUT, which the launcher sets)."""
+    from horo_runner.launch import parse_args, settings_env
+    monkeypatch.delenv("HORO_START_TIMEOUT", raising=False)
+    monkeypatch.setenv("HOROVOD_START_TIMEOUT", "120")
+    assert parse_args(["-np", "2", "true"]).start_timeout == 120.0
+    assert settings_env(parse_args(["-np", "2", "true"]))["HORO_START_TIMEOUT"] == "120"
+    assert parse_args(["-np", "2", "--start-timeout", "7", "true"]).start_timeout == 7.0
+    monkeypatch.setenv("HORO_START_TIMEOUT", "45")
+    assert parse_args(["-np", "2", "true"]).start_timeout == 45.0
+    for bad in ("abc", "0", "-3"):
+        monkeypatch.setenv("HORO_START_TIMEOUT", bad)
+        with pytest.raises(SystemExit):
+            parse_args(["-np", "2", "true"])
 
 
 def test_secret_not_in_argv_ps_or_output(child_env, tmp_path):
@@ -376,7 +402,7 @@ def test_version_and_help(child_env, runner_path):
                  "-cb", "--check-build", "-v", "--version", "--gloo", "--network-interfaces",
                  "--hierarchical-allreduce", "--no-hierarchical-allreduce",
                  "--hierarchical-allgather", "--no-hierarchical-allgather",
-                 "--timeline-filename", "--timeline-mark-cycles"):
+                 "--timeline-filename", "--timeline-mark-cycles", "--tcp"):
         assert re.search(rf"(^|[\s,\[]){re.escape(flag)}([\s,\]]|$)", help_text), flag
 
 

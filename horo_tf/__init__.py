@@ -22,3 +22,49 @@ from horo_tf.mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather,
                              local_rank_op, local_size_op, process_set_included_op, rank_op, reducescatter,
                              size_op)
 from horo_tf.sync_batch_norm import SyncBatchNormalization
+
+
+def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="", device_sparse="",
+                         compression=Compression.none, sparse_as_dense=False, backward_passes_per_step=1,
+                         op=Average, gradient_predivide_factor=1.0, average_aggregated_gradients=False,
+                         num_groups=0, groups=None, process_set=global_process_set, scale_local_gradients=True):
+    """Horovod's ``horovod.tensorflow.DistributedOptimizer``: for a Keras optimizer, the same as
+    ``horo_tf.keras.DistributedOptimizer`` (as in Horovod, which delegates there).
+
+    Args:
+        optimizer: a Keras 3 optimizer.
+        use_locking: accepted for Horovod compatibility (TF1 optimizers only).
+        Other arguments: as for ``horo_tf.keras.DistributedOptimizer``.
+    Returns:
+        The distributed Keras optimizer.
+    Raises:
+        ValueError: optimizer is not a Keras optimizer (``tf.compat.v1.train.Optimizer`` and other
+            graph-mode optimizers are not supported: use DistributedGradientTape), or invalid options.
+    """
+    import keras
+
+    from horo_tf.keras.optimizer import DistributedOptimizer as keras_distributed_optimizer
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise ValueError(f"DistributedOptimizer: {type(optimizer).__name__} is not a Keras optimizer; Horo wraps "
+                         "Keras optimizers only (for tf.compat.v1.train optimizers use DistributedGradientTape)")
+    return keras_distributed_optimizer(optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
+                                       compression=compression, sparse_as_dense=sparse_as_dense,
+                                       gradient_predivide_factor=gradient_predivide_factor, op=op,
+                                       backward_passes_per_step=backward_passes_per_step,
+                                       average_aggregated_gradients=average_aggregated_gradients,
+                                       num_groups=num_groups, groups=groups, process_set=process_set,
+                                       scale_local_gradients=scale_local_gradients)
+
+
+def broadcast_global_variables(root_rank):
+    """Broadcasts every TF1 global variable (``tf.compat.v1.global_variables()``) from root_rank.
+
+    Raises:
+        RuntimeError: when executing eagerly, as in Horovod (TF2 variables are not global variables:
+            use ``broadcast_variables(model.variables, root_rank)``).
+    """
+    import tensorflow as tf
+    if tf.executing_eagerly():
+        raise RuntimeError("hvd.broadcast_global_variables() does not support eager execution. Please use "
+                           "`hvd.broadcast_variables(<model/optimizer variables>)` instead.")
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)

@@ -39,11 +39,14 @@ class _DistributedGradientTape(tf.GradientTape):
         """
         self._local_sources[id(source)] = source
 
-    def gradient(self, target, sources, output_gradients=None, unconnected_gradients=tf.UnconnectedGradients.NONE):
+    def gradient(self, target, sources, output_gradients=None, use_generic_names=False,
+                 unconnected_gradients=tf.UnconnectedGradients.NONE):
         """Computes the gradients of target with respect to sources and reduces them across ranks.
 
         Args:
             target, sources, output_gradients, unconnected_gradients: as for tf.GradientTape.gradient.
+            use_generic_names: accepted for Horovod compatibility (where it names the reductions
+                grad_0, grad_1, ... instead of after the variables); Horo's names are its own.
         Returns:
             The reduced gradients, in the structure of sources.
         Raises:

@@ -197,7 +197,14 @@ def check_checkpoint_and_load(c, hvd, keras, tf):
         plain = keras.models.load_model(path)
         c.same("a saved model loads without Horo, with the plain optimizer", type(plain.optimizer),
                keras.optimizers.Adam)
-        loaded = hvd.load_model(path)
+        loaded = hvd.load_model(path, legacy_opts=False)
+        try:
+            hvd.load_model(path, legacy_opts=True)
+            refused = None
+        except ValueError as e:
+            refused = str(e)
+        c.same("load_model(legacy_opts=True) is refused: Keras 3 has no legacy optimizers",
+               refused is not None and "legacy_opts" in refused, True)
     opt = loaded.optimizer
     c.same("load_model wraps the optimizer", (isinstance(opt, keras.optimizers.Adam),
                                                "DistributedMixin" in str(type(opt).__mro__)), (True, True))

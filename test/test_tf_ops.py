@@ -202,12 +202,20 @@ def check_tape(c, hvd, tf, env):
         for compiled in (False, True):
             dist, ref = model(), model()
             dist_opt, ref_opt = make_opt(), make_opt()
+            if name == "Adam":  # horovod.tensorflow.DistributedOptimizer delegates to the Keras one
+                dist_opt = hvd.DistributedOptimizer(dist_opt, op=hvd.Sum, gradient_predivide_factor=1.0)
+                c.same("hvd.DistributedOptimizer wraps a Keras optimizer",
+                       (isinstance(dist_opt, keras.optimizers.Adam),
+                        "DistributedMixin" in str(type(dist_opt).__mro__)), (True, True))
+                dist_opt = make_opt()
 
             def dist_step(xb, yb):
                 with tf.GradientTape() as tape:
                     loss = tf.reduce_mean((dist(xb) - yb) ** 2)
                 tape = hvd.DistributedGradientTape(tape)
-                dist_opt.apply_gradients(zip(tape.gradient(loss, dist.trainable_variables), dist.trainable_variables))
+                # Horovod's signature: the fourth positional argument is use_generic_names.
+                grads = tape.gradient(loss, dist.trainable_variables, None, compiled)
+                dist_opt.apply_gradients(zip(grads, dist.trainable_variables))
 
             def ref_step(xb, yb):
                 with tf.GradientTape() as tape:
@@ -249,6 +257,10 @@ def check_errors(c, hvd, tf, env):
         return hvd.allreduce(x)
 
     c.raises("XLA is refused", [Exception], "jit_compile=False", lambda: xla_step(tf.ones([2])))
+    c.raises("broadcast_global_variables refuses eager execution, as Horovod's", [RuntimeError],
+             "does not support eager execution", lambda: hvd.broadcast_global_variables(0))
+    c.raises("DistributedOptimizer of a non-Keras optimizer", [ValueError], "not a Keras optimizer",
+             lambda: hvd.DistributedOptimizer(object()))
     c.equal("a collective still works after the errors", hvd.allreduce(tf.ones([2]), op=hvd.Sum), [n, n])
 
 

@@ -80,7 +80,8 @@ def _optimizer_classes():
     return classes
 
 
-def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=Compression.none):
+def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=Compression.none,
+               legacy_opts=False):
     """Loads a saved Keras model whose optimizer becomes a DistributedOptimizer (its saved state
     included).
 
@@ -89,11 +90,16 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
         custom_optimizers: optimizer classes beyond keras.optimizers' that the model may use.
         custom_objects: passed to keras.models.load_model.
         compression: the compression of the restored DistributedOptimizer.
+        legacy_opts: Horovod's switch to tf.keras.optimizers.legacy; Keras 3 has no legacy
+            optimizers, so only False is accepted.
     Returns:
         The compiled model.
     Raises:
-        ValueError: the file cannot be loaded.
+        ValueError: the file cannot be loaded, or legacy_opts is true.
     """
+    if legacy_opts:
+        raise ValueError("load_model(legacy_opts=True): Keras 3 has no tf.keras.optimizers.legacy; "
+                         "load with legacy_opts=False")
     options = ReductionOptions(compression=compression)
     objects = {}
     for cls in _optimizer_classes() + list(custom_optimizers or []):

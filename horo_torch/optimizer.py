@@ -59,6 +59,11 @@ def _first_rank(process_set):
     return 0 if process_set.process_set_id == 0 else min(process_set.ranks)
 
 
+def _remove_hooks(handles):
+    for handle in handles:
+        handle.remove()
+
+
 class _DistributedOptimizer:
     """Methods mixed in front of the wrapped optimizer's class; see DistributedOptimizer."""
 
@@ -109,13 +114,19 @@ class _DistributedOptimizer:
         self._unit_of = {p: i for i, unit in enumerate(units) for p in unit}
         self._ready_in_unit = [0] * len(units)
         self._allreduce_delay = {p: self.backward_passes_per_step for p in params}
+        removable = []
         for p in params:
             if hasattr(p, "register_post_accumulate_grad_hook"):
-                self._hook_handles.append(p.register_post_accumulate_grad_hook(self._make_hook(p)))
+                handle = p.register_post_accumulate_grad_hook(self._make_hook(p))
+                self._hook_handles.append(handle)
+                removable.append(handle)
             else:  # torch < 2.1: the hook of the node that accumulates p.grad
                 accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
                 accumulator.register_hook(self._make_hook(p))
                 self._hook_handles.append(accumulator)  # keeps the node (and its hook) alive
+        # The parameters keep their hooks; a wrapper that is dropped (to wrap the model again, with
+        # another optimizer, say) takes them away, as Horovod's vanish with its gradient accumulators.
+        weakref.finalize(self, _remove_hooks, removable)
 
     def _form_groups(self, params):
         if isinstance(self._groups, int):
@@ -131,8 +142,12 @@ class _DistributedOptimizer:
         return units
 
     def _make_hook(self, p):
+        optimizer = weakref.ref(self)  # a parameter's hook must not keep the wrapper alive
+
         def hook(*unused):
-            self._gradient_ready(p)
+            live = optimizer()
+            if live is not None:
+                live._gradient_ready(p)
         return hook
 
     def _gradient_ready(self, p):

@@ -272,6 +272,18 @@ def run_behaviour(size, rank):
     report["scheduler made before wrapping"] = (model.weight.tolist(), opt.param_groups[0]["lr"],
                                                 [str(w.message) for w in caught])
 
+    # A dropped wrapper takes its gradient hooks with it: the same model wrapped again trains.
+    import gc
+    del opt, scheduler
+    gc.collect()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0), named_parameters=model.named_parameters(),
+                                   op=hvd.Sum)
+    for _ in range(2):
+        model(torch.full((1, 2), float(rank + 1))).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    report["wrapped again"] = model.weight.tolist()
+
     # A parameter no rank uses still gets a (zero) gradient and nobody waits for it.
     model = Net(branches=True)
     opt = hvd.DistributedOptimizer(sgd(model.parameters()), named_parameters=model.named_parameters())
@@ -401,6 +413,7 @@ def test_distributed_optimizer_behaves_as_horovods(two_rank_reports):
         assert b["skip_synchronize"] == ([[-6.0, -6.0]], 0)
         # Steps of lr 1 and 0.5 on the summed gradient 3: -3 - 1.5.
         assert b["scheduler made before wrapping"] == ([[-4.5, -4.5]], 0.25, [])
+        assert b["wrapped again"] == [[-10.5, -10.5]], "two more steps of lr 1 on the summed gradient 3"
         assert b["unused everywhere"] == ([0.0, 0.0, 0.0], True), "zeros for the unused, the other rank's head reduced"
         assert b["load_state_dict"] == (True, True)
         is_sparse, difference = b["sparse gradient missing on rank 1"]

@@ -34,6 +34,7 @@ synchronised backward after it reduces the accumulated values.
 """
 import contextlib
 import threading
+import weakref
 
 import torch
 from torch.autograd import Variable
@@ -88,6 +89,11 @@ def assign_buckets(params, order, bucket_cap_bytes, first_bucket_bytes=FIRST_BUC
             open_buckets[key] = (indices, size)
     buckets.extend(indices for indices, _ in open_buckets.values())
     return sorted(buckets, key=lambda b: position[b[0]])
+
+
+def _remove_hooks(handles):
+    for handle in handles:
+        handle.remove()
 
 
 class _Bucket:
@@ -148,6 +154,9 @@ class DistributedDataParallel(torch.nn.Module):
         self._broadcast_state()
         self._hook_handles = [p.register_post_accumulate_grad_hook(self._make_hook(i))
                               for i, p in enumerate(self._params)]
+        # The parameters keep their hooks; a wrapper that is dropped (the module wrapped again, say)
+        # takes them away, as torch's DDP does when its reducer goes.
+        weakref.finalize(self, _remove_hooks, list(self._hook_handles))
 
     # Public interface ----------------------------------------------------------------------------
 
@@ -234,8 +243,12 @@ class DistributedDataParallel(torch.nn.Module):
     # Backward ------------------------------------------------------------------------------------
 
     def _make_hook(self, index):
+        wrapper = weakref.ref(self)  # a parameter's hook must not keep the wrapper alive
+
         def hook(param):
-            self._on_grad_ready(index)
+            live = wrapper()
+            if live is not None:
+                live._on_grad_ready(index)
         return hook
 
     def _reset_iteration(self):

@@ -236,6 +236,33 @@ def check_no_sync(hvd, c):
         c.close("no_sync keeps local gradients", p.grad, q.grad, 1e-12)
 
 
+def check_wrapped_again(hvd, c):
+    """A dropped wrapper takes its gradient hooks with it: the same module wrapped again reduces
+    each gradient once, to the mean over the ranks."""
+    import gc
+    import weakref
+
+    from horo_torch.ddp import DistributedDataParallel
+    rank, size = hvd.rank(), hvd.size()
+    torch.manual_seed(0)
+    module = Mlp().double()
+    torch.manual_seed(0)
+    ref = Mlp().double()
+    x, y = batch(9, size * BATCH, torch.float64)
+    first = DistributedDataParallel(module)
+    local_loss(first, rows(x, rank), rows(y, rank), rank).backward()
+    dropped = weakref.ref(first)
+    del first
+    gc.collect()
+    c.same("a dropped wrapper is freed (its hooks do not hold it)", dropped() is None, True)
+    module.zero_grad()
+    second = DistributedDataParallel(module)
+    local_loss(second, rows(x, rank), rows(y, rank), rank).backward()
+    torch.nn.functional.mse_loss(ref(x), y).backward()
+    for p, q in zip(module.parameters(), ref.parameters()):
+        c.close("wrapped again: the mean gradient over the ranks", p.grad, q.grad, 1e-12)
+
+
 def check_compression_hooks(hvd, c):
     from horo_torch import comm_hooks
     train_and_compare(hvd, c, "fp16 adam", Mlp, adam, hook=comm_hooks.fp16_compress_hook, tol=2e-3,
@@ -384,6 +411,7 @@ def run_checks(size):
         "equivalence": lambda c: check_equivalence(hvd, c),
         "bucket_rebuild": lambda c: check_bucket_rebuild(hvd, c, layouts),
         "no_sync": lambda c: check_no_sync(hvd, c),
+        "wrapped_again": lambda c: check_wrapped_again(hvd, c),
         "compression_hooks": lambda c: check_compression_hooks(hvd, c),
         "unused_parameters": lambda c: check_unused_parameters(hvd, c),
         "unused_without_flag": lambda c: check_unused_without_flag(hvd, c),

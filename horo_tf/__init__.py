@@ -3,7 +3,9 @@
 Tensors reach Horo's core through NumPy (a view of the host buffer where TensorFlow allows it) and,
 inside ``tf.function``, one ``tf.numpy_function`` per collective; nothing here is compiled against
 TensorFlow, so one install works with every TensorFlow 2.x. XLA-compiled functions
-(``jit_compile=True``) cannot contain these collectives and are rejected with a clear error.
+(``jit_compile=True``) cannot contain these collectives and are rejected with a clear error; Keras's
+``compile(jit_compile="auto")``, which picks XLA where a GPU is visible, resolves to False for a
+model trained by a Horo optimizer (horo_tf.keras).
 """
 from horo_core import __version__
 from horo_core.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled,

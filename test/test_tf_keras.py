@@ -226,6 +226,29 @@ def check_xla_and_functions(c, hvd, keras, tf):
     model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse", jit_compile=True)
     c.raises("fit under XLA is refused", [Exception], "jit_compile=False",
              lambda: model.fit(xs, ys, batch_size=BATCH, epochs=1, verbose=0))
+
+    # Keras 3 resolves jit_compile="auto" to XLA when TensorFlow sees a GPU; with a Horo optimizer
+    # (also inside a LossScaleOptimizer) it must resolve to False, so that Horovod's compile() call
+    # trains on a GPU machine. A GPU is made visible to the resolution only.
+    real = tf.config.list_physical_devices
+    tf.config.list_physical_devices = lambda *a: real(*a) + [tf.config.PhysicalDevice("/physical_device:GPU:0", "GPU")]
+    try:
+        resolved = {}
+        for what, make_opt in (("plain", lambda: keras.optimizers.SGD(0.1)),
+                               ("horo", lambda: hvd.DistributedOptimizer(keras.optimizers.SGD(0.1))),
+                               ("loss-scaled horo", lambda: keras.optimizers.LossScaleOptimizer(
+                                   hvd.DistributedOptimizer(keras.optimizers.SGD(0.1))))):
+            candidate = make_model(keras, 100)
+            candidate.compile(optimizer=make_opt(), loss="mse")
+            resolved[what] = candidate.jit_compile
+    finally:
+        tf.config.list_physical_devices = real
+    c.same("jit_compile='auto' with a visible GPU: XLA for a plain optimizer, not for Horo's", resolved,
+           {"plain": True, "horo": False, "loss-scaled horo": False})
+    model = make_model(keras, 100 + r)
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+    model.fit(xs, ys, batch_size=BATCH, epochs=1, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
     c.equal("keras allreduce", hvd.allreduce(np.array([r, 1.0]), op=hvd.Sum), [sum(range(n)), n])
     c.equal("keras allgather", hvd.allgather(np.array([[r]])), [[s] for s in range(n)])
     c.equal("keras broadcast", hvd.broadcast(np.array([r]), 1), [1])

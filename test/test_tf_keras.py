@@ -136,6 +136,8 @@ def check_callbacks(c, hvd, keras, tf):
     # The last batch of epoch 0 is one epoch into the two-epoch ramp from base_lr to base_lr * n.
     c.close("warmup halfway after epoch 0", raw[0]["learning_rate"], base_lr * ((n - 1) / 2 + 1))
     c.same("warmup raises the rate", raw[0]["learning_rate"] < raw[1]["learning_rate"], True)
+    c.same("the rate is logged under Horovod's name too", [logs["lr"] for logs in raw],
+           [logs["learning_rate"] for logs in raw])
 
     model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.2)), loss="mse")
     seen = []

@@ -164,7 +164,8 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None:
-            logs["learning_rate"] = float(np.asarray(self.model.optimizer.learning_rate))
+            # Keras 3's name for it, and Horovod's (Keras 2's), which scripts read from the history.
+            logs["learning_rate"] = logs["lr"] = float(np.asarray(self.model.optimizer.learning_rate))
 
 
 class LearningRateWarmupCallback(LearningRateScheduleCallback):

@@ -331,7 +331,13 @@ class _DistributedOptimizer:
         self._drain()
         self._synchronized = False
         self._should_synchronize = True
-        return super().load_state_dict(state_dict)
+        result = super().load_state_dict(state_dict)
+        original = self._horo_scheduled() if self._horo_scheduled else None
+        if original is not None:
+            # torch installs new param_groups and state; an LR scheduler made on the wrapped
+            # optimizer before wrapping sets the rate in the original's groups, which must stay ours.
+            original.param_groups, original.state = self.param_groups, self.state
+        return result
 
 
 # The wrapped class's step is already patched by torch to run the step pre/post hooks around it;

@@ -252,9 +252,12 @@ def check_wrapped_again(hvd, c):
     first = DistributedDataParallel(module)
     local_loss(first, rows(x, rank), rows(y, rank), rank).backward()
     dropped = weakref.ref(first)
+    hooks = [len(getattr(p, "_post_accumulate_grad_hooks", None) or {}) for p in module.parameters()]
     del first
     gc.collect()
     c.same("a dropped wrapper is freed (its hooks do not hold it)", dropped() is None, True)
+    c.same("its hooks are removed", (hooks, [len(getattr(p, "_post_accumulate_grad_hooks", None) or {})
+                                             for p in module.parameters()]), ([1] * len(hooks), [0] * len(hooks)))
     module.zero_grad()
     second = DistributedDataParallel(module)
     local_loss(second, rows(x, rank), rows(y, rank), rank).backward()

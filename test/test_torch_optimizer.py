@@ -262,6 +262,9 @@ def run_behaviour(size, rank):
     plain = torch.optim.SGD(model.parameters(), lr=1.0)
     scheduler = torch.optim.lr_scheduler.StepLR(plain, step_size=1, gamma=0.5)
     opt = hvd.DistributedOptimizer(plain, named_parameters=model.named_parameters(), op=hvd.Sum)
+    # Horovod's recipe: the non-root ranks load root's state (new param_groups), which the
+    # scheduler's rates must still reach.
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(2):
@@ -274,8 +277,12 @@ def run_behaviour(size, rank):
 
     # A dropped wrapper takes its gradient hooks with it: the same model wrapped again trains.
     import gc
+    hooks = getattr(model.weight, "_post_accumulate_grad_hooks", None) or {}
+    hooks_with_wrapper = len(hooks)
     del opt, scheduler
     gc.collect()
+    hooks = getattr(model.weight, "_post_accumulate_grad_hooks", None) or {}
+    report["hooks with the wrapper, after it is dropped"] = (hooks_with_wrapper, len(hooks))
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0), named_parameters=model.named_parameters(),
                                    op=hvd.Sum)
     for _ in range(2):
@@ -414,6 +421,7 @@ def test_distributed_optimizer_behaves_as_horovods(two_rank_reports):
         # Steps of lr 1 and 0.5 on the summed gradient 3: -3 - 1.5.
         assert b["scheduler made before wrapping"] == ([[-4.5, -4.5]], 0.25, [])
         assert b["wrapped again"] == [[-10.5, -10.5]], "two more steps of lr 1 on the summed gradient 3"
+        assert b["hooks with the wrapper, after it is dropped"] == (1, 0)
         assert b["unused everywhere"] == ([0.0, 0.0, 0.0], True), "zeros for the unused, the other rank's head reduced"
         assert b["load_state_dict"] == (True, True)
         is_sparse, difference = b["sparse gradient missing on rank 1"]

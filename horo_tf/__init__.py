@@ -59,14 +59,21 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
 
 
 def broadcast_global_variables(root_rank):
-    """Broadcasts every TF1 global variable (``tf.compat.v1.global_variables()``) from root_rank.
+    """The op that overwrites every TF1 global variable (``tf.compat.v1.global_variables()``) with
+    root_rank's value, for ``session.run`` in a TF1 graph.
 
+    Returns:
+        A ``tf.group`` of the assignments.
     Raises:
         RuntimeError: when executing eagerly, as in Horovod (TF2 variables are not global variables:
             use ``broadcast_variables(model.variables, root_rank)``).
     """
     import tensorflow as tf
+
+    from horo_core import basics
     if tf.executing_eagerly():
         raise RuntimeError("hvd.broadcast_global_variables() does not support eager execution. Please use "
                            "`hvd.broadcast_variables(<model/optimizer variables>)` instead.")
-    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
+    name = basics.auto_name("broadcast_global_variables", 0)
+    return tf.group(*[v.assign(broadcast(v, root_rank, name=f"{name}.{i}", ignore_name_scope=True))
+                      for i, v in enumerate(tf.compat.v1.global_variables())])

@@ -46,12 +46,16 @@ class _DistributedGradientTape(tf.GradientTape):
         Args:
             target, sources, output_gradients, unconnected_gradients: as for tf.GradientTape.gradient.
             use_generic_names: accepted for Horovod compatibility (where it names the reductions
-                grad_0, grad_1, ... instead of after the variables); Horo's names are its own.
+                grad_0, grad_1, ... instead of after the variables); Horo's names are its own. An
+                UnconnectedGradients value here (tf.GradientTape's fourth argument) is taken as
+                unconnected_gradients.
         Returns:
             The reduced gradients, in the structure of sources.
         Raises:
             HorovodInternalError: a reduction failed (e.g. ranks have different variables).
         """
+        if isinstance(use_generic_names, tf.UnconnectedGradients):  # tf.GradientTape's fourth argument
+            unconnected_gradients, use_generic_names = use_generic_names, False
         grads = super().gradient(target, sources, output_gradients, unconnected_gradients)
         flat_sources = tf.nest.flatten(sources)
         flat_grads = tf.nest.flatten(grads, expand_composites=False)

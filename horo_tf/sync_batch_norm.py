@@ -53,6 +53,9 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
             raise ValueError("SyncBatchNormalization synchronizes its statistics through Horo; synchronized=True "
                              "(tf.distribute's synchronization) does not apply to it")
         super().__init__(**kwargs)
+        # Its statistics travel through a tf.numpy_function, which XLA cannot compile: Keras then
+        # resolves compile(jit_compile="auto") to False for a model holding it.
+        self.supports_jit = False
 
     def _moments(self, inputs, mask):
         """The mean and variance per channel over every rank's batch (inputs and mask as Keras

@@ -44,13 +44,16 @@ OPTIMIZERS = {"SGD momentum": lambda keras, **kw: keras.optimizers.SGD(0.05, mom
 
 
 def check_fit_equivalence(c, hvd, keras, tf):
+    import horo_tf
     n, r = hvd.size(), hvd.rank()
     for name, make_opt in OPTIMIZERS.items():
         for passes in (1, 2):
             (xs, ys), (xg, yg), global_batch = shard_and_global(n, r, passes)
             dist = make_model(keras, seed=100 + r)  # different on every rank until the broadcast
-            dist.compile(optimizer=hvd.DistributedOptimizer(make_opt(keras), backward_passes_per_step=passes,
-                                                            average_aggregated_gradients=True), loss="mse")
+            # horovod.tensorflow.DistributedOptimizer (horo_tf's) delegates a Keras optimizer here.
+            wrap = horo_tf.DistributedOptimizer if name == "Adam" else hvd.DistributedOptimizer
+            dist.compile(optimizer=wrap(make_opt(keras), backward_passes_per_step=passes,
+                                        average_aggregated_gradients=True), loss="mse")
             dist.fit(xs, ys, batch_size=BATCH, epochs=2, shuffle=False, verbose=0,
                      callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
             ref = make_model(keras, seed=100)
@@ -243,10 +246,16 @@ def check_xla_and_functions(c, hvd, keras, tf):
             candidate = make_model(keras, 100)
             candidate.compile(optimizer=make_opt(), loss="mse")
             resolved[what] = candidate.jit_compile
+        # SyncBatchNormalization's statistics travel outside XLA too, whatever the optimizer.
+        import horo_tf
+        candidate = keras.Sequential([keras.Input((FEATURES,)), horo_tf.SyncBatchNormalization(),
+                                      keras.layers.Dense(1)])
+        candidate.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+        resolved["plain, SyncBatchNormalization"] = candidate.jit_compile
     finally:
         tf.config.list_physical_devices = real
     c.same("jit_compile='auto' with a visible GPU: XLA for a plain optimizer, not for Horo's", resolved,
-           {"plain": True, "horo": False, "loss-scaled horo": False})
+           {"plain": True, "horo": False, "loss-scaled horo": False, "plain, SyncBatchNormalization": False})
     model = make_model(keras, 100 + r)
     model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
     model.fit(xs, ys, batch_size=BATCH, epochs=1, verbose=0,

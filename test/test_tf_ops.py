@@ -230,6 +230,14 @@ def check_tape(c, hvd, tf, env):
             for i, (a, b) in enumerate(zip(dist.get_weights(), ref.get_weights())):
                 c.close(f"tape {name} {mode} weight {i}", a, b)
 
+    # tf.GradientTape's fourth positional argument, an UnconnectedGradients, still means that.
+    v, unused = tf.Variable(float(r + 1)), tf.Variable(5.0)
+    with tf.GradientTape() as tape:
+        loss = 3.0 * v
+    grads = hvd.DistributedGradientTape(tape, op=hvd.Sum).gradient(loss, [v, unused], None,
+                                                                   tf.UnconnectedGradients.ZERO)
+    c.equal("tape: unconnected_gradients=ZERO given positionally", [g.numpy() for g in grads], [3.0 * n, 0.0])
+
     # Partial: the local layer's gradient is this rank's own, divided by size.
     local_layer = keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")
     shared = tf.Variable([1.0])
@@ -459,3 +467,32 @@ def run_all_checks():
 def test_tf_collectives(size):
     reports = horo_runner.run(run_all_checks, np=size, env=CHILD_ENV)
     assert_reports(reports, size, GROUPS)
+
+
+def _tf1_graph_broadcast():
+    """In a TF1 graph (eager execution off for the whole process, hence a job of its own),
+    broadcast_global_variables returns the op that session.run runs."""
+    import tensorflow as tf
+
+    import horo_tf as hvd
+    hvd.init()
+    r = hvd.rank()
+    tf.compat.v1.disable_eager_execution()
+    with tf.Graph().as_default():
+        v = tf.compat.v1.get_variable("v", initializer=tf.constant([float(r + 1)] * 3))
+        w = tf.compat.v1.get_variable("w", initializer=tf.constant(float(10 * (r + 1))))
+        op = hvd.broadcast_global_variables(0)
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            before = session.run(v).tolist()
+            session.run(op)
+            after = session.run([v, w])
+    hvd.shutdown()
+    return before, after[0].tolist(), float(after[1])
+
+
+def test_broadcast_global_variables_in_a_tf1_graph():
+    reports = horo_runner.run(_tf1_graph_broadcast, np=2, env=CHILD_ENV)
+    for r, (before, v, w) in enumerate(reports):
+        assert before == [float(r + 1)] * 3
+        assert (v, w) == ([1.0, 1.0, 1.0], 10.0), f"rank {r}: {v}, {w}"

@@ -11,6 +11,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from .hosts import parse_hostfile, parse_hosts
 from .job import JobSpec, run_job
+from .launch import start_timeout_from_env
 from .run_task import ERROR_FILE, FN_FILE, RESULT_FILE, SYS_PATH_FILE, dumps, write_atomically
 
 _TASK_ENTRY = "import sys; from horo_runner.run_task import main; sys.exit(main(sys.argv[1:]))"
@@ -28,7 +29,7 @@ def _read_text(path: str) -> Optional[str]:
 
 def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mapping[str, Any]] = None,
         np: int = 1, hosts: Optional[str] = None, hostfile: Optional[str] = None,
-        start_timeout: float = 30.0, output_filename: Optional[str] = None,
+        start_timeout: Optional[float] = None, output_filename: Optional[str] = None,
         verbose: bool = False, prefix_output_with_timestamp: bool = False,
         env: Optional[Mapping[str, str]] = None, executable: Optional[str] = None,
         bind_to: str = "auto") -> list[Any]:
@@ -45,7 +46,9 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mappi
         np: number of processes.
         hosts: ``"host:slots,..."`` as for ``-H`` (this machine only for now).
         hostfile: path of a hostfile, as for ``--hostfile``.
-        start_timeout: seconds every rank has to register after the first one did.
+        start_timeout: seconds every rank has to register after the first one did (default:
+            ``HORO_START_TIMEOUT`` or ``HOROVOD_START_TIMEOUT``, else 30; the workers get it as
+            ``HORO_START_TIMEOUT``).
         output_filename: also write each rank's output under this directory.
         verbose: describe the launch on stderr.
         prefix_output_with_timestamp: precede output prefixes with a timestamp.
@@ -59,11 +62,15 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mappi
     Raises:
         RuntimeError: a rank raised (the message names the rank and includes its traceback) or
             the job failed otherwise (a rank crashed, a start timeout, a signal).
-        ValueError: for invalid hosts, both ``hosts`` and ``hostfile``, or ``bind_to="core"``
-            with more ranks than cores.
+        ValueError: for invalid hosts, both ``hosts`` and ``hostfile``, ``bind_to="core"``
+            with more ranks than cores, or a start timeout that is not a positive number.
     """
     if hosts is not None and hostfile is not None:
         raise ValueError("pass either hosts or hostfile, not both")
+    if start_timeout is None:
+        start_timeout = start_timeout_from_env(os.environ)
+    elif not start_timeout > 0:
+        raise ValueError(f"start_timeout must be positive, got {start_timeout!r}")
     host_slots = parse_hosts(hosts) if hosts else parse_hostfile(hostfile) if hostfile else None
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     python_path = os.pathsep.join(p for p in (package_parent, os.environ.get("PYTHONPATH")) if p)
@@ -78,7 +85,7 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mappi
             # run a module that is already imported.
             command=[executable or sys.executable, "-c", _TASK_ENTRY, workdir],
             num_proc=np, hosts=host_slots,
-            settings_env={**(env or {}), "PYTHONPATH": python_path},
+            settings_env={"HORO_START_TIMEOUT": f"{start_timeout:g}", **(env or {}), "PYTHONPATH": python_path},
             start_timeout=start_timeout, output_dir=output_filename,
             prefix_timestamp=prefix_output_with_timestamp, verbose=verbose, bind_to=bind_to)
         result = run_job(spec)

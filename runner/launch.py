@@ -265,20 +265,34 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if args.hosts and args.hostfile:
         parser.error("use either -H/--hosts or --hostfile, not both")
     if args.start_timeout is None:
-        args.start_timeout = DEFAULT_START_TIMEOUT
-        for name in ("HORO_START_TIMEOUT", "HOROVOD_START_TIMEOUT"):
-            text = os.environ.get(name, "").strip()
-            if text:
-                try:
-                    args.start_timeout = float(text)
-                except ValueError:
-                    parser.error(f"{name}={text!r} is not a number of seconds")
-                if not args.start_timeout > 0:
-                    parser.error(f"{name} must be positive, got {text!r}")
-                break
+        try:
+            args.start_timeout = start_timeout_from_env(os.environ)
+        except ValueError as e:
+            parser.error(str(e))
     if not args.start_timeout > 0:
         parser.error("--start-timeout must be positive")
     return args
+
+
+def start_timeout_from_env(environ) -> float:
+    """The start timeout when none is given: HORO_START_TIMEOUT, then horovodrun's
+    HOROVOD_START_TIMEOUT, else 30 seconds.
+
+    Raises:
+        ValueError: the variable that decides is not a positive number (the message names it).
+    """
+    for name in ("HORO_START_TIMEOUT", "HOROVOD_START_TIMEOUT"):
+        text = environ.get(name, "").strip()
+        if not text:
+            continue
+        try:
+            seconds = float(text)
+        except ValueError:
+            raise ValueError(f"{name}={text!r} is not a number of seconds") from None
+        if not seconds > 0:
+            raise ValueError(f"{name} must be positive, got {text!r}")
+        return seconds
+    return DEFAULT_START_TIMEOUT
 
 
 def settings_env(args: argparse.Namespace) -> dict[str, str]:

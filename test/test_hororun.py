@@ -350,6 +350,24 @@ def test_start_timeout_from_horovods_variable_or_ours(runner_path, monkeypatch):
             parse_args(["-np", "2", "true"])
 
 
+def _start_timeout_seen():
+    import os
+    return os.environ.get("HORO_START_TIMEOUT")
+
+
+def test_run_api_takes_the_start_timeout_from_the_environment_too(runner_path, monkeypatch):
+    import horo_runner
+    monkeypatch.delenv("HORO_START_TIMEOUT", raising=False)
+    monkeypatch.setenv("HOROVOD_START_TIMEOUT", "77")
+    assert horo_runner.run(_start_timeout_seen, np=1) == ["77"]
+    assert horo_runner.run(_start_timeout_seen, np=1, start_timeout=12.5) == ["12.5"]
+    with pytest.raises(ValueError, match="start_timeout must be positive"):
+        horo_runner.run(_start_timeout_seen, np=1, start_timeout=0)
+    monkeypatch.setenv("HOROVOD_START_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match="HOROVOD_START_TIMEOUT='soon' is not a number of seconds"):
+        horo_runner.run(_start_timeout_seen, np=1)
+
+
 def test_secret_not_in_argv_ps_or_output(child_env, tmp_path):
     secret_file = tmp_path / "secret"
     code = """

@@ -27,8 +27,9 @@ import tensorflow as tf
 
 from horo_core import basics, dtypes
 from horo_core._binding import lib
-from horo_core.errors import HoroInvalidArgument, HoroUnsupportedError
+from horo_core.errors import HoroError, HoroInvalidArgument, HoroUnsupportedError
 from horo_core.runtime import TensorSpec
+from horo_tf import errors
 
 try:  # 0 when no GradientTape or forward accumulator on this thread watches any of the tensors.
     from tensorflow.python.ops.gradients_util import PossibleTapeGradientTypes as _possible_gradient_types
@@ -117,8 +118,16 @@ def execute(op_type, names, arrays, codes, outputs, set_id, **options):
         core's Result of every member (received splits, join value); no results for one allreduce
         or broadcast whose output was given (it has none to report).
     Raises:
-        HorovodInternalError (or a subclass): the collective failed.
+        HorovodInternalError (or a subclass; also a tf.errors.OpError, horo_tf/errors.py): the
+            collective failed.
     """
+    try:
+        return _execute(op_type, names, arrays, codes, outputs, set_id, **options)
+    except HoroError as error:  # as a TensorFlow error too (horo_tf/errors.py)
+        raise errors.converted(error) from None
+
+
+def _execute(op_type, names, arrays, codes, outputs, set_id, **options):
     rt = basics.runtime()
     if len(arrays) == 1 and outputs[0] is not None and op_type in _RUN_OPS:
         # One tensor whose output is given: one synchronous call into the core (horo_run), with no

@@ -15,10 +15,10 @@ import tensorflow as tf
 
 from horo_core import basics
 from horo_core._binding import lib
-from horo_core.errors import HoroInvalidArgument, HoroMismatchError, HoroUnsupportedError
+from horo_core.errors import HoroError, HoroInvalidArgument, HoroMismatchError, HoroUnsupportedError
 from horo_core.process_sets import global_process_set
 from horo_core.reduce_ops import Adasum, Average, Max, Min, Product, Sum, resolve_op  # noqa: F401 (re-exported)
-from horo_tf import _bridge
+from horo_tf import _bridge, errors
 from horo_tf.compression import Compression
 
 
@@ -179,7 +179,7 @@ def _allgather(tensors, base, process_set, differentiable=True, join_hint=None):
             return _bridge.execute(lib.HORO_ALLGATHER, names, arrays, codes, [None] * len(arrays), set_id)[0]
         except HoroMismatchError as exc:
             if join_hint and "have joined" in str(exc):
-                raise HoroMismatchError(f"{exc}. {join_hint}") from None
+                raise errors.HoroMismatchError(f"{exc}. {join_hint}") from None
             raise
 
     def forward(*xs):
@@ -449,12 +449,15 @@ def join():
     """
     def body():
         rt = basics.runtime()
-        (handle,) = rt.enqueue(lib.HORO_JOIN, [])
         try:
-            rt.wait(handle)
-            return [np.int32(rt.result(handle).value)]
-        finally:
-            rt.release(handle)
+            (handle,) = rt.enqueue(lib.HORO_JOIN, [])
+            try:
+                rt.wait(handle)
+                return [np.int32(rt.result(handle).value)]
+            finally:
+                rt.release(handle)
+        except HoroError as error:  # as a TensorFlow error too (horo_tf/errors.py)
+            raise errors.converted(error) from None
 
     return _bridge.call(body, [], [tf.int32], [[]])[0]
 

@@ -252,9 +252,17 @@ def check_tape(c, hvd, tf, env):
 
 
 def check_errors(c, hvd, tf, env):
+    import pickle
     n, r = hvd.size(), hvd.rank()
-    c.raises("shape mismatch", [hvd.HoroMismatchError, RuntimeError], "shape",
-             lambda: hvd.allreduce(tf.ones([r + 1]), name="mismatch"))
+    # Horovod's ops fail with a tf.errors.OpError (a mismatch: FailedPreconditionError); Horo's
+    # error is that too, eagerly, and TensorFlow's UnknownError (an OpError) inside a tf.function.
+    exc = c.raises("shape mismatch", [hvd.HoroMismatchError, RuntimeError, tf.errors.FailedPreconditionError],
+                   "shape", lambda: hvd.allreduce(tf.ones([r + 1]), name="mismatch"))
+    if exc is not None:
+        copy = pickle.loads(pickle.dumps(exc))
+        c.same("the error pickles", (type(copy), str(copy)), (type(exc), str(exc)))
+    c.raises("shape mismatch in a tf.function", [tf.errors.OpError], "Mismatched shapes",
+             lambda: tf.function(lambda x: hvd.allreduce(x, name="mismatch.graph"))(tf.ones([r + 1])))
     c.raises("unsupported dtype", [hvd.HoroInvalidArgument, ValueError], "not supported",
              lambda: hvd.allreduce(tf.constant([1 + 1j])))
     c.raises("unregistered process set", [ValueError], "not registered",

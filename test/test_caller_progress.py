@@ -204,17 +204,24 @@ def test_ranks_sharing_a_core_agree_one_round_per_call(np_, tmp_path):
     for the caller's next call (or the background thread), so a loop takes about one round per call."""
     import horo_runner
 
-    blocks, calls, pair_calls = 5, 300, 200
+    blocks, calls, pair_calls = 8, 300, 200
     env = {"HORO_PEER_TIMEOUT_SECONDS": "60", "HORO_DYNAMIC_PROCESS_SETS": "1"}
-    reports = horo_runner.run(_shared_core_job, args=(blocks, calls, pair_calls, str(tmp_path / "pair_done")),
-                              np=np_, env=env, bind_to="none")
-    for rank, (failures, rounds, caller_passes, _) in enumerate(reports):
-        assert failures == [], f"rank {rank}: {failures[:5]}"
-        assert caller_passes > 0, f"rank {rank}: callers ran no pass"
-        assert all(r >= calls for r in rounds), f"rank {rank}: {rounds} rounds for blocks of {calls} calls"
-        # Measured: 1.0-1.2 rounds per call on a quiet core, up to 1.7 in a block shared with two busy
-        # processes; 2.0 in every block with the answer sent at once.
-        assert min(rounds) <= 1.3 * calls, f"rank {rank}: {rounds} rounds for blocks of {calls} calls"
+    # Measured: 1.0-1.2 rounds per call on a quiet core, up to 1.7 in a block shared with two busy
+    # processes, 1.8-1.9 in every block of a job that ran beside another test suite on both cores;
+    # 2.0 in every block with the answer sent at once. A job whose every block was crowded out is
+    # run again (at most three jobs): the old behaviour fails all three.
+    for attempt in range(3):
+        done_file = str(tmp_path / f"pair_done.{attempt}")
+        reports = horo_runner.run(_shared_core_job, args=(blocks, calls, pair_calls, done_file),
+                                  np=np_, env=env, bind_to="none")
+        for rank, (failures, rounds, caller_passes, _) in enumerate(reports):
+            assert failures == [], f"rank {rank}: {failures[:5]}"
+            assert caller_passes > 0, f"rank {rank}: callers ran no pass"
+            assert all(r >= calls for r in rounds), f"rank {rank}: {rounds} rounds for blocks of {calls} calls"
+        crowded = [(rank, rounds) for rank, (_, rounds, _, _) in enumerate(reports) if min(rounds) > 1.3 * calls]
+        if not crowded:
+            break
+    assert not crowded, f"(rank, rounds per block of {calls} calls) in three jobs, the last: {crowded}"
     if np_ == 3:
         # At least one pass per round of the pair (more when a pass finds nothing new to send).
         assert reports[2][3] >= pair_calls, f"rank 2's background thread ran {reports[2][3]} passes"

@@ -28,7 +28,7 @@ def _both(core_class, tf_class):
 HoroMismatchError = _both(core.HoroMismatchError, tf.errors.FailedPreconditionError)
 HoroShutdownError = _both(core.HoroShutdownError, tf.errors.AbortedError)
 HoroTimeoutError = _both(core.HoroTimeoutError, tf.errors.DeadlineExceededError)
-HoroPeerLostError = _both(core.HoroPeerLostError, tf.errors.UnavailableError)
+HoroPeerLostError = _both(core.HoroPeerLostError, tf.errors.UnknownError)
 HoroInternalError = _both(core.HoroInternalError, tf.errors.UnknownError)
 HoroInvalidArgument = _both(core.HoroInvalidArgument, tf.errors.InvalidArgumentError)
 HoroUnsupportedError = _both(core.HoroUnsupportedError, tf.errors.UnimplementedError)

@@ -264,6 +264,10 @@ def check_xla_and_functions(c, hvd, keras, tf):
     c.equal("keras allgather", hvd.allgather(np.array([[r]])), [[s] for s in range(n)])
     c.equal("keras broadcast", hvd.broadcast(np.array([r]), 1), [1])
     c.equal("keras reducescatter", hvd.reducescatter(np.ones([n, 2]), op=hvd.Sum), [[n, n]])
+    # Horovod's Keras functions return the collective's tensor when executing eagerly (.numpy() works).
+    c.same("keras functions return tensors, as Horovod's",
+           [type(hvd.allreduce(np.ones(1))).__name__, hvd.broadcast(np.array([r]), 0).numpy().tolist()],
+           ["EagerTensor", [0]])
     c.raises("DistributedOptimizer needs a Keras optimizer", [ValueError], "keras.optimizers.Optimizer",
              lambda: hvd.DistributedOptimizer(object()))
     import horo_tf

@@ -1,8 +1,9 @@
 """Horovod's ``horovod.tensorflow.keras`` API for Keras 3 (TensorFlow backend):
 ``import horo_tf.keras as hvd``.
 
-Training with ``model.fit`` needs only ``DistributedOptimizer`` and the callbacks; the functions
-below take and return NumPy-compatible values, as Horovod's Keras functions do.
+Training with ``model.fit`` needs only ``DistributedOptimizer`` and the callbacks. The functions
+below take NumPy arrays, numbers or tensors and, as Horovod's Keras functions do when executing
+eagerly, return a tensor (``.numpy()`` gives the array; NumPy takes the tensor as it is).
 """
 import inspect
 
@@ -36,39 +37,39 @@ def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_fac
         op: Average (default) or another reduce op.
         compression: the dtype the data travels in.
     Returns:
-        A NumPy array.
+        A tensor.
     Raises:
         ValueError: invalid arguments. HorovodInternalError: the collective failed.
     """
     return mpi_ops.allreduce(tf.constant(value), average=average, name=name, op=op, compression=compression,
-                             prescale_factor=prescale_factor, postscale_factor=postscale_factor).numpy()
+                             prescale_factor=prescale_factor, postscale_factor=postscale_factor)
 
 
 def allgather(value, name=None):
-    """Concatenates value (rank >= 1) from every rank along dimension 0; returns a NumPy array.
+    """Concatenates value (rank >= 1) from every rank along dimension 0; returns a tensor.
 
     Raises:
         ValueError: invalid arguments. HorovodInternalError: the collective failed.
     """
-    return mpi_ops.allgather(tf.constant(value), name=name).numpy()
+    return mpi_ops.allgather(tf.constant(value), name=name)
 
 
 def broadcast(value, root_rank, name=None):
-    """Returns root_rank's value on every rank as a NumPy array.
+    """Returns root_rank's value on every rank as a tensor.
 
     Raises:
         ValueError: invalid arguments. HorovodInternalError: the collective failed.
     """
-    return mpi_ops.broadcast(tf.constant(value), root_rank, name=name).numpy()
+    return mpi_ops.broadcast(tf.constant(value), root_rank, name=name)
 
 
 def reducescatter(value, name=None, op=Average):
-    """Reduces value across ranks and returns this rank's rows as a NumPy array.
+    """Reduces value across ranks and returns this rank's rows as a tensor.
 
     Raises:
         ValueError: invalid arguments. HorovodInternalError: the collective failed.
     """
-    return mpi_ops.reducescatter(tf.constant(value), name=name, op=op).numpy()
+    return mpi_ops.reducescatter(tf.constant(value), name=name, op=op)
 
 
 def _optimizer_classes():

@@ -34,7 +34,6 @@ synchronised backward after it reduces the accumulated values.
 """
 import contextlib
 import threading
-import weakref
 
 import torch
 from torch.autograd import Variable
@@ -43,6 +42,7 @@ from horo_core import basics
 from horo_core.errors import HoroInvalidArgument
 from horo_core.process_sets import global_process_set
 from horo_torch import mpi_ops
+from horo_torch._weak_hooks import remove_when_collected, weak_hook
 from horo_torch.comm_hooks import GradBucket, allreduce_hook
 
 _MIB = 1024 * 1024
@@ -89,11 +89,6 @@ def assign_buckets(params, order, bucket_cap_bytes, first_bucket_bytes=FIRST_BUC
             open_buckets[key] = (indices, size)
     buckets.extend(indices for indices, _ in open_buckets.values())
     return sorted(buckets, key=lambda b: position[b[0]])
-
-
-def _remove_hooks(handles):
-    for handle in handles:
-        handle.remove()
 
 
 class _Bucket:
@@ -154,9 +149,7 @@ class DistributedDataParallel(torch.nn.Module):
         self._broadcast_state()
         self._hook_handles = [p.register_post_accumulate_grad_hook(self._make_hook(i))
                               for i, p in enumerate(self._params)]
-        # The parameters keep their hooks; a wrapper that is dropped (the module wrapped again, say)
-        # takes them away, as torch's DDP does when its reducer goes.
-        weakref.finalize(self, _remove_hooks, list(self._hook_handles))
+        remove_when_collected(self, self._hook_handles)  # the module may be wrapped again
 
     # Public interface ----------------------------------------------------------------------------
 
@@ -243,13 +236,7 @@ class DistributedDataParallel(torch.nn.Module):
     # Backward ------------------------------------------------------------------------------------
 
     def _make_hook(self, index):
-        wrapper = weakref.ref(self)  # a parameter's hook must not keep the wrapper alive
-
-        def hook(param):
-            live = wrapper()
-            if live is not None:
-                live._on_grad_ready(index)
-        return hook
+        return weak_hook(self, "_on_grad_ready", index)
 
     def _reset_iteration(self):
         self._ready = [False] * len(self._params)

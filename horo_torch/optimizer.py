@@ -20,6 +20,7 @@ import torch
 
 from horo_core.errors import HoroUnsupportedError
 from horo_core.process_sets import global_process_set
+from horo_torch._weak_hooks import remove_when_collected, weak_hook
 from horo_torch.compression import Compression
 from horo_torch.functions import broadcast_object, sparse_allreduce_async
 from horo_torch.mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allreduce_async_, grouped_allreduce_async_,
@@ -57,11 +58,6 @@ def _split_evenly(items, parts):
 
 def _first_rank(process_set):
     return 0 if process_set.process_set_id == 0 else min(process_set.ranks)
-
-
-def _remove_hooks(handles):
-    for handle in handles:
-        handle.remove()
 
 
 class _DistributedOptimizer:
@@ -124,9 +120,7 @@ class _DistributedOptimizer:
                 accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
                 accumulator.register_hook(self._make_hook(p))
                 self._hook_handles.append(accumulator)  # keeps the node (and its hook) alive
-        # The parameters keep their hooks; a wrapper that is dropped (to wrap the model again, with
-        # another optimizer, say) takes them away, as Horovod's vanish with its gradient accumulators.
-        weakref.finalize(self, _remove_hooks, removable)
+        remove_when_collected(self, removable)  # the model may be wrapped again, with another optimizer
 
     def _form_groups(self, params):
         if isinstance(self._groups, int):
@@ -142,13 +136,7 @@ class _DistributedOptimizer:
         return units
 
     def _make_hook(self, p):
-        optimizer = weakref.ref(self)  # a parameter's hook must not keep the wrapper alive
-
-        def hook(*unused):
-            live = optimizer()
-            if live is not None:
-                live._gradient_ready(p)
-        return hook
+        return weak_hook(self, "_gradient_ready", p)
 
     def _gradient_ready(self, p):
         if self._allreduce_delay[p] <= 0:

@@ -83,3 +83,15 @@ def test_tight_loop_reports_what_a_call_costs():
         "switches"], proc.stdout
     # Every call takes a round at least (test_caller_progress.py checks that it takes about one).
     assert float(words[5]) >= 0.99, proc.stdout
+
+
+def test_small_call_cost_checks_every_pattern_under_mpirun():
+    """The benchmark relaunches itself under mpirun and checks each pattern's sum before timing."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HORO_", "HOROVOD_"))}
+    bench = os.path.join(ROOT, "examples", "benchmarks", "small_call_cost.py")
+    proc = subprocess.run([sys.executable, bench, "-np", "2", "--calls", "200", "--blocks", "2", "--extra-us", "1"],
+                          env=env, text=True, capture_output=True, stdin=subprocess.DEVNULL, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [line.split("|")[1].strip() for line in proc.stdout.splitlines() if line.startswith("| ")]
+    assert rows == ["pattern", "horo", "mpi", "mpi+work", "exchange", "doubling"], proc.stdout
+    assert "2 ranks, 4 B, extra work 1 us, pin none" in proc.stdout, proc.stdout

@@ -578,8 +578,40 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     return _allgather_async(list(tensors), name, process_set, "grouped_allgather")
 
 
+class HorovodGroupedAllgather(torch.autograd.Function):
+    """Grouped allgather; each gradient is the grouped, averaged allreduce of the gradients, sliced
+    to this rank's rows."""
+
+    @staticmethod
+    def forward(ctx, name, process_set, *tensors):
+        outputs = _now(grouped_allgather_async, tensors, name, process_set)  # the core rejects scalars first
+        ctx.dims, ctx.process_set = [t.shape[0] for t in tensors], process_set
+        return tuple(outputs)
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        grads = grouped_allreduce(list(grad_outputs), op=Average, process_set=ctx.process_set)
+        # Row r: rank r's first dimension of every tensor of the group.
+        dims = allgather(torch.tensor([ctx.dims], dtype=torch.int64), process_set=ctx.process_set)
+        offsets = dims[:ctx.process_set.rank()].sum(0).tolist()
+        return (None, None, *[g.narrow(0, offset, dim) for g, offset, dim in zip(grads, offsets, ctx.dims)])
+
+
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
-    """Allgathers a list of tensors as one group; returns a list."""
+    """Allgathers a list of tensors as one group; differentiable.
+
+    Args:
+        tensors: tensors of rank >= 1; dimension 0 may differ per rank.
+        name: operation name.
+        process_set: the ranks taking part.
+    Returns:
+        A list of tensors, each with dimension 0 summed over ranks.
+    Raises:
+        ValueError: invalid arguments. HorovodInternalError: the collective failed.
+    """
+    tensors = list(tensors)
+    if _records_graph(tensors):
+        return list(HorovodGroupedAllgather.apply(name, process_set, *tensors))
     return _now(grouped_allgather_async, tensors, name, process_set)
 
 
@@ -792,12 +824,49 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
                                 "grouped_reducescatter")
 
 
+class HorovodGroupedReducescatter(torch.autograd.Function):
+    """Grouped reducescatter; the gradients are the grouped allgather of the gradients, scaled like
+    the forward."""
+
+    @staticmethod
+    def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, *tensors):
+        ctx.op, ctx.process_set, ctx.scale = op, process_set, prescale_factor * postscale_factor
+        return tuple(_now(grouped_reducescatter_async, tensors, name, op, process_set, prescale_factor,
+                          postscale_factor))
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        grads = grouped_allgather(list(grad_outputs), process_set=ctx.process_set)
+        scale = ctx.scale / (ctx.process_set.size() if ctx.op == Average else 1)
+        if scale != 1.0:
+            grads = [g * scale for g in grads]
+        return (None, None, None, None, None, *grads)
+
+
 def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
                           process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
-    """Reducescatters a list of tensors as one group; returns a list."""
+    """Reducescatters a list of tensors as one group; differentiable.
+
+    Args:
+        tensors: each the same shape on every rank, rank >= 1.
+        name: operation name.
+        compression: the dtype the data travels in.
+        op: Average (default), Sum, Min, Max or Product.
+        process_set: the ranks taking part.
+        prescale_factor, postscale_factor: scale before and after the reduction.
+    Returns:
+        A list: this rank's rows of each reduced tensor.
+    Raises:
+        ValueError: invalid arguments. HorovodInternalError: the collective failed.
+    """
     pairs = [compression.compress(t) for t in tensors]
-    outs = synchronize(grouped_reducescatter_async([p[0] for p in pairs], name, op, process_set, prescale_factor,
-                                                   postscale_factor))
+    compressed = [p[0] for p in pairs]
+    if _records_graph(compressed):
+        outs = HorovodGroupedReducescatter.apply(name, op, process_set, prescale_factor, postscale_factor,
+                                                 *compressed)
+    else:
+        outs = synchronize(grouped_reducescatter_async(compressed, name, op, process_set, prescale_factor,
+                                                       postscale_factor))
     return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
 
 

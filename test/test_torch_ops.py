@@ -662,6 +662,14 @@ def check_autograd(hvd, c, env):
     mean_w = sum(weight(s, gathered) for s in range(n)) / n
     c.equal("allgather grad", grad_of(lambda t: hvd.allgather(t), xg),
             mean_w[sum(rows[:r]):sum(rows[:r + 1])])
+    # grouped_allgather: each member as allgather alone, with its own rows per rank.
+    rows2 = [s % 3 + 1 for s in range(n)]
+    xgs = [xg.clone().requires_grad_(True), torch.full((rows2[r],), float(r), dtype=torch.float64, requires_grad=True)]
+    ygs = hvd.grouped_allgather(xgs)
+    sum(((y * weight(r, y.shape)).sum() for y in ygs)).backward()
+    c.equal("grouped_allgather grad [0]", xgs[0].grad, mean_w[sum(rows[:r]):sum(rows[:r + 1])])
+    mean_w2 = sum(weight(s, (sum(rows2),)) for s in range(n)) / n
+    c.equal("grouped_allgather grad [1]", xgs[1].grad, mean_w2[sum(rows2[:r]):sum(rows2[:r + 1])])
     # broadcast: the root gets the averaged gradient, the others zeros.
     for root in sorted({0, n - 1}):
         want = sum_w / n if r == root else torch.zeros(shape, dtype=torch.float64)
@@ -692,6 +700,16 @@ def check_autograd(hvd, c, env):
                 cat_w * 2)
         got = grad_of(lambda t: hvd.reducescatter(t), xr * n)
         c.equal(f"reducescatter Average grad {rows_total}", got, cat_w * (1.0 / n))
+    # grouped_reducescatter: each member as reducescatter alone.
+    xrs = [torch.ones(n, 2, dtype=torch.float64, requires_grad=True),
+           torch.ones(2 * n + 1, dtype=torch.float64, requires_grad=True)]
+    yrs = hvd.grouped_reducescatter(xrs, prescale_factor=4.0, postscale_factor=0.5)
+    sum(((y * weight(r, y.shape)).sum() for y in yrs)).backward()
+    parts = [rows_of(2 * n + 1, n, s)[1] for s in range(n)]
+    c.equal("grouped_reducescatter Average scaled grad [0]", xrs[0].grad,
+            torch.cat([weight(s, (1, 2)) for s in range(n)]) * (2.0 / n))
+    c.equal("grouped_reducescatter Average scaled grad [1]", xrs[1].grad,
+            torch.cat([weight(s, (parts[s],)) for s in range(n)]) * (2.0 / n))
 
 
 GROUPS = [check_topology, check_allreduce_matrix, check_noncontiguous, check_scales_and_compression,

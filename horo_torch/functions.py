@@ -276,4 +276,5 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
         return torch.sparse_coo_tensor(indices.t(), values, tensor.shape, dtype=tensor.dtype, device=tensor.device,
                                        check_invariants=True)
 
+    wait.handles = (indices_handle, values_handle)  # for whoever must abandon the wait (mpi_ops.abandon)
     return wait

@@ -8,6 +8,7 @@ allreduce is an allreduce, of an allgather an averaged allreduce sliced to this 
 broadcast an averaged allreduce kept on the root, of an alltoall the reverse alltoall, and of a
 reducescatter an allgather.
 """
+import collections
 import itertools
 import threading
 
@@ -46,6 +47,38 @@ class _Pending:
 _handle_map = {}
 _handle_ids = itertools.count(1)
 _handle_lock = threading.Lock()
+# Handles that nobody will synchronize (their owner was collected; see abandon), released by a
+# later _register once their operations complete. A deque: appending takes no lock, so a finalizer
+# may do it while this thread holds _handle_lock.
+_abandoned = collections.deque()
+
+
+def abandon(handles):
+    """Lets go of handles that will never be synchronized, e.g. those of a DistributedOptimizer
+    collected between backward() and step(). Their entries (and the tensors they keep) stay until the
+    operations complete, since the core may still write into those tensors, and are then released
+    when a later asynchronous operation starts (every training step starts some). Safe to call from
+    a finalizer."""
+    _abandoned.extend(handles)
+
+
+def _release_abandoned():
+    for _ in range(len(_abandoned)):
+        handle = _abandoned.popleft()
+        pending = _handle_map.get(handle)
+        if pending is None:
+            continue
+        try:
+            done = all(pending.runtime.poll(h) for h in pending.core_handles)
+        except Exception:  # the runtime is gone: synchronize below only drops the entry
+            done = True
+        if not done:
+            _abandoned.append(handle)
+            continue
+        try:
+            synchronize(handle)
+        except Exception:  # noqa: BLE001 - nobody waits for this result, nor for its error
+            pass
 
 
 def _dtype_code(tensor, name):
@@ -175,6 +208,8 @@ def _records_graph(tensors):
 
 
 def _register(runtime, core_handles, keep, finish, staging=None, needs_result=True):
+    if _abandoned:
+        _release_abandoned()
     with _handle_lock:
         handle = next(_handle_ids)
         _handle_map[handle] = _Pending(runtime, core_handles, keep, finish, staging, needs_result)

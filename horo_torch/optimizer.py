@@ -23,8 +23,8 @@ from horo_core.process_sets import global_process_set
 from horo_torch._weak_hooks import remove_when_collected, weak_hook
 from horo_torch.compression import Compression
 from horo_torch.functions import broadcast_object, sparse_allreduce_async
-from horo_torch.mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allreduce_async_, grouped_allreduce_async_,
-                                synchronize)
+from horo_torch.mpi_ops import (Adasum, Average, Max, Min, Product, Sum, abandon, allreduce_async_,
+                                grouped_allreduce_async_, synchronize)
 
 _OP_NAMES = {Average: "Average", Sum: "Sum", Min: "Min", Max: "Max", Product: "Product", Adasum: "Adasum"}
 
@@ -42,6 +42,14 @@ class _Submitted:
 
     def __init__(self, handle, params, contexts, sparse):
         self.handle, self.params, self.contexts, self.sparse = handle, params, contexts, sparse
+
+
+def _abandon_in_flight(submitted_by_unit):
+    """Hands the reductions a collected optimizer left in flight to mpi_ops.abandon."""
+    handles = []
+    for submitted in submitted_by_unit.values():
+        handles.extend(submitted.handle.handles if submitted.sparse else [submitted.handle])
+    abandon(handles)
 
 
 def _split_evenly(items, parts):
@@ -121,6 +129,8 @@ class _DistributedOptimizer:
                 accumulator.register_hook(self._make_hook(p))
                 self._hook_handles.append(accumulator)  # keeps the node (and its hook) alive
         remove_when_collected(self, removable)  # the model may be wrapped again, with another optimizer
+        # Dropped between backward() and step(), it leaves reductions in flight: their handles are let go.
+        weakref.finalize(self, _abandon_in_flight, self._handles)
 
     def _form_groups(self, params):
         if isinstance(self._groups, int):

@@ -291,6 +291,26 @@ def run_behaviour(size, rank):
         opt.zero_grad()
     report["wrapped again"] = model.weight.tolist()
 
+    # Dropped between backward() and step(): its reductions in flight are let go once they complete,
+    # with the gradients they hold, when the next operation starts.
+    import weakref
+    from horo_torch import mpi_ops
+    before = set(mpi_ops._handle_map)
+    dropped = torch.nn.Linear(2, 1, bias=False)
+    opt_dropped = hvd.DistributedOptimizer(torch.optim.SGD(dropped.parameters(), lr=1.0),
+                                           named_parameters=dropped.named_parameters(), op=hvd.Sum)
+    dropped(torch.ones(1, 2)).sum().backward()
+    in_flight = set(mpi_ops._handle_map) - before
+    grad = weakref.ref(dropped.weight.grad)
+    del opt_dropped
+    gc.collect()
+    dropped.weight.grad = None
+    for handle in in_flight:
+        while not mpi_ops.poll(handle):
+            pass
+    hvd.synchronize(hvd.allreduce_async(torch.ones(1), name="after.dropped"))
+    report["dropped in flight"] = (len(in_flight), bool(in_flight & set(mpi_ops._handle_map)), grad() is None)
+
     # A parameter no rank uses still gets a (zero) gradient and nobody waits for it.
     model = Net(branches=True)
     opt = hvd.DistributedOptimizer(sgd(model.parameters()), named_parameters=model.named_parameters())
@@ -422,6 +442,7 @@ def test_distributed_optimizer_behaves_as_horovods(two_rank_reports):
         assert b["scheduler made before wrapping"] == ([[-4.5, -4.5]], 0.25, [])
         assert b["wrapped again"] == [[-10.5, -10.5]], "two more steps of lr 1 on the summed gradient 3"
         assert b["hooks with the wrapper, after it is dropped"] == (1, 0)
+        assert b["dropped in flight"] == (1, False, True), "released after the next operation, gradient freed"
         assert b["unused everywhere"] == ([0.0, 0.0, 0.0], True), "zeros for the unused, the other rank's head reduced"
         assert b["load_state_dict"] == (True, True)
         is_sparse, difference = b["sparse gradient missing on rank 1"]

@@ -47,16 +47,24 @@ def parse_args():
     p.add_argument("--blocks", type=int, default=3, help="timed blocks per pattern (default 3)")
     p.add_argument("--extra-us", type=float, default=4.0,
                    help="busy work per call for mpi+work and the hand-made patterns (default 4)")
-    p.add_argument("--patterns", default=",".join(_PATTERNS), help=f"subset of {','.join(_PATTERNS)}")
+    p.add_argument("--patterns", default=None,
+                   help=f"subset of {','.join(_PATTERNS)} (default: all; doubling only on a power-of-2 number of ranks)")
     p.add_argument("--pin", choices=("none", "rank-mod", "rank-div", "one-core"), default="none",
                    help="CPU of each rank, set before init: none (the default), rank %% cpus, "
                         "rank * cpus // n (ranks 0 and 1 share a CPU on 2 CPUs), or all on the first")
     args = p.parse_args()
-    args.patterns = [x for x in args.patterns.split(",") if x]
+    args.chosen = args.patterns is not None
+    args.patterns = [x for x in (args.patterns or ",".join(_PATTERNS)).split(",") if x]
     unknown = set(args.patterns) - set(_PATTERNS)
     if unknown or args.bytes <= 0 or args.bytes % 4:
         p.error(f"unknown patterns {sorted(unknown)}" if unknown else "--bytes must be a positive multiple of 4")
+    if args.chosen and "doubling" in args.patterns and args.np & (args.np - 1) and not launched():
+        p.error(f"doubling needs a power-of-2 number of ranks, not -np {args.np}")
     return args
+
+
+def launched():
+    return any(v in os.environ for v in _LAUNCHER_VARS)
 
 
 def relaunch(args):
@@ -119,9 +127,12 @@ def make_patterns(args, hvd, torch, MPI, comm):
             mask <<= 1
 
     table = {"horo": horo, "mpi": mpi, "mpi+work": mpi_work, "exchange": exchange, "doubling": doubling}
-    if "doubling" in args.patterns and n & (n - 1):
-        sys.exit("small_call_cost: doubling needs a power-of-2 number of ranks")
-    return t, {name: table[name] for name in args.patterns}
+    names = args.patterns
+    if n & (n - 1) and "doubling" in names:
+        if args.chosen:
+            sys.exit(f"small_call_cost: doubling needs a power-of-2 number of ranks, not {n}")
+        names = [name for name in names if name != "doubling"]
+    return t, {name: table[name] for name in names}
 
 
 def thread_usage():
@@ -131,7 +142,7 @@ def thread_usage():
 
 def main():
     args = parse_args()
-    if not any(v in os.environ for v in _LAUNCHER_VARS):
+    if not launched():
         sys.exit(relaunch(args))
     from mpi4py import MPI
     comm = MPI.COMM_WORLD

@@ -47,37 +47,57 @@ class _Pending:
 _handle_map = {}
 _handle_ids = itertools.count(1)
 _handle_lock = threading.Lock()
-# Handles that nobody will synchronize (their owner was collected; see abandon), released by a
-# later _register once their operations complete. A deque: appending takes no lock, so a finalizer
-# may do it while this thread holds _handle_lock.
+# Handles that nobody will synchronize (their owner was collected; see abandon), discarded by a later
+# _register or synchronize once their operations complete. A deque: appending takes no lock, so a
+# finalizer may do it while this thread holds _handle_lock.
 _abandoned = collections.deque()
 
 
 def abandon(handles):
     """Lets go of handles that will never be synchronized, e.g. those of a DistributedOptimizer
     collected between backward() and step(). Their entries (and the tensors they keep) stay until the
-    operations complete, since the core may still write into those tensors, and are then released
-    when a later asynchronous operation starts (every training step starts some). Safe to call from
-    a finalizer."""
+    operations complete, since the core may still write into those tensors; they are then discarded,
+    without finishing, when a later asynchronous operation starts or a handle is synchronized (every
+    training step does both). Safe to call from a finalizer."""
     _abandoned.extend(handles)
 
 
 def _release_abandoned():
+    """Discards the abandoned handles whose operations have completed; never raises (it runs beside
+    other operations, which must not fail for it)."""
     for _ in range(len(_abandoned)):
-        handle = _abandoned.popleft()
+        try:
+            handle = _abandoned.popleft()
+        except IndexError:  # another thread took the rest
+            return
         pending = _handle_map.get(handle)
         if pending is None:
             continue
         try:
             done = all(pending.runtime.poll(h) for h in pending.core_handles)
-        except Exception:  # the runtime is gone: synchronize below only drops the entry
+        except Exception:  # noqa: BLE001 - the runtime is gone: only the entry is left to drop
             done = True
         if not done:
             _abandoned.append(handle)
             continue
+        with _handle_lock:
+            pending = _handle_map.pop(handle, None)
+        if pending is not None:
+            _discard(pending)
+
+
+def _discard(pending):
+    """Releases a completed operation's core handles and staging buffers; its results, and its
+    error if it failed, are nobody's."""
+    for h in pending.core_handles:
         try:
-            synchronize(handle)
-        except Exception:  # noqa: BLE001 - nobody waits for this result, nor for its error
+            pending.runtime.release(h)
+        except Exception:  # noqa: BLE001 - after shutdown the handles are gone already
+            pass
+    if pending.staging is not None:
+        try:
+            pending.staging.done()
+        except Exception:  # noqa: BLE001
             pass
 
 
@@ -208,11 +228,11 @@ def _records_graph(tensors):
 
 
 def _register(runtime, core_handles, keep, finish, staging=None, needs_result=True):
-    if _abandoned:
-        _release_abandoned()
     with _handle_lock:
         handle = next(_handle_ids)
         _handle_map[handle] = _Pending(runtime, core_handles, keep, finish, staging, needs_result)
+    if _abandoned:  # after the new entry is safe in the map
+        _release_abandoned()
     return handle
 
 
@@ -270,6 +290,8 @@ def synchronize(handle):
     """
     with _handle_lock:
         pending = _handle_map.pop(handle, None)
+    if _abandoned:
+        _release_abandoned()
     if pending is None:
         return None
     rt = pending.runtime

@@ -663,7 +663,7 @@ def check_autograd(hvd, c, env):
     c.equal("allgather grad", grad_of(lambda t: hvd.allgather(t), xg),
             mean_w[sum(rows[:r]):sum(rows[:r + 1])])
     # grouped_allgather: each member as allgather alone, with its own rows per rank.
-    rows2 = [s % 3 + 1 for s in range(n)]
+    rows2 = [(n - s) % 3 + 1 for s in range(n)]  # offsets unlike rows' from 2 ranks on
     xgs = [xg.clone().requires_grad_(True), torch.full((rows2[r],), float(r), dtype=torch.float64, requires_grad=True)]
     ygs = hvd.grouped_allgather(xgs)
     sum(((y * weight(r, y.shape)).sum() for y in ygs)).backward()

@@ -291,25 +291,40 @@ def run_behaviour(size, rank):
         opt.zero_grad()
     report["wrapped again"] = model.weight.tolist()
 
-    # Dropped between backward() and step(): its reductions in flight are let go once they complete,
-    # with the gradients they hold, when the next operation starts.
+    # Dropped between backward() and step(): its reduction in flight is let go once it completes,
+    # with the gradient it holds. Rank 1 computes its gradient only after rank 0 has dropped its
+    # optimizer and looked: until then the reduction cannot complete, and nothing may be released.
+    import time
     import weakref
     from horo_torch import mpi_ops
     before = set(mpi_ops._handle_map)
     dropped = torch.nn.Linear(2, 1, bias=False)
     opt_dropped = hvd.DistributedOptimizer(torch.optim.SGD(dropped.parameters(), lr=1.0),
                                            named_parameters=dropped.named_parameters(), op=hvd.Sum)
-    dropped(torch.ones(1, 2)).sum().backward()
-    in_flight = set(mpi_ops._handle_map) - before
-    grad = weakref.ref(dropped.weight.grad)
-    del opt_dropped
-    gc.collect()
-    dropped.weight.grad = None
+
+    def backward_and_drop():
+        nonlocal opt_dropped
+        dropped(torch.ones(1, 2)).sum().backward()
+        grad = weakref.ref(dropped.weight.grad)
+        opt_dropped = None
+        gc.collect()
+        dropped.weight.grad = None
+        return set(mpi_ops._handle_map) - before, grad
+
+    held = None
+    if rank == 0:
+        in_flight, grad = backward_and_drop()
+        mpi_ops._release_abandoned()  # what the next operation's start or synchronize does
+        held = (bool(in_flight <= set(mpi_ops._handle_map)), grad() is not None)
+    hvd.broadcast_object(None, root_rank=0, name="dropped.go")
+    if rank != 0:
+        in_flight, grad = backward_and_drop()
+    deadline = time.monotonic() + 60
     for handle in in_flight:
         while not mpi_ops.poll(handle):
-            pass
+            assert time.monotonic() < deadline, "the dropped optimizer's reduction never completed"
     hvd.synchronize(hvd.allreduce_async(torch.ones(1), name="after.dropped"))
-    report["dropped in flight"] = (len(in_flight), bool(in_flight & set(mpi_ops._handle_map)), grad() is None)
+    report["dropped in flight"] = (len(in_flight), held, bool(in_flight & set(mpi_ops._handle_map)), grad() is None)
 
     # A parameter no rank uses still gets a (zero) gradient and nobody waits for it.
     model = Net(branches=True)
@@ -442,7 +457,8 @@ def test_distributed_optimizer_behaves_as_horovods(two_rank_reports):
         assert b["scheduler made before wrapping"] == ([[-4.5, -4.5]], 0.25, [])
         assert b["wrapped again"] == [[-10.5, -10.5]], "two more steps of lr 1 on the summed gradient 3"
         assert b["hooks with the wrapper, after it is dropped"] == (1, 0)
-        assert b["dropped in flight"] == (1, False, True), "released after the next operation, gradient freed"
+        held = (True, True) if rank == 0 else None
+        assert b["dropped in flight"] == (1, held, False, True), "kept while in flight, then released and freed"
         assert b["unused everywhere"] == ([0.0, 0.0, 0.0], True), "zeros for the unused, the other rank's head reduced"
         assert b["load_state_dict"] == (True, True)
         is_sparse, difference = b["sparse gradient missing on rank 1"]

@@ -608,9 +608,15 @@ class HorovodAllgather(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         grad = allreduce(grad_output, op=Average, process_set=ctx.process_set)
-        dims = allgather(torch.tensor([ctx.dim], dtype=torch.int64), process_set=ctx.process_set)
-        offset = int(dims[:ctx.process_set.rank()].sum().item())
-        return grad.narrow(0, offset, ctx.dim), None, None
+        return _own_rows([grad], [ctx.dim], ctx.process_set)[0], None, None
+
+
+def _own_rows(gathered, my_dims, process_set):
+    """This rank's rows of each gathered tensor, given this rank's first dimension of each."""
+    # Row r: rank r's first dimensions.
+    dims = allgather(torch.tensor([my_dims], dtype=torch.int64), process_set=process_set)
+    offsets = dims[:process_set.rank()].sum(0).tolist()
+    return [g.narrow(0, offset, dim) for g, offset, dim in zip(gathered, offsets, my_dims)]
 
 
 def allgather(tensor, name=None, process_set=global_process_set):
@@ -648,10 +654,7 @@ class HorovodGroupedAllgather(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grad_outputs):
         grads = grouped_allreduce(list(grad_outputs), op=Average, process_set=ctx.process_set)
-        # Row r: rank r's first dimension of every tensor of the group.
-        dims = allgather(torch.tensor([ctx.dims], dtype=torch.int64), process_set=ctx.process_set)
-        offsets = dims[:ctx.process_set.rank()].sum(0).tolist()
-        return (None, None, *[g.narrow(0, offset, dim) for g, offset, dim in zip(grads, offsets, ctx.dims)])
+        return (None, None, *_own_rows(grads, ctx.dims, ctx.process_set))
 
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
@@ -905,16 +908,11 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
     """Reducescatters a list of tensors as one group; differentiable.
 
     Args:
-        tensors: each the same shape on every rank, rank >= 1.
-        name: operation name.
-        compression: the dtype the data travels in.
-        op: Average (default), Sum, Min, Max or Product.
-        process_set: the ranks taking part.
-        prescale_factor, postscale_factor: scale before and after the reduction.
+        tensors: each as reducescatter's tensor; the other arguments as reducescatter's.
     Returns:
         A list: this rank's rows of each reduced tensor.
     Raises:
-        ValueError: invalid arguments. HorovodInternalError: the collective failed.
+        As reducescatter.
     """
     pairs = [compression.compress(t) for t in tensors]
     compressed = [p[0] for p in pairs]

@@ -207,9 +207,10 @@ def test_ranks_sharing_a_core_agree_one_round_per_call(np_, tmp_path):
     blocks, calls, pair_calls = 8, 300, 200
     env = {"HORO_PEER_TIMEOUT_SECONDS": "60", "HORO_DYNAMIC_PROCESS_SETS": "1"}
     # Measured: 1.0-1.2 rounds per call on a quiet core, up to 1.7 in a block shared with two busy
-    # processes, 1.8-1.9 in every block of a job that ran beside another test suite on both cores;
-    # 2.0 in every block with the answer sent at once. A job whose every block was crowded out is
-    # run again (at most three jobs): the old behaviour fails all three.
+    # processes, 1.8-1.9 in every block of a job that ran beside another test suite on both cores,
+    # 1.33-1.44 in every block of three jobs on a contended host (CI from a fresh clone, nothing
+    # else running); 2.0 in every block with the answer sent at once. A job whose every block was
+    # crowded out is run again (at most three jobs): the old behaviour fails all three.
     for attempt in range(3):
         done_file = str(tmp_path / f"pair_done.{attempt}")
         reports = horo_runner.run(_shared_core_job, args=(blocks, calls, pair_calls, done_file),
@@ -218,7 +219,7 @@ def test_ranks_sharing_a_core_agree_one_round_per_call(np_, tmp_path):
             assert failures == [], f"rank {rank}: {failures[:5]}"
             assert caller_passes > 0, f"rank {rank}: callers ran no pass"
             assert all(r >= calls for r in rounds), f"rank {rank}: {rounds} rounds for blocks of {calls} calls"
-        crowded = [(rank, rounds) for rank, (_, rounds, _, _) in enumerate(reports) if min(rounds) > 1.3 * calls]
+        crowded = [(rank, rounds) for rank, (_, rounds, _, _) in enumerate(reports) if min(rounds) > 1.5 * calls]
         if not crowded:
             break
     assert not crowded, f"(rank, rounds per block of {calls} calls) in three jobs, the last: {crowded}"
@@ -277,12 +278,19 @@ def test_waiting_callers_poll_when_each_rank_has_a_core():
     call: measured 0.08-0.21 yields per call, 1.05-1.26 without the poll."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs two CPUs, one per rank")
-    per_rank, calls = _run_poll_job(2, "own")
-    # The rank that usually arrives second seldom waits, and may have stopped polling.
-    assert sum(polls for blocks in per_rank for polls, _ in blocks) > 0, f"no rank polled: {per_rank}"
-    for rank, blocks in enumerate(per_rank):
-        # The best block: another job on the machine can spoil some of them, not all.
-        assert min(yields for _, yields in blocks) <= 0.6 * calls, f"rank {rank}: {blocks} (polls, yields)"
+    # A job whose every block was spoiled (the host took a CPU away from the guest, or another job
+    # ran on it; seen on a contended host: the best block at 0.96 yields per call) is run again, at
+    # most three jobs: without the poll every job fails.
+    for attempt in range(3):
+        per_rank, calls = _run_poll_job(2, "own")
+        # The rank that usually arrives second seldom waits, and may have stopped polling.
+        assert sum(polls for blocks in per_rank for polls, _ in blocks) > 0, f"no rank polled: {per_rank}"
+        # The best block of each rank: another job on the machine can spoil some of them, not all.
+        spoiled = [(rank, blocks) for rank, blocks in enumerate(per_rank)
+                   if min(yields for _, yields in blocks) > 0.6 * calls]
+        if not spoiled:
+            break
+    assert not spoiled, f"(rank, (polls, yields) per block of {calls} calls) in three jobs, the last: {spoiled}"
 
 
 def test_waiting_callers_stop_polling_on_a_shared_core():

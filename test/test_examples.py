@@ -95,3 +95,22 @@ def test_small_call_cost_checks_every_pattern_under_mpirun():
     rows = [line.split("|")[1].strip() for line in proc.stdout.splitlines() if line.startswith("| ")]
     assert rows == ["pattern", "horo", "mpi", "mpi+work", "exchange", "doubling"], proc.stdout
     assert "2 ranks, 4 B, extra work 1 us, pin none" in proc.stdout, proc.stdout
+
+
+def test_pytorch_synthetic_benchmark_reports_ratios_and_checks_replicas():
+    """A tiny model through all three modes: the table, both ceiling ratios, and the end-of-job check
+    that Horo's and DDP's replicas agree on every rank."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HORO_", "HOROVOD_"))}
+    bench = os.path.join(ROOT, "examples", "pytorch", "pytorch_synthetic_benchmark.py")
+    proc = subprocess.run([sys.executable, "-m", "horo_runner.launch", "-np", "2", sys.executable, bench,
+                           "--width", "32", "--layers", "3", "--num-warmup", "1", "--num-iters", "2", "--repeats", "2"],
+                          env=env, text=True, capture_output=True, stdin=subprocess.DEVNULL, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = [line.split(":", 1)[1] for line in proc.stdout.splitlines() if line.startswith("[0]<stdout>:")]
+    modes = ("compute only", "horo", "ddp (gloo)")
+    rows = {line[:14].strip(): line[14:].split() for line in out if line[:14].strip() in modes}
+    assert sorted(rows) == ["compute only", "ddp (gloo)", "horo"], proc.stdout
+    assert all(len(v) == 3 and all(float(x) > 0 for x in v) for v in rows.values()), rows  # median + 2 runs
+    paired = [line for line in out if line.startswith("horo / ceiling per repeat: ")]
+    assert len(paired) == 1 and paired[0].count("(median ") == 1, proc.stdout
+    assert "parameters agree across ranks: horo, ddp (gloo)" in out, proc.stdout

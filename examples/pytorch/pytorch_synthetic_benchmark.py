@@ -6,7 +6,10 @@ same model, data and ranks, plus the compute-only ceiling (the same steps with n
 The model is a stack of square Linear layers (default 48 x 720: about 25M parameters in 96
 tensors). Every mode runs the same number of timed steps after warm-up; the modes take turns in
 each repeat so that drift on a shared machine hits them alike. Reported: samples/s of the whole job
-(median over repeats), and the ratios Horo/DDP and Horo/ceiling.
+(median over repeats), the ratios Horo/DDP and Horo/ceiling of those medians, and Horo/ceiling per
+repeat (the two measurements of one repeat are next to each other in time) with its median. At the
+end the job checks that the modes that synchronise (Horo, DDP) left the same parameters on every
+rank.
 """
 import argparse
 import os
@@ -132,9 +135,27 @@ def main():
             print(f"{name:<14} {median[name]:>19.1f}   " + " ".join(f"{x:.1f}" for x in v))
         horo = median["horo"]
         print(f"horo / compute-only ceiling: {horo / median['compute only']:.2f}")
+        paired = [h / c for h, c in zip(results["horo"], results["compute only"])]
+        print(f"horo / ceiling per repeat: {' '.join(f'{x:.2f}' for x in paired)} "
+              f"(median {statistics.median(paired):.2f})")
         if "ddp (gloo)" in median:
             print(f"horo / ddp: {horo / median['ddp (gloo)']:.2f}")
+    for mode in modes[1:]:
+        check_replicas_agree(mode)
+    if hvd.rank() == 0:
+        print("parameters agree across ranks: " + ", ".join(m.name for m in modes[1:]))
     hvd.shutdown()
+
+
+def check_replicas_agree(mode):
+    """Synchronous data parallelism keeps one model: every rank's parameters must be bitwise those
+    of rank 0 after training (the compute-only ceiling trains each rank on its own)."""
+    mine = torch.cat([p.detach().reshape(-1) for p in mode.model.parameters()])
+    root = hvd.broadcast(mine, root_rank=0, name=f"check.{mode.name}")
+    differ = hvd.allgather(torch.tensor([int((mine != root).sum())]), name=f"check.{mode.name}.differ").tolist()
+    if any(differ):
+        ranks = ", ".join(f"rank {r}: {n}" for r, n in enumerate(differ) if n)
+        raise SystemExit(f"{mode.name}: parameters differ from rank 0's ({ranks} of {mine.numel()})")
 
 
 if __name__ == "__main__":

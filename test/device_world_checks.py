@@ -4,23 +4,26 @@ Run by test_device_executor.py in a subprocess whose LD_LIBRARY_PATH finds the s
 libcuda.so.1 (test/device_doubles/fake_cuda.c: "device memory" is host memory); argv[1] is the
 stand-in NCCL. Exercises what a GPU run would, except the GPU: the per-set decision (shared GPU or
 NCCL missing: staged by the core; own GPUs and NCCL: NCCL), communicator creation with the id
-sent over Horo's transport, fused responses as one NCCL group, dtypes NCCL lacks staged, the
-ready event waited on, and the errors. Exits non-zero with the failing check's message.
+sent over Horo's transport, fused responses as one NCCL group, dtypes NCCL lacks staged (bfloat16
+before NCCL 2.10), members with different NCCL versions staged, the ready event waited on, the
+errors, and a communicator aborted when NCCL reports an error or a collective never finishes.
+Exits non-zero with the failing check's message.
 """
 import ctypes
 import sys
+import threading
 
 from loopback_world import World
 
 from horo_core._binding import lib
-from horo_core.errors import HoroInvalidArgument, HoroMismatchError, HoroUnsupportedError
+from horo_core.errors import (HoroInternalError, HoroInvalidArgument, HoroMismatchError, HoroTimeoutError,
+                              HoroUnsupportedError)
 from horo_core.runtime import TensorSpec
 
 NCCL_PATH = sys.argv[1]
 fake_nccl = ctypes.CDLL(NCCL_PATH)
 fake_cuda = ctypes.CDLL("libcuda.so.1")
-CTYPES = {lib.HORO_FLOAT32: ctypes.c_float, lib.HORO_INT16: ctypes.c_int16, lib.HORO_BOOL: ctypes.c_uint8,
-          lib.HORO_INT64: ctypes.c_int64}
+fake_nccl.fake_nccl_set_version.argtypes = [ctypes.c_int]
 checks = 0
 
 
@@ -99,6 +102,67 @@ def collectives(ordinal_of, enable_nccl, tag):
         return [a - b for a, b in zip(after, before)]
 
 
+def staged_when_versions_say_so():
+    """bfloat16 needs NCCL 2.10; members whose NCCL versions differ must not share a communicator.
+    Either way every member stages, and the sum is still right."""
+    bf16 = {1.0: 0x3F80, 2.0: 0x4000, 3.0: 0x4040}
+    for versions, tag in (((20800, 20800), "NCCL 2.8: bfloat16 staged"),
+                          ((22907, 21803), "different NCCL versions: staged")):
+        with World(2) as world:
+            def body(rt):
+                r = rt.rank
+                fake_nccl.fake_nccl_set_version(versions[r])  # this thread's NCCL, read by enable_cuda
+                expect(f"{tag}: version", rt.enable_cuda(NCCL_PATH), versions[r])
+                h = (ctypes.c_uint16 * 4)(*[bf16[r + 1.0]] * 4)
+                run_op(rt, lib.HORO_ALLREDUCE, [spec("bf", h, lib.HORO_BFLOAT16, r)], reduce_op=lib.HORO_OP_SUM)
+                expect(f"{tag}: bfloat16 sum", list(h), [bf16[3.0]] * 4)
+                f = (ctypes.c_float * 3)(*[r + 1.0] * 3)
+                run_op(rt, lib.HORO_ALLREDUCE, [spec("f", f, lib.HORO_FLOAT32, r)], reduce_op=lib.HORO_OP_SUM)
+                expect(f"{tag}: float32 sum", list(f), [3.0] * 3)
+                return True
+            before = fake_nccl.fake_nccl_allreduce_calls()
+            world.run(body, timeout=60)
+            calls = fake_nccl.fake_nccl_allreduce_calls() - before
+        # float32 goes through NCCL when the versions agree; nothing does when they differ.
+        expect(f"{tag}: NCCL allreduces", calls, 2 if versions[0] == versions[1] else 0)
+
+
+def communicator_aborted_on_failure():
+    """An NCCL error, or a collective that never finishes, fails the tensor on every rank with an
+    error naming it, after the rank aborted its communicator (no kernel of it left queued)."""
+    cases = (("async error", 3, {}, HoroInternalError, "fake NCCL error"),
+             ("timeout", 0, {"HORO_PEER_TIMEOUT_SECONDS": "1"}, HoroTimeoutError, "did not finish within"))
+    for tag, async_error, env, error, text in cases:
+        fake_nccl.fake_nccl_reset_aborted()  # earlier worlds aborted theirs at teardown
+        both_warm = threading.Barrier(2)
+        with World(2, rank_env=lambda r: env) as world:
+            def body(rt):
+                r = rt.rank
+                rt.enable_cuda(NCCL_PATH)
+                a = (ctypes.c_float * 4)(*[r + 1.0] * 4)
+                run_op(rt, lib.HORO_ALLREDUCE, [spec("warm", a, lib.HORO_FLOAT32, r)])  # makes the communicator
+                expect(f"{tag}: nothing aborted while it works", fake_nccl.fake_nccl_aborted(r), 0)
+                if both_warm.wait() == 0:
+                    fake_nccl.fake_nccl_set_async_error(async_error)
+                    fake_cuda.fake_cuda_set_streams_busy(1)
+                both_warm.wait()
+                try:
+                    run_op(rt, lib.HORO_ALLREDUCE, [spec("stuck", a, lib.HORO_FLOAT32, r)])
+                    raise AssertionError(f"{tag}: the collective succeeded")
+                except error as exc:
+                    expect(f"{tag}: the error names the tensor and the cause",
+                           f"NCCL allreduce of tensor 'stuck' on rank {r}" in str(exc) and text in str(exc), True)
+                expect(f"{tag}: communicator aborted before the handle failed", fake_nccl.fake_nccl_aborted(r), 1)
+                return True
+            try:
+                world.run(body, timeout=60)
+            finally:
+                fake_nccl.fake_nccl_set_async_error(0)
+                fake_cuda.fake_cuda_set_streams_busy(0)
+        # Not aborted a second time at teardown (the aborted communicator was forgotten).
+        expect(f"{tag}: one abort per rank in all", [fake_nccl.fake_nccl_aborted(r) for r in range(2)], [1, 1])
+
+
 def main():
     # Two ranks on one GPU: NCCL is loaded but the core stages (NCCL refuses duplicate GPUs).
     calls, bcasts, groups, waits = collectives(lambda r: 0, True, "shared GPU")
@@ -137,6 +201,8 @@ def main():
                                             "rank 0 has CPU, rank 1 has GPU" in str(exc), True)
             return True
         world.run(errors, timeout=60)
+    staged_when_versions_say_so()
+    communicator_aborted_on_failure()
     print(f"device world checks passed: {checks}")
 
 

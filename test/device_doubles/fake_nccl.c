@@ -1,4 +1,5 @@
-/* A stand-in for libnccl.so.2 (tests only): reports version 2.29.7 and, for ranks that are
+/* A stand-in for libnccl.so.2 (tests only): reports version 2.29.7 (or what the calling thread set)
+ * and, for ranks that are
  * threads of one process, really reduces (float32, int32, int64, float64, int8/uint8 with sum,
  * prod, max, min) and broadcasts, by meeting in a shared slot per communicator. Each call blocks
  * until every rank made it, which matches how the core issues them (same order on every rank). */
@@ -24,12 +25,19 @@ static pthread_mutex_t registry_mu = PTHREAD_MUTEX_INITIALIZER;
 static Shared* registry[256];
 static int next_id = 1;
 static int allreduce_calls = 0, broadcast_calls = 0, groups = 0;
+static int aborted[64];         /* ncclCommAbort calls, by the communicator's rank */
+static int async_error = 0;     /* what ncclCommGetAsyncError reports (0: none) */
+static __thread int version = 22907;  /* per thread: ranks that are threads may differ */
 
 int fake_nccl_allreduce_calls(void) { return allreduce_calls; }
 int fake_nccl_broadcast_calls(void) { return broadcast_calls; }
 int fake_nccl_groups(void) { return groups; }
+int fake_nccl_aborted(int rank) { return rank >= 0 && rank < 64 ? __atomic_load_n(&aborted[rank], __ATOMIC_SEQ_CST) : 0; }
+void fake_nccl_reset_aborted(void) { memset(aborted, 0, sizeof(aborted)); }
+void fake_nccl_set_async_error(int r) { __atomic_store_n(&async_error, r, __ATOMIC_SEQ_CST); }
+void fake_nccl_set_version(int v) { version = v; }
 
-int ncclGetVersion(int* v) { *v = 22907; return 0; }
+int ncclGetVersion(int* v) { *v = version; return 0; }
 int ncclGetUniqueId(ncclUniqueId* id) {
   memset(id, 0, sizeof(*id));
   pthread_mutex_lock(&registry_mu);
@@ -56,8 +64,13 @@ int ncclCommInitRank(void** comm, int nranks, ncclUniqueId id, int rank) {
   *comm = c;
   return 0;
 }
-int ncclCommAbort(void* comm) { free(comm); return 0; }
-int ncclCommGetAsyncError(void* comm, int* r) { *r = 0; return 0; }
+int ncclCommAbort(void* comm) {
+  Comm* c = (Comm*)comm;
+  if (c != NULL && c->rank >= 0 && c->rank < 64) __atomic_add_fetch(&aborted[c->rank], 1, __ATOMIC_SEQ_CST);
+  free(comm);
+  return 0;
+}
+int ncclCommGetAsyncError(void* comm, int* r) { *r = __atomic_load_n(&async_error, __ATOMIC_SEQ_CST); return 0; }
 int ncclGroupStart(void) { __atomic_add_fetch(&groups, 1, __ATOMIC_SEQ_CST); return 0; }
 int ncclGroupEnd(void) { return 0; }
 const char* ncclGetErrorString(int r) { return "fake NCCL error"; }

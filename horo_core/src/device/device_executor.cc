@@ -121,19 +121,22 @@ Status DeviceExecutor::Decide(const CommGroup& group, int device, SetState* stat
   HORO_RETURN_IF_ERROR(Allgather(group, &mine, all.data(), std::vector<int64_t>(n, sizeof(Probe))));
   std::set<std::string> uuids;
   bool every_member_has_nccl = true;
+  bool one_version = true;
   for (const Probe& p : all) {
     uuids.insert(std::string(reinterpret_cast<const char*>(p.uuid), sizeof(p.uuid)));
     every_member_has_nccl = every_member_has_nccl && p.nccl_version > 0;
+    one_version = one_version && p.nccl_version == all.front().nccl_version;
   }
   const bool own_gpus = static_cast<int>(uuids.size()) == n;
   state->ranks = group.ranks;
   state->device = device;
-  state->use_nccl = every_member_has_nccl && own_gpus;
+  state->use_nccl = every_member_has_nccl && one_version && own_gpus;
+  state->nccl_version = state->use_nccl ? all.front().nccl_version : 0;
+  const char* why = !own_gpus                ? "members share a GPU"
+                    : !every_member_has_nccl ? "NCCL is not loaded on every member"
+                                             : "the members' NCCL versions differ";
   HORO_LOG(kInfo, rank_) << "CUDA collectives of a process set of " << n << " member(s) on device " << device << ": "
-                         << (state->use_nccl ? "NCCL"
-                                             : std::string("staged through host memory (") +
-                                                   (own_gpus ? "NCCL is not loaded on every member"
-                                                             : "members share a GPU") + ")");
+                         << (state->use_nccl ? std::string("NCCL") : std::string("staged through host memory (") + why + ")");
   if (!state->use_nccl) return Status::OK();
 
   IdMessage msg{};
@@ -203,13 +206,30 @@ Status DeviceExecutor::Run(const CommGroup& group, const Response& head, const s
     if (r != kCudaSuccess) return Status::Internal(cuda_.Describe("cuStreamWaitEvent", r) + " for " + Where(t.name));
   }
   int nccl_type = 0;
-  const bool nccl_can = head.op_type == OpType::kBroadcast || NcclTypeOf(head.dtype, &nccl_type);
+  const bool nccl_can =
+      head.op_type == OpType::kBroadcast ||
+      (NcclTypeOf(head.dtype, &nccl_type) &&
+       (head.dtype != DataType::kBFloat16 || state.nccl_version >= kNcclFirstBfloat16Version));
   if (state.use_nccl && nccl_can) return RunNccl(group, head, tensors, state, dev->stream);
   return RunStaged(group, head, tensors, dev->stream, host_allreduce);
 }
 
 Status DeviceExecutor::RunNccl(const CommGroup& group, const Response& head, const std::vector<DeviceTensor>& tensors,
                                SetState& state, CuStream stream) {
+  Status st = LaunchNccl(group, head, tensors, state, stream);
+  if (!st.ok()) {
+    // After an error or a timeout nothing can be assumed about what is queued on the communicator
+    // (NCCL's rule): abort it, so that no kernel of it stays on this executor's stream waiting for
+    // a peer, which would block whatever synchronises the device afterwards (torch.cuda.synchronize,
+    // the caching allocator's retry after running out of memory). The set decides afresh next time.
+    nccl_.ncclCommAbort(state.comm);
+    state = SetState();
+  }
+  return st;
+}
+
+Status DeviceExecutor::LaunchNccl(const CommGroup& group, const Response& head,
+                                  const std::vector<DeviceTensor>& tensors, const SetState& state, CuStream stream) {
   const std::string& first = tensors.front().name;
   NcclResult r = kNcclSuccess;
   if (head.op_type == OpType::kBroadcast) {

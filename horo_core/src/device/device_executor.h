@@ -5,8 +5,11 @@
 // UUID) over Horo's own transport; when every member has NCCL and its own GPU, the set gets an
 // NCCL communicator (member 0 calls ncclGetUniqueId and broadcasts the id over the transport),
 // otherwise (two ranks on one GPU, NCCL missing anywhere) the core stages through a reused pinned
-// host buffer and runs its own host collective. Dtypes NCCL lacks (int16) are staged too. The
-// decision depends only on what every member saw, so all members take the same path.
+// host buffer and runs its own host collective. Members with different NCCL versions stage too
+// (NCCL does not support mixing them), and so do dtypes NCCL lacks (int16; bfloat16 before NCCL
+// 2.10). The decision depends only on what every member saw, so all members take the same path.
+// A communicator that reports an error or does not finish in time is aborted at once (NCCL's rule
+// after an error), so that no kernel of it stays queued on the device.
 //
 // Ordering with the caller: the work waits on the caller's ready event (recorded on the stream
 // that produced the inputs), runs on this executor's own stream, and the handle completes only
@@ -64,6 +67,7 @@ class DeviceExecutor {
   struct SetState {
     std::vector<int> ranks;
     bool use_nccl = false;
+    int nccl_version = 0;  // with use_nccl: every member's (they are equal)
     int device = -1;
     NcclComm comm = nullptr;
   };
@@ -78,6 +82,8 @@ class DeviceExecutor {
   Status Decide(const CommGroup& group, int device, SetState* state);
   Status RunNccl(const CommGroup& group, const Response& head, const std::vector<DeviceTensor>& tensors,
                  SetState& state, CuStream stream);
+  Status LaunchNccl(const CommGroup& group, const Response& head, const std::vector<DeviceTensor>& tensors,
+                    const SetState& state, CuStream stream);
   Status RunStaged(const CommGroup& group, const Response& head, const std::vector<DeviceTensor>& tensors,
                    CuStream stream, const AllreduceOptions& host_allreduce);
   Status WaitForStream(CuStream stream, NcclComm comm, const std::string& what);

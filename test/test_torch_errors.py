@@ -223,7 +223,16 @@ LOST_RANK_WORKER = REPORT + """
     big = torch.ones(1 << 22)
     report("warmup", lambda: hvd.allreduce(torch.ones(4), op=hvd.Sum, name="warmup"))
     if rank == victim:
-        if mode != "before":
+        if mode == "forked":  # a child that outlives the rank holds copies of its sockets
+            child = os.fork()
+            if child == 0:
+                null = os.open(os.devnull, os.O_RDWR)
+                for fd in (0, 1, 2):  # let the test's pipes reach end of file
+                    os.dup2(null, fd)
+                signal.sigwait([signal.SIGTERM])
+                os._exit(0)
+            print(f"CHILD {child}", flush=True)
+        if mode not in ("before", "forked"):
             hvd.allreduce_async(big, name="big")
         os.kill(os.getpid(), signal.SIGSTOP if mode == "frozen" else signal.SIGKILL)
     report("collective", lambda: hvd.allreduce(big, name="big"))
@@ -231,12 +240,21 @@ LOST_RANK_WORKER = REPORT + """
 """
 
 
-@pytest.mark.parametrize("victim,mode", [(1, "before"), (1, "during"), (0, "during")],
-                         ids=["before-collective", "during-collective", "coordinator-during-collective"])
+@pytest.mark.parametrize("victim,mode", [(1, "before"), (1, "during"), (0, "during"), (1, "forked")],
+                         ids=["before-collective", "during-collective", "coordinator-during-collective",
+                              "with-a-forked-child-alive"])
 def test_killed_rank_fails_every_other_rank(tmp_path, victim, mode):
     script = write_script(tmp_path, LOST_RANK_WORKER)
     procs = spawn_ranks(script, N, (victim, mode), HORO_PEER_TIMEOUT_SECONDS=3)
-    outcomes = [finish(p) for p in procs]
+    outcomes = {victim: finish(procs[victim])}
+    child = re.search(r"^CHILD (\d+)$", outcomes[victim][1], re.M)
+    assert (child is not None) == (mode == "forked"), outcomes[victim]
+    try:
+        outcomes.update((rank, finish(p)) for rank, p in enumerate(procs) if rank != victim)
+    finally:
+        if child:  # it waits for SIGTERM, however the others ended
+            os.kill(int(child.group(1)), signal.SIGTERM)
+    outcomes = [outcomes[rank] for rank in range(N)]
     assert outcomes[victim][0] == -signal.SIGKILL
     for rank, (code, out, err) in enumerate(outcomes):
         if rank == victim:

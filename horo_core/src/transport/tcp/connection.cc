@@ -1,13 +1,17 @@
 #include "transport/tcp/connection.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <mutex>
+#include <set>
 #include <utility>
 
 namespace horo {
@@ -28,6 +32,47 @@ uint64_t LoadLittleEndian64(const char* p) {
   return v;
 }
 
+// A process forked from a rank (a DataLoader worker, a multiprocessing pool) inherits its sockets.
+// Peers learn that a rank died from its sockets closing (ShmTransport::CheckHangUps, the TCP
+// transport's hang-up checks), and a child holding copies would postpone that for as long as it
+// lives, a hang when the child outlives the rank. So the child lets go of them at once: each
+// descriptor of a live connection is pointed at /dev/null, which also keeps its number taken, so
+// that nothing the child opens lands where the inherited connection objects still point.
+// The registry's mutex is held across fork(), so the child finds it consistent.
+std::mutex& ForkMutex() {
+  static std::mutex* mutex = new std::mutex;  // never destroyed: fork may run during exit
+  return *mutex;
+}
+std::set<int>& LiveSockets() {
+  static std::set<int>* fds = new std::set<int>;
+  return *fds;
+}
+void BeforeFork() { ForkMutex().lock(); }
+void AfterForkInParent() { ForkMutex().unlock(); }
+void AfterForkInChild() {
+  // Only async-signal-safe calls here: the child of a multithreaded process.
+  const int null_fd = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+  if (null_fd >= 0) {
+    for (int fd : LiveSockets()) ::dup3(null_fd, fd, O_CLOEXEC);
+    ::close(null_fd);
+  }
+  ForkMutex().unlock();
+}
+
+void Track(int fd) {
+  static std::once_flag registered;
+  std::call_once(registered, [] { ::pthread_atfork(BeforeFork, AfterForkInParent, AfterForkInChild); });
+  std::lock_guard<std::mutex> lock(ForkMutex());
+  LiveSockets().insert(fd);
+}
+// Closes fd under the registry's lock: a fork either sees it live (and the child lets go of it)
+// or closed, never a number already reused for something else.
+void CloseTracked(int fd) {
+  std::lock_guard<std::mutex> lock(ForkMutex());
+  LiveSockets().erase(fd);
+  ::close(fd);
+}
+
 }  // namespace
 
 const char* ChannelName(ChannelKind kind) {
@@ -35,10 +80,12 @@ const char* ChannelName(ChannelKind kind) {
 }
 
 Connection::Connection(int fd, int peer, ChannelKind kind, std::string peer_address)
-    : fd_(fd), peer_(peer), kind_(kind), peer_address_(std::move(peer_address)) {}
+    : fd_(fd), peer_(peer), kind_(kind), peer_address_(std::move(peer_address)) {
+  if (fd_ >= 0) Track(fd_);
+}
 
 Connection::~Connection() {
-  if (fd_ >= 0) ::close(fd_);
+  if (fd_ >= 0) CloseTracked(fd_);
 }
 
 void Connection::TuneEstablished(int fd) {

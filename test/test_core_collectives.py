@@ -4,6 +4,9 @@ Ranks are threads over the loopback transport, each with its own runtime (negoti
 cache, fusion and the algorithms all run for real). World sizes 1, 2, 3, 4, 5, 8; counts 0, 1, 7,
 1000, 65537; every dtype; in-place and out-of-place.
 """
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -11,6 +14,8 @@ from core_values import ALL, contribution, expected_allreduce, make, name, read
 from horo_core import dtypes
 from horo_core import numpy_ops as ops
 from horo_core._binding import lib
+from horo_core.errors import HoroInvalidArgument
+from horo_core.runtime import TensorSpec
 from loopback_world import World
 
 SIZES = [1, 2, 3, 4, 5, 8]
@@ -87,6 +92,45 @@ def test_ring_slice_setting_has_a_floor():
     # Every slice costs 2 (N-1) steps: a few bytes per slice would make a large allreduce crawl.
     with pytest.raises(Exception, match="HORO_RING_SLICE_BYTES must be at least 4096, got 100"):
         World(1, rank_env=lambda r: {"HORO_RING_SLICE_BYTES": "100"})
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "2e6", "0"])
+def test_peer_timeout_setting_is_bounded(value):
+    # Every deadline made from it must fit a clock's count; beyond that the first wait would end
+    # at once with a timeout that names an impossible number of seconds.
+    with pytest.raises(Exception, match="HORO_PEER_TIMEOUT_SECONDS must be > 0 and at most 1000000, got"):
+        World(1, rank_env=lambda r: {"HORO_PEER_TIMEOUT_SECONDS": value})
+
+
+def test_wait_without_a_bound_waits_and_nan_is_refused():
+    """An infinite or huge timeout is no timeout (it once overflowed and returned at once)."""
+    timeouts = (float("inf"), 1e12)
+    waiting = [threading.Event() for _ in timeouts]
+    with World(2) as w:
+        def body(rt):
+            got = []
+            for i, timeout in enumerate(timeouts):
+                x = np.full(3, rt.rank + 1.0, dtype=np.float32)
+                if rt.rank == 1:  # submits once rank 0 waits, a little later
+                    waiting[i].wait()
+                    time.sleep(0.2)
+                handles = rt.enqueue(lib.HORO_ALLREDUCE, [TensorSpec(f"late.{i}", x.ctypes.data, x.ctypes.data,
+                                                                     lib.HORO_FLOAT32, (3,))])
+                if rt.rank == 0:
+                    waiting[i].set()
+                rt.wait(handles[0], timeout=timeout)
+                rt.release(handles[0])
+                got.append(x.tolist())
+            x = np.ones(1, dtype=np.float32)
+            h = rt.enqueue(lib.HORO_ALLREDUCE, [TensorSpec("nan", x.ctypes.data, x.ctypes.data, lib.HORO_FLOAT32, (1,))])
+            with pytest.raises(HoroInvalidArgument, match="the timeout is NaN"):
+                rt.wait(h[0], timeout=float("nan"))
+            rt.wait(h[0])
+            rt.release(h[0])
+            return got
+
+        for got in w.run(body):
+            assert got == [[3.0] * 3] * 2
 
 
 def test_scale_factors(world):

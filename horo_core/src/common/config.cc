@@ -104,7 +104,7 @@ const std::vector<Setting>& Table() {
       HORO_FLOAT_SETTING("STALL_SHUTDOWN_TIME_SECONDS", stall_shutdown_time_seconds,
                          "Seconds after which a stalled tensor shuts the job down with an error on every rank. 0: never."),
       HORO_FLOAT_SETTING("PEER_TIMEOUT_SECONDS", peer_timeout_seconds,
-                         "A collective in which a peer makes no progress for this long fails on every rank."),
+                         "A collective in which a peer makes no progress for this long fails on every rank (at most 1e6)."),
       HORO_FLOAT_SETTING("START_TIMEOUT", start_timeout_seconds,
                          "Seconds within which every rank must have connected at init."),
       HORO_INT_SETTING("SMALL_MESSAGE_BYTES", small_message_bytes,
@@ -210,7 +210,11 @@ Status LoadConfigFromEnv(Config* config) {
       parsed.shm_ring_bytes > (int64_t{1} << 40)) {
     return Status::InvalidArgument("HORO_SHM_RING_BYTES must be a power of two between 65536 and 2^40");
   }
-  if (parsed.peer_timeout_seconds <= 0) return Status::InvalidArgument("HORO_PEER_TIMEOUT_SECONDS must be > 0");
+  // Bounded (11.6 days) so that every deadline made from it fits a clock's 64-bit count; NaN fails too.
+  if (!(parsed.peer_timeout_seconds > 0 && parsed.peer_timeout_seconds <= 1e6)) {
+    return Status::InvalidArgument("HORO_PEER_TIMEOUT_SECONDS must be > 0 and at most 1000000, got " +
+                                   std::to_string(parsed.peer_timeout_seconds));
+  }
   if (parsed.spin_microseconds < 0 || parsed.spin_microseconds > 1e6) {
     return Status::InvalidArgument("HORO_SPIN_MICROSECONDS must be between 0 and 1000000");
   }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <sstream>
 
 #include "common/coarse_clock.h"
@@ -427,10 +428,14 @@ void Runtime::WakeBackground() {
 
 Status Runtime::Wait(int64_t handle, double timeout_seconds) {
   using Clock = std::chrono::steady_clock;
+  if (std::isnan(timeout_seconds)) return Status::InvalidArgument("wait: the timeout is NaN");
+  // Beyond this (infinity included) a timeout means no timeout: converted to clock ticks it would
+  // overflow, and the wait would end at once.
+  if (timeout_seconds > 1e6) timeout_seconds = -1;
   if (callers_drive_ && timeout_seconds != 0) {
     std::shared_ptr<const std::atomic<bool>> done = handles_.DoneFlag(handle);
     if (done && !done->load(std::memory_order_acquire)) {
-      const bool forever = timeout_seconds < 0 || timeout_seconds > 1e6;
+      const bool forever = timeout_seconds < 0;
       const Clock::time_point start = forever ? Clock::time_point() : Clock::now();
       const Clock::time_point deadline =
           forever ? Clock::time_point::max()

@@ -240,9 +240,9 @@ LOST_RANK_WORKER = REPORT + """
 """
 
 
-@pytest.mark.parametrize("victim,mode", [(1, "before"), (1, "during"), (0, "during"), (1, "forked")],
-                         ids=["before-collective", "during-collective", "coordinator-during-collective",
-                              "with-a-forked-child-alive"])
+@pytest.mark.parametrize("victim,mode", [(1, "before"), (1, "during"), (2, "during"), (0, "during"), (1, "forked")],
+                         ids=["before-collective", "during-collective", "last-rank-during-collective",
+                              "coordinator-during-collective", "with-a-forked-child-alive"])
 def test_killed_rank_fails_every_other_rank(tmp_path, victim, mode):
     script = write_script(tmp_path, LOST_RANK_WORKER)
     procs = spawn_ranks(script, N, (victim, mode), HORO_PEER_TIMEOUT_SECONDS=3)
@@ -266,6 +266,9 @@ def test_killed_rank_fails_every_other_rank(tmp_path, victim, mode):
         for g in got[1:]:
             assert "HoroPeerLostError" in g.get("error", []) and INTERNAL <= set(g["error"]), (rank, g)
             assert "lost" in g["message"] and "rank" in g["message"], (rank, g)
+            # The dead rank is named, not rank 0 that closed after telling everyone (a worker that
+            # waited on rank 0 used to report rank 0's closed connection).
+            assert f"rank {victim}" in g["message"], (rank, g)
         if rank == 0:  # the coordinator sees the loss first and names the rank
             assert f"rank {victim} exited or lost its connection without calling shutdown()" in got[1]["message"]
 

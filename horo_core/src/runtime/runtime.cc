@@ -891,6 +891,35 @@ void Runtime::FailOnDataPlane(const Status& status) {
     Stop(Status(status.code(), DiagnoseOnCoordinator(status)), true);
     return;
   }
+  // A connection lost mid-transfer may be a consequence, and the peer it names innocent: rank 0,
+  // having learned which rank died, tells every worker why and closes; a worker that lost the
+  // coordinator stops and closes too. So before blaming the peer, look at the control plane: rank
+  // 0's reason (perhaps drained from the control ring while this rank waited) or rank 0's loss is
+  // the cause the user must see.
+  if (status.code() == HORO_ERR_PEER_LOST || status.code() == HORO_ERR_SHUT_DOWN) {
+    std::vector<ControlMessage> messages;
+    std::vector<int> lost;
+    if (transport_->PollControl(50, &messages, &lost).ok()) {
+      for (const ControlMessage& m : messages) {
+        ResponseList list;
+        if (IsRoundMessage(m.payload) || !ParseResponseList(m.payload, &list).ok()) continue;
+        for (const auto& parts : list.fused) {
+          const Response& head = parts.front().response;
+          if (parts.front().cache_id < 0 && head.kind == ResponseKind::kShutdown && head.error_code != HORO_OK &&
+              head.error_code != HORO_ERR_SHUT_DOWN) {
+            Stop(Status(head.error_code, head.error_message), true);
+            return;
+          }
+        }
+      }
+      if (std::find(lost.begin(), lost.end(), 0) != lost.end()) {
+        Stop(Status::PeerLost("lost the connection to the coordinator (rank 0): it exited or crashed (this rank "
+                              "saw: " + status.message() + ")"),
+             true);
+        return;
+      }
+    }
+  }
   // Tell the coordinator this rank failed (and why) before closing, so that it does not mistake
   // this rank for the one that died.
   RequestList report;

@@ -21,6 +21,18 @@ std::string TensorLabel(OpType op, const char* name) {
   return std::string(OpTypeName(op)) + " tensor '" + (name ? name : "") + "'";
 }
 
+// Whether list carries the coordinator's last word, a shutdown (never cached); *reason gets why.
+bool ShutdownIn(const ResponseList& list, Status* reason) {
+  for (const auto& parts : list.fused) {
+    const ResponsePart& first = parts.front();
+    if (first.cache_id < 0 && first.response.kind == ResponseKind::kShutdown) {
+      *reason = Status(first.response.error_code, first.response.error_message);
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 Runtime::Runtime(const Config& config, int rank, int size)
@@ -813,11 +825,8 @@ bool Runtime::ApplyMessage(const ControlMessage& message) {
   }
   // With peer agreement a list may belong after a round that will never complete now: only the
   // coordinator's last word (a shutdown, with its reason) is applied.
-  bool shutdown = false;
-  for (const auto& parts : list.fused) {
-    shutdown = shutdown || (parts.front().cache_id < 0 && parts.front().response.kind == ResponseKind::kShutdown);
-  }
-  if (agreement_ && !shutdown) return true;
+  Status reason;
+  if (agreement_ && !ShutdownIn(list, &reason)) return true;
   return Apply(list, true);
 }
 
@@ -893,31 +902,41 @@ void Runtime::FailOnDataPlane(const Status& status) {
   }
   // A connection lost mid-transfer may be a consequence, and the peer it names innocent: rank 0,
   // having learned which rank died, tells every worker why and closes; a worker that lost the
-  // coordinator stops and closes too. So before blaming the peer, look at the control plane: rank
-  // 0's reason (perhaps drained from the control ring while this rank waited) or rank 0's loss is
-  // the cause the user must see.
+  // coordinator stops and closes too. So before blaming the peer, look at the control plane for up
+  // to kReasonWait: rank 0's reason (in this pass's messages, or drained from the control ring
+  // while this rank waited) or rank 0's loss is the cause the user must see.
   if (status.code() == HORO_ERR_PEER_LOST || status.code() == HORO_ERR_SHUT_DOWN) {
-    std::vector<ControlMessage> messages;
-    std::vector<int> lost;
-    if (transport_->PollControl(50, &messages, &lost).ok()) {
+    constexpr auto kReasonWait = std::chrono::milliseconds(50);
+    Status reason;
+    auto told = [&reason](const std::vector<ControlMessage>& messages) {
       for (const ControlMessage& m : messages) {
         ResponseList list;
-        if (IsRoundMessage(m.payload) || !ParseResponseList(m.payload, &list).ok()) continue;
-        for (const auto& parts : list.fused) {
-          const Response& head = parts.front().response;
-          if (parts.front().cache_id < 0 && head.kind == ResponseKind::kShutdown && head.error_code != HORO_OK &&
-              head.error_code != HORO_ERR_SHUT_DOWN) {
-            Stop(Status(head.error_code, head.error_message), true);
-            return;
-          }
+        if (m.peer == 0 && !IsRoundMessage(m.payload) && ParseResponseList(m.payload, &list).ok() &&
+            ShutdownIn(list, &reason)) {
+          return true;
         }
       }
-      if (std::find(lost.begin(), lost.end(), 0) != lost.end()) {
-        Stop(Status::PeerLost("lost the connection to the coordinator (rank 0): it exited or crashed (this rank "
-                              "saw: " + status.message() + ")"),
-             true);
-        return;
-      }
+      return false;
+    };
+    bool found = told(pass_messages_);
+    bool coordinator_lost = std::find(pass_lost_.begin(), pass_lost_.end(), 0) != pass_lost_.end();
+    const auto deadline = std::chrono::steady_clock::now() + kReasonWait;
+    while (!found && !coordinator_lost && std::chrono::steady_clock::now() < deadline) {
+      std::vector<ControlMessage> messages;
+      std::vector<int> lost;
+      if (!transport_->PollControl(10, &messages, &lost).ok()) break;
+      found = told(messages);
+      coordinator_lost = std::find(lost.begin(), lost.end(), 0) != lost.end();
+    }
+    if (found) {
+      Stop(reason, reason.code() != HORO_ERR_SHUT_DOWN);
+      return;
+    }
+    if (coordinator_lost) {
+      Stop(Status::PeerLost("lost the connection to the coordinator (rank 0): it exited or crashed (this rank "
+                            "saw: " + status.message() + ")"),
+           true);
+      return;
     }
   }
   // Tell the coordinator this rank failed (and why) before closing, so that it does not mistake

@@ -41,6 +41,22 @@ class _State:
 
 
 _state = _State()
+# What a forked child inherited from the rank (see _forget_in_child), kept so that nothing of it is
+# ever torn down in the child.
+_inherited = []
+
+
+def _forget_in_child():
+    """A process forked from a rank (a worker of a pool, a plain os.fork()) is not part of the job.
+    Its exit must not shut the rank's runtime down: that would close the shared-memory rings the
+    rank still uses, failing the job, and join threads the child does not have. So the child
+    starts uninitialized; what it inherited stays referenced and untouched."""
+    _inherited.extend(x for x in (_state.runtime, _state.kv_server, _state.hub) if x is not None)
+    _state.runtime = _state.kv_server = _state.hub = None
+    _state.lock = threading.RLock()  # another thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def _rendezvous(info, mpi_comm):

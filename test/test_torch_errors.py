@@ -229,7 +229,8 @@ LOST_RANK_WORKER = REPORT + """
                 null = os.open(os.devnull, os.O_RDWR)
                 for fd in (0, 1, 2):  # let the test's pipes reach end of file
                     os.dup2(null, fd)
-                signal.sigwait([signal.SIGTERM])
+                signal.alarm(300)  # ends it if the test cannot (SIGALRM's default action)
+                signal.pause()  # until the test's SIGTERM
                 os._exit(0)
             print(f"CHILD {child}", flush=True)
         if mode not in ("before", "forked"):
@@ -271,6 +272,33 @@ def test_killed_rank_fails_every_other_rank(tmp_path, victim, mode):
             assert f"rank {victim}" in g["message"], (rank, g)
         if rank == 0:  # the coordinator sees the loss first and names the rank
             assert f"rank {victim} exited or lost its connection without calling shutdown()" in got[1]["message"]
+
+
+FORKING_WORKER = REPORT + """
+    hvd.init()
+    rank = hvd.rank()
+    report("before", lambda: hvd.allreduce(torch.ones(4), op=hvd.Sum, name="before"))
+    if rank == 1:
+        child = os.fork()
+        if child == 0:  # exits the normal way: atexit handlers, hvd.shutdown() among them, run
+            sys.exit(0 if not hvd.is_initialized() else 3)
+        report("child", lambda: torch.tensor([os.waitpid(child, 0)[1]]))
+    report("after", lambda: hvd.allreduce(torch.ones(1 << 16), op=hvd.Sum, name="after")[:4])
+"""
+
+
+def test_a_forked_child_that_exits_leaves_the_job_running(tmp_path):
+    # A child forked from a rank is not part of the job: it starts uninitialized, and its exit
+    # (atexit's shutdown) must not close the shared-memory rings its parent still uses.
+    script = write_script(tmp_path, FORKING_WORKER)
+    outcomes = [finish(p) for p in spawn_ranks(script, N)]
+    for rank, (code, out, err) in enumerate(outcomes):
+        assert code == 0, err
+        got = {g["what"]: g for g in reports(out)}
+        assert got["before"].get("value") == [3.0] * 4, (rank, got)
+        assert got["after"].get("value") == [3.0] * 4, (rank, got)
+        if rank == 1:
+            assert got["child"].get("value") == [0], got  # exit status 0: uninitialized in the child
 
 
 def test_frozen_rank_fails_every_other_rank(tmp_path):

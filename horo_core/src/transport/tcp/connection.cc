@@ -3,8 +3,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
-#include <pthread.h>
 #include <netinet/tcp.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -38,38 +38,47 @@ uint64_t LoadLittleEndian64(const char* p) {
 // lives, a hang when the child outlives the rank. So the child lets go of them at once: each
 // descriptor of a live connection is pointed at /dev/null, which also keeps its number taken, so
 // that nothing the child opens lands where the inherited connection objects still point.
-// The registry's mutex is held across fork(), so the child finds it consistent.
-std::mutex& ForkMutex() {
-  static std::mutex* mutex = new std::mutex;  // never destroyed: fork may run during exit
-  return *mutex;
-}
-std::set<int>& LiveSockets() {
-  static std::set<int>* fds = new std::set<int>;
-  return *fds;
-}
-void BeforeFork() { ForkMutex().lock(); }
-void AfterForkInParent() { ForkMutex().unlock(); }
+// Process-wide state by nature (fork is): made once, never destroyed (a fork may run during exit),
+// and its mutex is held across fork() so that the child finds it consistent.
+struct ForkRegistry {
+  std::mutex mutex;
+  std::set<int> sockets;
+  int null_fd = -1;  // opened in the parent: the child needs no open() that could fail
+};
+ForkRegistry* registry = nullptr;
+
+void BeforeFork() { registry->mutex.lock(); }
+void AfterForkInParent() { registry->mutex.unlock(); }
 void AfterForkInChild() {
-  // Only async-signal-safe calls here: the child of a multithreaded process.
-  const int null_fd = ::open("/dev/null", O_RDWR | O_CLOEXEC);
-  if (null_fd >= 0) {
-    for (int fd : LiveSockets()) ::dup3(null_fd, fd, O_CLOEXEC);
-    ::close(null_fd);
+  // The child of a multithreaded process: no allocation and no other lock here.
+  if (registry->null_fd >= 0) {
+    for (int fd : registry->sockets) ::dup3(registry->null_fd, fd, O_CLOEXEC);
   }
-  ForkMutex().unlock();
+  registry->mutex.unlock();
+}
+
+ForkRegistry& Registry() {
+  static std::once_flag made;
+  std::call_once(made, [] {
+    registry = new ForkRegistry;
+    registry->null_fd = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+    ::pthread_atfork(BeforeFork, AfterForkInParent, AfterForkInChild);
+  });
+  return *registry;
 }
 
 void Track(int fd) {
-  static std::once_flag registered;
-  std::call_once(registered, [] { ::pthread_atfork(BeforeFork, AfterForkInParent, AfterForkInChild); });
-  std::lock_guard<std::mutex> lock(ForkMutex());
-  LiveSockets().insert(fd);
+  ForkRegistry& r = Registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.sockets.insert(fd);
 }
+
 // Closes fd under the registry's lock: a fork either sees it live (and the child lets go of it)
 // or closed, never a number already reused for something else.
 void CloseTracked(int fd) {
-  std::lock_guard<std::mutex> lock(ForkMutex());
-  LiveSockets().erase(fd);
+  ForkRegistry& r = Registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.sockets.erase(fd);
   ::close(fd);
 }
 

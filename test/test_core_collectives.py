@@ -111,8 +111,10 @@ def test_wait_without_a_bound_waits_and_nan_is_refused():
             got = []
             for i, timeout in enumerate(timeouts):
                 x = np.full(3, rt.rank + 1.0, dtype=np.float32)
-                if rt.rank == 1:  # submits once rank 0 waits, a little later
-                    waiting[i].wait()
+                if rt.rank == 1:
+                    # Submits once rank 0 is about to wait, and a little later, so that its wait
+                    # starts before the collective can complete (nothing observable says it has).
+                    assert waiting[i].wait(60)
                     time.sleep(0.2)
                 handles = rt.enqueue(lib.HORO_ALLREDUCE, [TensorSpec(f"late.{i}", x.ctypes.data, x.ctypes.data,
                                                                      lib.HORO_FLOAT32, (3,))])

@@ -250,7 +250,8 @@ horo_status_t horo_enqueue_at(horo_runtime_t* rt, int32_t op_type, const horo_te
                               uintptr_t output, const horo_op_options_t* options, horo_handle_t* handle);
 
 horo_status_t horo_poll(horo_runtime_t* rt, horo_handle_t handle, int32_t* done);
-/* Blocks until the handle completes or timeout_seconds pass (< 0: no limit); meanwhile the calling
+/* Blocks until the handle completes or timeout_seconds pass (< 0, infinite or above 1e6: no limit;
+ * NaN: HORO_ERR_INVALID_ARGUMENT); meanwhile the calling
  * thread may run the negotiation and the collective itself (HORO_CALLER_PROGRESS).
  * Returns the operation's status; a failure's message is in horo_last_error(). */
 horo_status_t horo_wait(horo_runtime_t* rt, horo_handle_t handle, double timeout_seconds);

@@ -213,7 +213,7 @@ Status LoadConfigFromEnv(Config* config) {
   // Bounded (11.6 days) so that every deadline made from it fits a clock's 64-bit count; NaN fails too.
   if (!(parsed.peer_timeout_seconds > 0 && parsed.peer_timeout_seconds <= 1e6)) {
     return Status::InvalidArgument("HORO_PEER_TIMEOUT_SECONDS must be > 0 and at most 1000000, got " +
-                                   std::to_string(parsed.peer_timeout_seconds));
+                                   FormatDouble(parsed.peer_timeout_seconds));
   }
   if (parsed.spin_microseconds < 0 || parsed.spin_microseconds > 1e6) {
     return Status::InvalidArgument("HORO_SPIN_MICROSECONDS must be between 0 and 1000000");

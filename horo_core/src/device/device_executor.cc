@@ -221,7 +221,8 @@ Status DeviceExecutor::RunNccl(const CommGroup& group, const Response& head, con
     // After an error or a timeout nothing can be assumed about what is queued on the communicator
     // (NCCL's rule): abort it, so that no kernel of it stays on this executor's stream waiting for
     // a peer, which would block whatever synchronises the device afterwards (torch.cuda.synchronize,
-    // the caching allocator's retry after running out of memory). The set decides afresh next time.
+    // the caching allocator's retry after running out of memory). The runtime stops after this
+    // error; the state is forgotten so that the teardown does not abort the communicator again.
     nccl_.ncclCommAbort(state.comm);
     state = SetState();
   }

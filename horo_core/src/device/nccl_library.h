@@ -33,7 +33,8 @@ enum NcclRedOp : int { kNcclSum = 0, kNcclProd = 1, kNcclMax = 2, kNcclMin = 3 }
 
 constexpr NcclResult kNcclSuccess = 0;
 constexpr NcclResult kNcclInProgress = 7;
-// ncclBfloat16 exists from NCCL 2.10 (version codes are major * 10000 + minor * 100 + patch).
+// ncclBfloat16 exists from NCCL 2.10 (version codes are major * 10000 + minor * 100 + patch from
+// 2.9 on, major * 1000 + minor * 100 + patch before: either way older versions compare lower).
 constexpr int kNcclFirstBfloat16Version = 21000;
 
 class NcclLibrary {

@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from .hosts import parse_hostfile, parse_hosts
 from .job import JobSpec, run_job
-from .launch import start_timeout_from_env
+from .launch import MAX_START_TIMEOUT, start_timeout_from_env
 from .run_task import ERROR_FILE, FN_FILE, RESULT_FILE, SYS_PATH_FILE, dumps, write_atomically
 
 _TASK_ENTRY = "import sys; from horo_runner.run_task import main; sys.exit(main(sys.argv[1:]))"
@@ -69,8 +69,8 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mappi
         raise ValueError("pass either hosts or hostfile, not both")
     if start_timeout is None:
         start_timeout = start_timeout_from_env(os.environ)
-    elif not start_timeout > 0:
-        raise ValueError(f"start_timeout must be positive, got {start_timeout!r}")
+    elif not 0 < start_timeout <= MAX_START_TIMEOUT:
+        raise ValueError(f"start_timeout must be > 0 and at most {MAX_START_TIMEOUT} seconds, got {start_timeout!r}")
     host_slots = parse_hosts(hosts) if hosts else parse_hostfile(hostfile) if hostfile else None
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     python_path = os.pathsep.join(p for p in (package_parent, os.environ.get("PYTHONPATH")) if p)

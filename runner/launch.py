@@ -16,6 +16,7 @@ from typing import Callable, Optional, Sequence
 from .binding import BIND_MODES
 
 DEFAULT_START_TIMEOUT = 30.0  # seconds, as horovodrun
+MAX_START_TIMEOUT = 1_000_000  # the workers' bound (config.cc): deadlines must fit a clock's count
 
 __all__ = ["main", "parse_args", "settings_env", "SETTINGS_FLAGS"]
 
@@ -269,8 +270,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
             args.start_timeout = start_timeout_from_env(os.environ)
         except ValueError as e:
             parser.error(str(e))
-    if not args.start_timeout > 0:
-        parser.error("--start-timeout must be positive")
+    if not 0 < args.start_timeout <= MAX_START_TIMEOUT:
+        parser.error(f"--start-timeout must be > 0 and at most {MAX_START_TIMEOUT} seconds, got {args.start_timeout:g}")
     return args
 
 
@@ -279,7 +280,7 @@ def start_timeout_from_env(environ) -> float:
     HOROVOD_START_TIMEOUT, else 30 seconds.
 
     Raises:
-        ValueError: the variable that decides is not a positive number (the message names it).
+        ValueError: the variable that decides is not a number in (0, 1e6] (the message names it).
     """
     for name in ("HORO_START_TIMEOUT", "HOROVOD_START_TIMEOUT"):
         text = environ.get(name, "").strip()
@@ -289,8 +290,8 @@ def start_timeout_from_env(environ) -> float:
             seconds = float(text)
         except ValueError:
             raise ValueError(f"{name}={text!r} is not a number of seconds") from None
-        if not seconds > 0:
-            raise ValueError(f"{name} must be positive, got {text!r}")
+        if not 0 < seconds <= MAX_START_TIMEOUT:
+            raise ValueError(f"{name} must be > 0 and at most {MAX_START_TIMEOUT} seconds, got {text!r}")
         return seconds
     return DEFAULT_START_TIMEOUT
 

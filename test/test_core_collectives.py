@@ -94,12 +94,31 @@ def test_ring_slice_setting_has_a_floor():
         World(1, rank_env=lambda r: {"HORO_RING_SLICE_BYTES": "100"})
 
 
-@pytest.mark.parametrize("value", ["inf", "nan", "2e6", "0"])
+@pytest.mark.parametrize("value", ["inf", "2e6", "0"])
 def test_peer_timeout_setting_is_bounded(value):
     # Every deadline made from it must fit a clock's count; beyond that the first wait would end
     # at once with a timeout that names an impossible number of seconds.
     with pytest.raises(Exception, match="HORO_PEER_TIMEOUT_SECONDS must be > 0 and at most 1000000, got"):
         World(1, rank_env=lambda r: {"HORO_PEER_TIMEOUT_SECONDS": value})
+
+
+@pytest.mark.parametrize("name,value,message", [
+    ("HORO_START_TIMEOUT", "inf", "HORO_START_TIMEOUT must be > 0 and at most 1000000, got inf"),
+    ("HORO_START_TIMEOUT", "0", "HORO_START_TIMEOUT must be > 0 and at most 1000000, got 0"),
+    ("HORO_CYCLE_TIME", "2e6", "HORO_CYCLE_TIME must be between 0 and 1000000, got 2e\\+06"),
+    ("HORO_SPIN_MICROSECONDS", "-1", "HORO_SPIN_MICROSECONDS must be between 0 and 1000000, got -1"),
+    ("HORO_STALL_CHECK_TIME_SECONDS", "-inf", "HORO_STALL_CHECK_TIME_SECONDS must be between 0 and 1000000, got -inf"),
+    ("HORO_STALL_SHUTDOWN_TIME_SECONDS", "inf",
+     "HORO_STALL_SHUTDOWN_TIME_SECONDS must be between 0 and 1000000, got inf"),
+    # NaN compares false with every bound; it is refused as text, whatever the setting.
+    ("HORO_CYCLE_TIME", "nan", "HORO_CYCLE_TIME='nan' is not a valid float"),
+    ("HOROVOD_SPIN_MICROSECONDS", "NaN", "HOROVOD_SPIN_MICROSECONDS='NaN' is not a valid float"),
+    ("HORO_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "nan", "HORO_AUTOTUNE_GAUSSIAN_PROCESS_NOISE='nan' is not a valid float"),
+])
+def test_duration_settings_are_bounded(name, value, message):
+    # Before, inf overflowed the start deadline, and NaN passed the checks of cycle time and spin.
+    with pytest.raises(Exception, match=message):
+        World(1, rank_env=lambda r: {name: value})
 
 
 def test_wait_without_a_bound_waits_and_nan_is_refused():

@@ -344,7 +344,7 @@ def test_start_timeout_from_horovods_variable_or_ours(runner_path, monkeypatch):
     assert parse_args(["-np", "2", "--start-timeout", "7", "true"]).start_timeout == 7.0
     monkeypatch.setenv("HORO_START_TIMEOUT", "45")
     assert parse_args(["-np", "2", "true"]).start_timeout == 45.0
-    for bad in ("abc", "0", "-3"):
+    for bad in ("abc", "0", "-3", "inf", "nan", "2e6"):
         monkeypatch.setenv("HORO_START_TIMEOUT", bad)
         with pytest.raises(SystemExit):
             parse_args(["-np", "2", "true"])
@@ -361,8 +361,9 @@ def test_run_api_takes_the_start_timeout_from_the_environment_too(runner_path, m
     monkeypatch.setenv("HOROVOD_START_TIMEOUT", "77")
     assert horo_runner.run(_start_timeout_seen, np=1) == ["77"]
     assert horo_runner.run(_start_timeout_seen, np=1, start_timeout=12.5) == ["12.5"]
-    with pytest.raises(ValueError, match="start_timeout must be positive"):
-        horo_runner.run(_start_timeout_seen, np=1, start_timeout=0)
+    for bad in (0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="start_timeout must be > 0 and at most 1000000 seconds"):
+            horo_runner.run(_start_timeout_seen, np=1, start_timeout=bad)
     monkeypatch.setenv("HOROVOD_START_TIMEOUT", "soon")
     with pytest.raises(ValueError, match="HOROVOD_START_TIMEOUT='soon' is not a number of seconds"):
         horo_runner.run(_start_timeout_seen, np=1)

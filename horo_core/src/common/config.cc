@@ -1,5 +1,6 @@
 #include "common/config.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <functional>
 #include <sstream>
@@ -30,7 +31,8 @@ bool ParseInt(const std::string& text, int64_t* out) {
 bool ParseFloat(const std::string& text, double* out) {
   char* end = nullptr;
   double v = std::strtod(text.c_str(), &end);
-  if (end == text.c_str() || *end != '\0') return false;
+  // NaN compares false with every bound, so it would slip past the range checks below.
+  if (end == text.c_str() || *end != '\0' || std::isnan(v)) return false;
   *out = v;
   return true;
 }
@@ -95,18 +97,18 @@ const std::vector<Setting>& Table() {
       HORO_INT_SETTING("FUSION_THRESHOLD", fusion_threshold_bytes,
                        "Fusion buffer size in bytes; tensors negotiated together are packed up to this size. 0 disables fusion."),
       HORO_FLOAT_SETTING("CYCLE_TIME", cycle_time_ms,
-                         "Batching delay in milliseconds: how long the background thread waits for more tensors before a negotiation round. 0 negotiates as soon as a tensor is enqueued."),
+                         "Batching delay in milliseconds: how long the background thread waits for more tensors before a negotiation round. 0 negotiates as soon as a tensor is enqueued. At most 1e6."),
       HORO_INT_SETTING("CACHE_CAPACITY", cache_capacity,
                        "Entries of the response cache that shortens negotiation of repeated tensors. 0 disables the cache."),
       HORO_BOOL_SETTING("STALL_CHECK_DISABLE", stall_check_disable, "Disable the stall warning."),
       HORO_FLOAT_SETTING("STALL_CHECK_TIME_SECONDS", stall_check_time_seconds,
-                         "Seconds a tensor may wait for other ranks before a warning names the missing ranks."),
+                         "Seconds a tensor may wait for other ranks before a warning names the missing ranks (0 to 1e6)."),
       HORO_FLOAT_SETTING("STALL_SHUTDOWN_TIME_SECONDS", stall_shutdown_time_seconds,
-                         "Seconds after which a stalled tensor shuts the job down with an error on every rank. 0: never."),
+                         "Seconds after which a stalled tensor shuts the job down with an error on every rank (at most 1e6). 0: never."),
       HORO_FLOAT_SETTING("PEER_TIMEOUT_SECONDS", peer_timeout_seconds,
                          "A collective in which a peer makes no progress for this long fails on every rank (at most 1e6)."),
       HORO_FLOAT_SETTING("START_TIMEOUT", start_timeout_seconds,
-                         "Seconds within which every rank must have connected at init."),
+                         "Seconds within which every rank must have connected at init (at most 1e6)."),
       HORO_INT_SETTING("SMALL_MESSAGE_BYTES", small_message_bytes,
                        "Allreduces of at most this many bytes use the latency-optimal algorithm, larger ones the ring. "
                        "Rank 0's value applies to the whole job."),
@@ -140,7 +142,7 @@ const std::vector<Setting>& Table() {
       HORO_INT_SETTING("SHM_RING_BYTES", shm_ring_bytes,
                        "Bytes of the shared-memory ring per direction between two ranks of one host (a power of two >= 65536)."),
       HORO_FLOAT_SETTING("SPIN_MICROSECONDS", spin_microseconds,
-                         "How long a waiting thread (the background thread waiting for a same-host peer, a caller in synchronize()) spins, yielding its core, before it sleeps. Short waits then cost microseconds; 0 always sleeps at once."),
+                         "How long a waiting thread (the background thread waiting for a same-host peer, a caller in synchronize()) spins, yielding its core, before it sleeps. Short waits then cost microseconds; 0 always sleeps at once. At most 1e6."),
       HORO_BOOL_SETTING("CALLER_PROGRESS", caller_progress,
                         "A caller waiting for a collective (synchronize(), a synchronous op) runs the negotiation and the data movement itself while they make progress, instead of waking the background thread and sleeping; after SPIN_MICROSECONDS without progress it hands over. 0: only the background thread works."),
       HORO_BOOL_SETTING("COORDINATOR_FREE", coordinator_free,
@@ -215,10 +217,21 @@ Status LoadConfigFromEnv(Config* config) {
     return Status::InvalidArgument("HORO_PEER_TIMEOUT_SECONDS must be > 0 and at most 1000000, got " +
                                    FormatDouble(parsed.peer_timeout_seconds));
   }
-  if (parsed.spin_microseconds < 0 || parsed.spin_microseconds > 1e6) {
-    return Status::InvalidArgument("HORO_SPIN_MICROSECONDS must be between 0 and 1000000");
+  if (!(parsed.start_timeout_seconds > 0 && parsed.start_timeout_seconds <= 1e6)) {
+    return Status::InvalidArgument("HORO_START_TIMEOUT must be > 0 and at most 1000000, got " +
+                                   FormatDouble(parsed.start_timeout_seconds));
   }
-  if (parsed.cycle_time_ms < 0) return Status::InvalidArgument("HORO_CYCLE_TIME must be >= 0");
+  // The bounds below keep every duration made from a setting within a clock's count, and keep a
+  // cycle time within what a worker accepts from rank 0 (response.cc).
+  for (const auto& [name, value] : {std::pair<const char*, double>{"SPIN_MICROSECONDS", parsed.spin_microseconds},
+                                    {"CYCLE_TIME", parsed.cycle_time_ms},
+                                    {"STALL_CHECK_TIME_SECONDS", parsed.stall_check_time_seconds},
+                                    {"STALL_SHUTDOWN_TIME_SECONDS", parsed.stall_shutdown_time_seconds}}) {
+    if (!(value >= 0 && value <= 1e6)) {
+      return Status::InvalidArgument(std::string("HORO_") + name + " must be between 0 and 1000000, got " +
+                                     FormatDouble(value));
+    }
+  }
   if (parsed.small_message_bytes < 0) return Status::InvalidArgument("HORO_SMALL_MESSAGE_BYTES must be >= 0");
   if (parsed.autotune_warmup_samples < 0) {
     return Status::InvalidArgument("HORO_AUTOTUNE_WARMUP_SAMPLES must be >= 0, got " +

@@ -161,6 +161,11 @@ class LoopbackHub:
     def pointer(self):
         return self._hub
 
+    def deliver_control(self, src, dst, payload: bytes):
+        """Failure injection for tests: puts payload into rank dst's control inbox as if rank src
+        had sent it."""
+        check(lib.horo_loopback_hub_deliver_control(self._hub, src, dst, payload, len(payload)))
+
     def close(self):
         if self._hub is not None:
             lib.horo_loopback_hub_destroy(self._hub)

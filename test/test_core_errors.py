@@ -284,6 +284,32 @@ def test_stall_shutdown_fails_every_rank(monkeypatch):
             assert "rank 2: [stuck]" in str(e)
 
 
+@pytest.mark.parametrize("sender,payload,cause", [
+    # A response list whose first byte (the parameter flag) is neither 0 nor 1.
+    (0, b"\x07", "malformed response list from the coordinator"),
+    # A round message (tag 'R') cut short.
+    (2, b"R", "malformed round message from rank 2"),
+])
+def test_a_workers_own_failure_reaches_every_rank(sender, payload, cause):
+    """A worker that fails on its own (a malformed control message here, which no real peer sends)
+    tells rank 0 why before it closes: every rank reports that cause and names the rank, instead of
+    rank 0 announcing that rank 1 exited or lost its connection."""
+    with World(3) as world:
+        world.hub.deliver_control(sender, 1, payload)
+
+        def body(rt):
+            for i in range(1000):
+                ops.allreduce(rt, np.ones(2, np.float32), f"after.{i}")
+            raise AssertionError("the job went on after rank 1 failed")
+
+        _, errors = world.run_collecting(body)
+    for rank, e in enumerate(errors):
+        assert isinstance(e, HoroError), (rank, repr(e))
+        assert cause in str(e), (rank, str(e))
+        if rank != 1:
+            assert "rank 1 failed" in str(e), (rank, str(e))
+
+
 def test_operation_after_shutdown_raises():
     hub = LoopbackHub(1)
     rt = Runtime(0, 1, loopback=hub)

@@ -195,6 +195,10 @@ horo_status_t horo_loopback_hub_destroy(horo_loopback_hub_t* hub);
 /* A hub whose ranks act as if spread over hosts: ranks with equal host_ids[r] (size entries)
  * share a host. horo_loopback_hub_create puts every rank on one host. */
 horo_status_t horo_loopback_hub_create_on_hosts(int32_t size, const int32_t* host_ids, horo_loopback_hub_t** out);
+/* Failure injection for tests: puts len bytes into rank to's control inbox as if rank from had sent
+ * them (a malformed or out-of-step message, which no real peer sends). */
+horo_status_t horo_loopback_hub_deliver_control(horo_loopback_hub_t* hub, int32_t from, int32_t to,
+                                                const void* payload, size_t len);
 
 horo_status_t horo_runtime_create(const horo_init_options_t* options, horo_runtime_t** out);
 horo_status_t horo_runtime_address(horo_runtime_t* rt, char* buffer, size_t buffer_len);

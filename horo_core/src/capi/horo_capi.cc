@@ -175,6 +175,22 @@ horo_status_t horo_loopback_hub_create_on_hosts(int32_t size, const int32_t* hos
   HORO_API_END();
 }
 
+horo_status_t horo_loopback_hub_deliver_control(horo_loopback_hub_t* hub, int32_t from, int32_t to,
+                                                const void* payload, size_t len) {
+  HORO_API_BEGIN();
+  if (hub == nullptr || (len > 0 && payload == nullptr)) return Fail(HORO_ERR_INVALID_ARGUMENT, "null argument");
+  const int size = hub->impl->size();
+  if (from < 0 || from >= size || to < 0 || to >= size || from == to) {
+    return Fail(HORO_ERR_INVALID_ARGUMENT, "loopback control message from rank " + std::to_string(from) + " to rank " +
+                                               std::to_string(to) + " in a hub of " + std::to_string(size) + " ranks");
+  }
+  horo::ControlMessage message;
+  message.peer = from;
+  message.payload.assign(static_cast<const char*>(payload), len);
+  return SetError(hub->impl->mailbox(to).Deliver(std::move(message)));
+  HORO_API_END();
+}
+
 horo_status_t horo_loopback_hub_destroy(horo_loopback_hub_t* hub) {
   HORO_API_BEGIN();
   delete hub;

@@ -271,7 +271,10 @@ bool PeerAgreement::Matches(const Response& c, const Request& r) const {
 Status PeerAgreement::Receive(int peer, const std::string& payload) {
   // The round number follows the tag: the message is parsed straight into its round's inbox.
   int64_t round = 0;
-  if (!IsRoundMessage(payload) || payload.size() < 9) return Status::Internal("malformed round message");
+  if (!IsRoundMessage(payload) || payload.size() < 9) {
+    return Status::Internal("malformed round message from rank " + std::to_string(peer) + " (" +
+                            std::to_string(payload.size()) + " bytes)");
+  }
   std::memcpy(&round, payload.data() + 1, sizeof round);
   // A peer is at most one round ahead of this rank's unfinished one (it needs this rank's message
   // to complete it). The inbox of that round holds an older round only if it never completed.
@@ -289,7 +292,8 @@ Status PeerAgreement::Receive(int peer, const std::string& payload) {
                             " is out of step (rank " + std::to_string(rank_) + " completed round " +
                             std::to_string(round_done_) + ")");
   }
-  HORO_RETURN_IF_ERROR(ParseRoundMessage(payload, &slot->messages[peer]));
+  Status parsed = ParseRoundMessage(payload, &slot->messages[peer]);
+  if (!parsed.ok()) return Status::Internal(parsed.message() + " from rank " + std::to_string(peer));
   slot->have[peer] = 1;
   ++slot->count;
   return Status::OK();

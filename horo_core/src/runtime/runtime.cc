@@ -574,7 +574,7 @@ bool Runtime::Pass(int poll_ms, bool* progress, const std::atomic<bool>* caller_
   lost.clear();
   Status st = transport_->PollControl(timeline_->PollTimeoutMs(poll_ms), &messages, &lost);
   if (!st.ok()) {
-    Stop(st, true);
+    ReportAndStop(st);
     return false;
   }
   if (cycle_time_ms_ > 0 && queue_.HasRequests()) {
@@ -795,7 +795,7 @@ bool Runtime::TakeRoundMessage(const ControlMessage& message, bool* taken) {
   if (!*taken) return true;
   Status received = agreement_->Receive(message.peer, message.payload);
   if (received.ok()) return true;
-  Stop(received, true);
+  ReportAndStop(received);
   return false;
 }
 
@@ -803,7 +803,7 @@ bool Runtime::ReceiveResponseList(const ControlMessage& message) {
   ResponseList list;
   Status parsed = ParseResponseList(message.payload, &list);
   if (!parsed.ok()) {
-    Stop(Status::Internal("malformed response list from the coordinator: " + parsed.message()), true);
+    ReportAndStop(Status::Internal("malformed response list from the coordinator: " + parsed.message()));
     return false;
   }
   // A list waits for the round it follows, behind those already waiting, unless it must be applied
@@ -864,7 +864,7 @@ bool Runtime::Apply(ResponseList& list, bool parsed) {
       if (parsed && part.cache_id >= 0) {
         const Response* cached = cache_.Get(part.cache_id);
         if (cached == nullptr) {
-          Stop(Status::Internal("response cache out of step: unknown id " + std::to_string(part.cache_id)), true);
+          ReportAndStop(Status::Internal("response cache out of step: unknown id " + std::to_string(part.cache_id)));
           return false;
         }
         part.response = *cached;
@@ -939,11 +939,17 @@ void Runtime::FailOnDataPlane(const Status& status) {
       return;
     }
   }
-  // Tell the coordinator this rank failed (and why) before closing, so that it does not mistake
-  // this rank for the one that died.
-  RequestList report;
-  report.failure = status.message();
-  transport_->SendControl(0, SerializeRequestList(report));
+  ReportAndStop(status);
+}
+
+void Runtime::ReportAndStop(const Status& status) {
+  if (rank_ != 0) {
+    // Tell the coordinator this rank failed (and why) before closing, so that it does not mistake
+    // this rank for one that died, and every rank learns the cause.
+    RequestList report;
+    report.failure = status.message();
+    transport_->SendControl(0, SerializeRequestList(report));
+  }
   Stop(status, true);
 }
 

@@ -139,6 +139,9 @@ class Runtime {
   void ApplyParameters(const TunedParameters& parameters);
   void StopAfterCoordinatorLoss(const std::string& detail);
   void FailOnDataPlane(const Status& status);
+  // A failure found on this rank: a worker first tells the coordinator why, which ends the job on
+  // every rank with that cause; rank 0 tells the workers (Stop).
+  void ReportAndStop(const Status& status);
   std::string DiagnoseOnCoordinator(const Status& local);
   void Stop(const Status& reason, bool failure);
   void Linger(double seconds);

@@ -10,8 +10,11 @@ saves about 20 us per tensor on every step.
 
 Two rules keep ranks in step in graphs:
 
-* Names are fixed when the graph is traced (explicit names, or call-order names from
-  ``basics.auto_name``), so every run of a graph submits the same names on every rank.
+* Names are fixed when the graph is traced, so every run of a graph submits the same names on
+  every rank. An unnamed collective is named after its input tensor in the graph (as Horovod names
+  ``HorovodAllreduce_<tensor name>``), made unique within the graph: a rank that traces a function
+  again (a smaller last batch on one rank only) then still submits the names the others do. Eagerly,
+  unnamed collectives are named by call order (``basics.auto_name``).
 * A ``numpy_function`` blocks the executor thread that runs it, so independent collectives of one
   graph could start in a different order on different ranks and wait on each other. Each graph's
   collectives are therefore chained by control dependencies in the order they were traced.
@@ -80,13 +83,26 @@ def process_set_id(process_set):
     return process_set.process_set_id
 
 
-def op_name(kind, name, process_set, ignore_name_scope=False):
+def op_name(kind, name, process_set, ignore_name_scope=False, tensors=()):
     """The name ranks match this operation by: ``kind.name`` (under the current name scope unless
-    ignore_name_scope), or ``kind.noname.<n>`` by call order when name is None."""
+    ignore_name_scope); when name is None, auto_name's."""
     if name is None:
-        return basics.auto_name(kind, process_set_id(process_set))
+        return auto_name(kind, process_set_id(process_set), tensors)
     scope = "" if ignore_name_scope else tf.get_current_name_scope()
     return f"{kind}.{scope}/{name}" if scope else f"{kind}.{name}"
+
+
+def auto_name(kind, set_id, tensors=()):
+    """A name for an unnamed operation on tensors: while a tf.function traces, ``kind.<first
+    tensor's name>[..<last tensor's name>]``, unique within the graph (and the same in every trace
+    of the same code); eagerly ``kind.noname.<n>`` by call order."""
+    if tensors and not tf.executing_eagerly():
+        # Graph tensors, tf.Variables and Keras variables have names; Python and NumPy values do not.
+        names = [getattr(t.values if isinstance(t, tf.IndexedSlices) else t, "name", None) for t in tensors]
+        if all(isinstance(n, str) and n for n in names):
+            base = f"{kind}.{names[0]}" + (f"..{names[-1]}" if len(names) > 1 else "")
+            return tf.compat.v1.get_default_graph().unique_name(base)
+    return basics.auto_name(kind, set_id)
 
 
 def member_names(base, count):

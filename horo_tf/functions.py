@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from horo_core import basics
 from horo_core.process_sets import global_process_set
-from horo_tf import mpi_ops
+from horo_tf import _bridge, mpi_ops
 
 
 def broadcast_variables(variables, root_rank, process_set=global_process_set, inplace=False):
@@ -32,7 +32,7 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
     var_list = list(variables)
     if not var_list:
         return []
-    name = basics.auto_name("broadcast_variables", process_set.process_set_id or 0)
+    name = _bridge.auto_name("broadcast_variables", process_set.process_set_id or 0, var_list)
     return mpi_ops.broadcast_(var_list, root_rank, name=name, process_set=process_set)
 
 

@@ -24,7 +24,11 @@ class _DistributedGradientTape(tf.GradientTape):
     def __init__(self, tape, options, local_sources=(), scale_local_gradients=True):
         super().__init__(persistent=tape._persistent, watch_accessed_variables=tape._watch_accessed_variables)
         self._tape = tape._tape
-        self._recording = tape._recording
+        # Only the wrapped tape pushed self._tape on TensorFlow's stack, so only it may pop it (its
+        # __exit__, or gradient() below when called inside the with block): a second pop freed
+        # the tape twice and crashed the process.
+        self._recording = False
+        self._wrapped = tape
         self._watched_variables = tape._watched_variables
         self._horo_options = options
         self._local_sources = {id(v): v for v in local_sources}
@@ -56,6 +60,12 @@ class _DistributedGradientTape(tf.GradientTape):
         """
         if isinstance(use_generic_names, tf.UnconnectedGradients):  # tf.GradientTape's fourth argument
             unconnected_gradients, use_generic_names = use_generic_names, False
+        wrapped = self._wrapped
+        if wrapped is not None and wrapped._recording and wrapped._tape is self._tape and not self._persistent:
+            # Called inside the with block: stop recording as a plain tape's gradient() does, so the
+            # gradient's own ops are not recorded and the block's end pops nothing more.
+            wrapped._pop_tape()
+        self._wrapped = None
         grads = super().gradient(target, sources, output_gradients, unconnected_gradients)
         flat_sources = tf.nest.flatten(sources)
         flat_grads = tf.nest.flatten(grads, expand_composites=False)

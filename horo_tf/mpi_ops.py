@@ -2,10 +2,12 @@
 
 Each function validates its arguments, names the operation (see ``_bridge``) and runs it eagerly or
 as one ``tf.numpy_function`` inside a ``tf.function``. The results are differentiable with
-``tf.custom_gradient``: the gradient of an allreduce is the allreduce of the gradient with the same
-op, of an allgather the summed allreduce of the gradient sliced to this rank's rows, of a broadcast
-the summed allreduce kept on the root, of an alltoall the reverse alltoall, and of a reducescatter
-the allgather of the gradient (as in Horovod's TensorFlow ops).
+``tf.custom_gradient``, with the gradients of Horovod's TensorFlow ops: of an allreduce the
+allreduce of the gradient with the same op, of an allgather the averaged allreduce of the gradient
+sliced to this rank's rows, of a broadcast the averaged allreduce kept on the root (zeros
+elsewhere), of an alltoall the reverse alltoall, and of a reducescatter the allgather of the
+gradient, times the set's size for Sum (Horovod's factors, not the derivative of the sum: they
+differ by the set's size).
 
 ``device_dense``, ``device_sparse`` and ``ignore_name_scope`` are accepted for compatibility; the
 data always passes through host memory.
@@ -62,7 +64,8 @@ def _allreduce_dense(tensors, base, op, prescale_factor, postscale_factor, proce
         def grad(*dys):
             if op not in (Sum, Average):
                 raise HoroUnsupportedError("the gradient of an allreduce is defined for Sum and Average only")
-            return _allreduce_dense(_grad_or_zeros(dys, ys), basics.auto_name("allreduce.grad", set_id), op,
+            grads = _grad_or_zeros(dys, ys)
+            return _allreduce_dense(grads, _bridge.auto_name("allreduce.grad", set_id, grads), op,
                                     prescale_factor, postscale_factor, process_set)
 
         return ys, grad
@@ -123,7 +126,8 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
         compression: Compression.none, .fp16 or .bf16: the dtype the data travels in.
         op: Average (default), Sum, Min, Max or Product (IndexedSlices: Sum or Average).
         prescale_factor, postscale_factor: multiply the input before and the result after reducing.
-        name: ranks match operations by name; unnamed calls are named in call (trace) order.
+        name: ranks match operations by name; unnamed calls are named by call order eagerly, and after
+            their input tensor inside a tf.function (see ``_bridge``).
         process_set: the ranks taking part.
         ignore_name_scope: leave the current name scope out of the name.
     Returns:
@@ -134,7 +138,7 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
         HorovodInternalError: the collective failed (e.g. ranks disagree on the shape).
     """
     op = resolve_op(average, op)
-    base = _bridge.op_name("allreduce", name, process_set, ignore_name_scope)
+    base = _bridge.op_name("allreduce", name, process_set, ignore_name_scope, [tensor])
     return _grouped_allreduce([tensor], base, op, compression, prescale_factor, postscale_factor, process_set)[0]
 
 
@@ -154,7 +158,7 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
     op = resolve_op(average, op)
     if not tensors:
         return []
-    base = _bridge.op_name("grouped_allreduce", name, process_set, ignore_name_scope)
+    base = _bridge.op_name("grouped_allreduce", name, process_set, ignore_name_scope, tensors)
     return _grouped_allreduce(list(tensors), base, op, compression, prescale_factor, postscale_factor, process_set)
 
 
@@ -194,14 +198,15 @@ def _allgather(tensors, base, process_set, differentiable=True, join_hint=None):
         ys = forward(*xs)
 
         def grad(*dys):
-            summed = _allreduce_dense(_grad_or_zeros(dys, ys), basics.auto_name("allgather.grad", set_id), Sum,
-                                      1.0, 1.0, process_set)
+            grads = _grad_or_zeros(dys, ys)
+            averaged = _allreduce_dense(grads, _bridge.auto_name("allgather.grad", set_id, grads), Average,
+                                        1.0, 1.0, process_set)
             rows = tf.stack([tf.shape(x, out_type=tf.int64)[0] for x in xs])
-            all_rows = tf.reshape(_allgather([rows], basics.auto_name("allgather.grad.rows", set_id), process_set,
-                                             differentiable=False)[0], [-1, len(xs)])
+            all_rows = tf.reshape(_allgather([rows], _bridge.auto_name("allgather.grad.rows", set_id, [rows]),
+                                             process_set, differentiable=False)[0], [-1, len(xs)])
             me = process_set.rank()
             offsets = tf.reduce_sum(all_rows[:me], axis=0)
-            return [g[offsets[i]:offsets[i] + rows[i]] for i, g in enumerate(summed)]
+            return [g[offsets[i]:offsets[i] + rows[i]] for i, g in enumerate(averaged)]
 
         return ys, grad
 
@@ -221,7 +226,8 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_pro
     Raises:
         ValueError: invalid arguments. HorovodInternalError: the collective failed.
     """
-    return _allgather([tensor], _bridge.op_name("allgather", name, process_set, ignore_name_scope), process_set)[0]
+    return _allgather([tensor], _bridge.op_name("allgather", name, process_set, ignore_name_scope, [tensor]),
+                      process_set)[0]
 
 
 def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=global_process_set):
@@ -232,7 +238,7 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=g
     """
     if not tensors:
         return []
-    base = _bridge.op_name("grouped_allgather", name, process_set, ignore_name_scope)
+    base = _bridge.op_name("grouped_allgather", name, process_set, ignore_name_scope, tensors)
     return _allgather(list(tensors), base, process_set)
 
 
@@ -259,11 +265,12 @@ def _broadcast(tensors, root_rank, base, process_set):
         ys = forward(*xs)
 
         def grad(*dys):
-            summed = _allreduce_dense(_grad_or_zeros(dys, ys), basics.auto_name("broadcast.grad", set_id), Sum,
-                                      1.0, 1.0, process_set)
+            grads = _grad_or_zeros(dys, ys)
+            averaged = _allreduce_dense(grads, _bridge.auto_name("broadcast.grad", set_id, grads), Average,
+                                        1.0, 1.0, process_set)
             if basics.rank() != root_rank:
-                summed = [g * tf.zeros([], g.dtype) for g in summed]
-            return summed
+                averaged = [g * tf.zeros([], g.dtype) for g in averaged]
+            return averaged
 
         return ys, grad
 
@@ -284,8 +291,8 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set
     Raises:
         ValueError: invalid arguments. HorovodInternalError: the collective failed.
     """
-    return _broadcast([tensor], root_rank, _bridge.op_name("broadcast", name, process_set, ignore_name_scope),
-                      process_set)[0]
+    return _broadcast([tensor], root_rank,
+                      _bridge.op_name("broadcast", name, process_set, ignore_name_scope, [tensor]), process_set)[0]
 
 
 def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
@@ -304,7 +311,7 @@ def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
     single = not isinstance(variables, (list, tuple))
     var_list = [variables] if single else list(variables)
     if var_list:
-        base = _bridge.op_name("broadcast_", name, process_set, True)
+        base = _bridge.op_name("broadcast_", name, process_set, True, var_list)
         for var, value in zip(var_list, _broadcast(var_list, root_rank, base, process_set)):
             var.assign(value)
     return var_list[0] if single else var_list
@@ -326,7 +333,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
     Raises:
         ValueError: invalid splits or arguments. HorovodInternalError: the collective failed.
     """
-    base = _bridge.op_name("alltoall", name, process_set, ignore_name_scope)
+    base = _bridge.op_name("alltoall", name, process_set, ignore_name_scope, [tensor])
     out, received = _alltoall(_as_tensor(tensor), splits, base, process_set)
     return out if splits is None else (out, received)
 
@@ -351,7 +358,7 @@ def _alltoall(tensor, splits, base, process_set):
 
         def grad(dy, unused_dreceived):
             dy = tf.zeros_like(out) if dy is None else dy
-            g, _ = _alltoall(dy, received, basics.auto_name("alltoall.grad", set_id), process_set)
+            g, _ = _alltoall(dy, received, _bridge.auto_name("alltoall.grad", set_id, [dy]), process_set)
             return g, None
 
         return (out, received), grad
@@ -384,10 +391,11 @@ def _reducescatter(tensors, base, op, prescale_factor, postscale_factor, process
         ys = forward(*xs)
 
         def grad(*dys):
-            gathered = _allgather(_grad_or_zeros(dys, ys), basics.auto_name("reducescatter.grad", set_id),
-                                  process_set, differentiable=False)
-            scale = prescale_factor * postscale_factor / (process_set.size() if op == Average else 1)
-            return [g if scale == 1.0 else g * tf.cast(scale, g.dtype) for g in gathered]
+            grads = _grad_or_zeros(dys, ys)
+            if op == Sum:  # Horovod's scaling (not the prescale and postscale factors)
+                grads = [g * tf.cast(process_set.size(), g.dtype) for g in grads]
+            return _allgather(grads, _bridge.auto_name("reducescatter.grad", set_id, grads), process_set,
+                              differentiable=False)
 
         return ys, grad
 
@@ -416,7 +424,7 @@ def reducescatter(tensor, device_dense="", compression=Compression.none, op=Aver
         ValueError: invalid arguments. HorovodInternalError: the collective failed.
     """
     compressed, ctx = compression.compress(_as_tensor(tensor))
-    base = _bridge.op_name("reducescatter", name, process_set, ignore_name_scope)
+    base = _bridge.op_name("reducescatter", name, process_set, ignore_name_scope, [compressed])
     out = _reducescatter([compressed], base, op, prescale_factor, postscale_factor, process_set)[0]
     return compression.decompress(out, ctx)
 
@@ -431,7 +439,7 @@ def grouped_reducescatter(tensors, device_dense="", compression=Compression.none
     if not tensors:
         return []
     pairs = [compression.compress(_as_tensor(t)) for t in tensors]
-    base = _bridge.op_name("grouped_reducescatter", name, process_set, True)
+    base = _bridge.op_name("grouped_reducescatter", name, process_set, True, [p[0] for p in pairs])
     outs = _reducescatter([p[0] for p in pairs], base, op, prescale_factor, postscale_factor, process_set)
     return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
 

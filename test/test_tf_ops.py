@@ -158,19 +158,23 @@ def check_gradients(c, hvd, tf, env):
         c.equal(f"allreduce Sum grad {mode}", g, w.numpy() * total)
     for mode, g in grad_of(lambda t: hvd.allreduce(t, op=hvd.Average), x):
         c.close(f"allreduce Average grad {mode}", g, w.numpy() * total / n)
+    # Horovod's gradients of broadcast and allgather average the incoming gradients over the ranks.
     for mode, g in grad_of(lambda t: hvd.broadcast(t, 0), x):
-        c.equal(f"broadcast grad {mode}", g, w.numpy() * total if r == 0 else np.zeros(3))
+        c.close(f"broadcast grad {mode}", g, w.numpy() * total / n if r == 0 else np.zeros(3))
     xg = tf.ones([3])
-    # allgather output has 3n rows; row block s gets weights w * (r + 1) on rank r: the sum over ranks.
+    # allgather output has 3n rows; row block s gets weights w * (r + 1) on rank r.
     for mode, g in grad_of(lambda t: hvd.allgather(t), xg):
-        c.equal(f"allgather grad {mode}", g, np.tile(w.numpy(), n)[3 * r:3 * r + 3] * total)
+        c.close(f"allgather grad {mode}", g, np.tile(w.numpy(), n)[3 * r:3 * r + 3] * total / n)
     xa = tf.ones([3 * n])
     for mode, g in grad_of(lambda t: hvd.alltoall(t), xa):
         c.equal(f"alltoall grad {mode}", g, np.concatenate([np.tile(w.numpy(), n)[3 * r:3 * r + 3] * (s + 1)
                                                               for s in range(n)]))
     xr = tf.ones([3 * n])
+    # Horovod's: the allgathered gradient, times the size for Sum.
     for mode, g in grad_of(lambda t: hvd.reducescatter(t, op=hvd.Sum), xr):
-        c.equal(f"reducescatter grad {mode}", g, np.concatenate([w.numpy() * (s + 1) for s in range(n)]))
+        c.equal(f"reducescatter Sum grad {mode}", g, np.concatenate([w.numpy() * (s + 1) * n for s in range(n)]))
+    for mode, g in grad_of(lambda t: hvd.reducescatter(t, op=hvd.Average), xr):
+        c.equal(f"reducescatter Average grad {mode}", g, np.concatenate([w.numpy() * (s + 1) for s in range(n)]))
     # Eagerly, a collective of tensors no tape watches runs without a gradient wrapper.
     with tf.GradientTape() as tape:
         tape.watch(x)
@@ -504,3 +508,57 @@ def test_broadcast_global_variables_in_a_tf1_graph():
     for r, (before, v, w) in enumerate(reports):
         assert before == [float(r + 1)] * 3
         assert (v, w) == ([1.0, 1.0, 1.0], 10.0), f"rank {r}: {v}, {w}"
+
+
+def _retrace_and_wrap_inside():
+    """Two cases that once failed: a tf.function that only one rank traces again (a shorter last
+    batch there) with unnamed collectives in it (the ranks' call-order names then differed and
+    both waited forever), and a tape wrapped inside its own with block (a crash)."""
+    import tensorflow as tf
+
+    import horo_tf as hvd
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    v = tf.Variable([1.0, 2.0])
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            gathered = hvd.allgather(x * v)
+            loss = tf.reduce_sum(gathered)
+        tape = hvd.DistributedGradientTape(tape, op=hvd.Sum)
+        return hvd.allreduce(tf.cast(tf.shape(gathered)[0], tf.float32), op=hvd.Sum), tape.gradient(loss, v)
+
+    rows_per_step = [[2, 2, 1], [2, 2, 2]][r]  # rank 0 traces step a second time at the last step
+    steps = []
+    for rows in rows_per_step:
+        total, grad = step(tf.ones([rows, 2]))
+        steps.append((float(total), grad.numpy().tolist()))
+
+    wrapped = []
+    for persistent in (False, True):
+        with tf.GradientTape(persistent=persistent) as tape:
+            loss = tf.reduce_sum(v * float(r + 1))
+            tape = hvd.DistributedGradientTape(tape, op=hvd.Sum)
+            inside = tape.gradient(loss, v).numpy().tolist()  # inside the with block, as TF allows
+        with tf.GradientTape(persistent=persistent) as tape:
+            loss = tf.reduce_sum(v * float(r + 1))
+            tape = hvd.DistributedGradientTape(tape, op=hvd.Sum)
+        outside = tape.gradient(loss, v).numpy().tolist()
+        with tf.GradientTape() as plain:  # TensorFlow's tape stack is intact afterwards
+            loss = tf.reduce_sum(v * 3.0)
+        wrapped.append((inside, outside, plain.gradient(loss, v).numpy().tolist()))
+    hvd.shutdown()
+    return n, steps, wrapped
+
+
+def test_unnamed_collectives_agree_when_one_rank_retraces_and_a_tape_wraps_inside_its_block():
+    env = {**CHILD_ENV, "HORO_STALL_CHECK_TIME_SECONDS": "5", "HORO_STALL_SHUTDOWN_TIME_SECONDS": "30"}
+    reports = horo_runner.run(_retrace_and_wrap_inside, np=2, env=env)
+    for r, (n, steps, wrapped) in enumerate(reports):
+        # Rows gathered: 4, 4, then 3, summed over the 2 ranks. The loss sums the gathered rows; the
+        # allgather's gradient (averaged) is 1 on every row, so d loss / d v on a rank is its own row
+        # count, and the tape sums those over the ranks.
+        assert steps == [(8.0, [4.0, 4.0]), (8.0, [4.0, 4.0]), (6.0, [3.0, 3.0])], f"rank {r}: {steps}"
+        total = float(sum(s + 1 for s in range(n)))
+        assert wrapped == [([total] * 2, [total] * 2, [3.0, 3.0])] * 2, f"rank {r}: {wrapped}"

@@ -119,6 +119,8 @@ class _Recorder:
 
 def check_callbacks(c, hvd, keras, tf):
     n, r = hvd.size(), hvd.rank()
+    c.raises("keras broadcast_global_variables, eagerly", [RuntimeError], "does not support eager execution",
+             lambda: hvd.broadcast_global_variables(0))
     (xs, ys), _, _ = shard_and_global(n, r)
     raw, averaged = [], []
     model = make_model(keras, 100)
@@ -182,6 +184,23 @@ def check_broadcast_of_models_built_by_their_first_step(c, hvd, keras, tf):
         for i, value in enumerate(state):
             root = np.asarray(hvd.broadcast(value, 0, name=f"built_by_first_step.{what}.{i}"))
             c.same(f"{what}: variable {i} is root_rank's", bool(np.array_equal(value, root)), True)
+
+    # Dropout's random state (a Keras 3 seed generator variable) is not broadcast: the ranks keep
+    # drawing different masks while their weights agree.
+    keras.utils.set_random_seed(400 + r)
+    model = keras.Sequential([keras.Input((xs.shape[1],)), keras.layers.Dense(6), keras.layers.Dropout(0.5),
+                              keras.layers.Dense(1)])
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.05)), loss="mse")
+    model.fit(xs, ys, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    seeds = [v.numpy() for v in model.variables if v.name == "seed_generator_state"]
+    c.same("one dropout seed state", len(seeds), 1)
+    import horo_tf
+    everyone = horo_tf.allgather_object(seeds[0].tolist())
+    c.same("dropout seed states differ between ranks", len({str(s) for s in everyone}), n)
+    for i, value in enumerate(model.get_weights()):
+        root = np.asarray(hvd.broadcast(value, 0, name=f"dropout_model.{i}"))
+        c.same(f"dropout model: weight {i} is root_rank's", bool(np.array_equal(value, root)), True)
 
 
 def check_checkpoint_and_load(c, hvd, keras, tf):

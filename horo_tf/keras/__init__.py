@@ -72,6 +72,18 @@ def reducescatter(value, name=None, op=Average):
     return mpi_ops.reducescatter(tf.constant(value), name=name, op=op)
 
 
+def broadcast_global_variables(root_rank):
+    """Horovod's Keras ``broadcast_global_variables``: the op that overwrites every TF1 global
+    variable with root_rank's value (see ``horo_tf.broadcast_global_variables``).
+
+    Raises:
+        RuntimeError: when executing eagerly, as in Horovod: broadcast the model's variables with
+            ``callbacks.BroadcastGlobalVariablesCallback`` or ``horo_tf.broadcast_variables``.
+    """
+    import horo_tf
+    return horo_tf.broadcast_global_variables(root_rank)
+
+
 def _optimizer_classes():
     classes = []
     for item in vars(keras.optimizers).values():

@@ -18,6 +18,9 @@ from horo_tf.functions import broadcast_variables
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """Broadcasts the model's variables and the optimizer's from root_rank when training starts.
 
+    The random state of Dropout, noise and augmentation layers (Keras 3 seed generators) is left
+    alone, so that ranks keep drawing different masks.
+
     Keras 3 builds the optimizer before ``on_train_begin``, so both are broadcast before the first
     step. Variables that the first step creates (a model without an ``Input`` or a subclassed
     model, which Keras builds on its first batch; an optimizer not built yet) are broadcast after
@@ -45,7 +48,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         variables = list(self.model.variables)
         if optimizer is not None and optimizer.built:
             variables += list(optimizer.variables)
-        return [v for v in variables if id(v) not in self._local]
+        return [v for v in variables if id(v) not in self._local and not _is_seed_state(v)]
 
     def on_train_begin(self, logs=None):
         variables = self._variables()
@@ -61,6 +64,14 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self._done = set()
         if created:
             broadcast_variables(created, root_rank=self.root_rank)
+
+
+def _is_seed_state(variable):
+    """Keras 3 keeps the random state of Dropout, noise and augmentation layers in variables named
+    seed_generator_state. Broadcasting them would give every rank the same dropout masks and
+    augmentations: the ranks' randomness stays their own, as under Horovod (tf.keras 2 had no such
+    variables)."""
+    return getattr(variable, "name", None) == "seed_generator_state"
 
 
 class MetricAverageCallback(keras.callbacks.Callback):

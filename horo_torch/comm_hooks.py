@@ -77,7 +77,9 @@ class GradBucket:
 
 
 class HandleFuture:
-    """A future over a Horo handle: ``wait()`` synchronizes and applies the ``then`` steps in order.
+    """A future over a Horo handle, used as a ``torch.futures.Future``: ``then(callback)`` calls
+    ``callback(future)`` once the value is known (the callback reads ``future.value()``), ``wait()``
+    and ``value()`` synchronize and return the result after the ``then`` steps, in order.
 
     Args:
         handle: a handle from an ``*_async`` collective whose result is one tensor.
@@ -87,15 +89,20 @@ class HandleFuture:
         self._handle, self._steps = handle, tuple(steps)
         self._done, self._value = False, None
 
-    def then(self, fn):
-        """Returns a future whose value is ``fn(value)``; only one of the chain may be waited on.
+    def then(self, callback):
+        """Returns a future whose value is ``callback(completed future)``, as torch's Future.then;
+        only one future of a chain may be waited on.
 
         Args:
-            fn: a function of the tensor this future yields.
+            callback: a function of a completed future (its ``value()`` is this future's value).
         Returns:
             HandleFuture.
         """
-        return HandleFuture(self._handle, self._steps + (fn,))
+        return HandleFuture(self._handle, self._steps + (callback,))
+
+    def done(self):
+        """Returns whether wait() has returned (the collective may have finished before)."""
+        return self._done
 
     def wait(self):
         """Waits for the collective and returns the (transformed) result; repeated calls return it again.
@@ -107,10 +114,16 @@ class HandleFuture:
         """
         if not self._done:
             value = synchronize(self._handle)
-            for fn in self._steps:
-                value = fn(value)
+            for callback in self._steps:
+                completed = torch.futures.Future()
+                completed.set_result(value)
+                value = callback(completed)
             self._value, self._done = value, True
         return self._value
+
+    def value(self):
+        """The result, as wait() returns it."""
+        return self.wait()
 
 
 def _process_set(state, bucket):
@@ -139,7 +152,7 @@ def _cast_hook(wire_dtype, state, bucket):
     # Divide before compressing, as DDP does, so that the sum cannot overflow the narrow type.
     compressed = (buffer / process_set.size()).to(wire_dtype)
     handle = allreduce_async_(compressed, name=bucket.name(), op=Sum, process_set=process_set)
-    return HandleFuture(handle).then(lambda reduced: reduced.to(buffer.dtype))
+    return HandleFuture(handle).then(lambda fut: fut.value().to(buffer.dtype))
 
 
 def fp16_compress_hook(state, bucket):

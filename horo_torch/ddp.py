@@ -2,8 +2,8 @@
 
 How one synchronised iteration goes:
 
-* ``forward`` broadcasts the module's buffers from the set's first rank (DDP's
-  ``broadcast_buffers=True``), then runs the module.
+* ``forward`` broadcasts the module's buffers from the set's first rank (unless
+  ``broadcast_buffers=False``, as in DDP), then runs the module.
 * During backward, a post-accumulate-grad hook on each parameter marks it ready. Parameters are
   grouped into buckets (at most ``bucket_cap_mb`` each, the first at most 1 MiB so that
   communication starts early, one dtype and device per bucket). When every parameter of a bucket is
@@ -47,6 +47,23 @@ from horo_torch.comm_hooks import GradBucket, allreduce_hook
 
 _MIB = 1024 * 1024
 FIRST_BUCKET_BYTES = _MIB
+
+
+def _check_devices(module, device_ids, output_device):
+    """torch DDP's single-device form: device_ids=[d] (and output_device d) where d is the module's
+    one device; CPU modules take None."""
+    devices = {p.device for p in module.parameters()}
+    given = [] if device_ids is None else list(device_ids)
+    if output_device is not None:
+        given.append(output_device)
+    for d in given:
+        device = torch.device(f"cuda:{d}" if isinstance(d, int) else d)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        if devices != {device}:
+            raise ValueError(f"device_ids and output_device must be None or the one device the module is on; got "
+                             f"device_ids={device_ids}, output_device={output_device} for a module on "
+                             f"{sorted(str(x) for x in devices)}")
 
 
 def root_rank(process_set):
@@ -103,23 +120,46 @@ class _Bucket:
 class DistributedDataParallel(torch.nn.Module):
     """Wraps a module so that backward averages its gradients across the ranks of a process set.
 
+    Takes torch DDP's arguments, so that a DDP script runs with ``process_set`` in place of
+    ``process_group``.
+
     Args:
         module: the module to replicate; its parameters and buffers are broadcast from the set's first
-            rank at construction.
-        bucket_cap_mb: the size limit of a gradient bucket in MiB (the first bucket is at most 1 MiB).
+            rank at construction (unless init_sync is False).
+        device_ids: None, or the one device the module is on (torch DDP's single-device form).
+        output_device: None, or that same device (outputs stay where the module puts them).
+        dim: accepted for torch DDP compatibility (it applies to multi-device modules only).
+        broadcast_buffers: broadcast the buffers from the set's first rank at every forward; None: True.
+        init_sync: broadcast parameters and buffers at construction.
+        process_group: must be None; Horo's ranks are chosen with process_set.
+        bucket_cap_mb: the size limit of a gradient bucket in MiB (the first bucket is at most 1 MiB);
+            None: 25.
         find_unused_parameters: mark parameters that got no gradient as ready at the end of backward
             (see the module docstring).
+        check_reduction, gradient_as_bucket_view, static_graph: accepted for torch DDP
+            compatibility; memory and tracing hints there, with no effect on the gradients. Here
+            gradients are always copied out of the buckets, and no graph is assumed static.
         process_set: the ranks that train together; this rank must be a member.
     Raises:
-        ValueError: bucket_cap_mb is not positive, the set is not registered or this rank is not in it.
+        ValueError: bucket_cap_mb is not positive, device_ids or output_device name a device the
+            module is not on, process_group is given, the set is not registered or this rank is not
+            in it.
         RuntimeError: from ``backward``, when find_unused_parameters is False and parameters got no
             gradient (after their buckets were reduced, so that the other ranks do not wait).
     """
 
-    def __init__(self, module, bucket_cap_mb=25, find_unused_parameters=False, process_set=global_process_set):
+    def __init__(self, module, device_ids=None, output_device=None, dim=0, broadcast_buffers=None, init_sync=True,
+                 process_group=None, bucket_cap_mb=None, find_unused_parameters=False, check_reduction=False,
+                 gradient_as_bucket_view=False, static_graph=False, process_set=global_process_set):
         super().__init__()
+        if bucket_cap_mb is None:
+            bucket_cap_mb = 25
         if not bucket_cap_mb > 0:
             raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
+        if process_group is not None:
+            raise ValueError("process_group is torch.distributed's; pass process_set=hvd.ProcessSet(...) to train "
+                             "on a subset of the ranks")
+        _check_devices(module, device_ids, output_device)
         if process_set.process_set_id is None:
             raise HoroInvalidArgument(f"{process_set} is not registered: pass it to hvd.init(process_sets=[...]) "
                                       "or hvd.add_process_set() first")
@@ -129,6 +169,7 @@ class DistributedDataParallel(torch.nn.Module):
         self.process_set = process_set
         self.find_unused_parameters = bool(find_unused_parameters)
         self.require_backward_grad_sync = True
+        self.broadcast_buffers = True if broadcast_buffers is None else bool(broadcast_buffers)
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         self._param_names = [n for n, _ in named]
         self._params = [p for _, p in named]
@@ -146,7 +187,8 @@ class DistributedDataParallel(torch.nn.Module):
         self._callback_queued = False
         self._lock = threading.Lock()  # hooks of parameters on different devices run on different threads
         self._reset_iteration()
-        self._broadcast_state()
+        if init_sync:
+            self._broadcast_state()
         self._hook_handles = [p.register_post_accumulate_grad_hook(self._make_hook(i))
                               for i, p in enumerate(self._params)]
         remove_when_collected(self, self._hook_handles)  # the module may be wrapped again
@@ -163,7 +205,8 @@ class DistributedDataParallel(torch.nn.Module):
             self._abandon_iteration()
         if torch.is_grad_enabled():
             self._sync_this_backward = self.require_backward_grad_sync
-        self._broadcast_buffers()
+        if self.broadcast_buffers:
+            self._broadcast_buffers()
         return self.module(*inputs, **kwargs)
 
     @contextlib.contextmanager

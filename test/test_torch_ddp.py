@@ -273,6 +273,17 @@ def check_compression_hooks(hvd, c):
     train_and_compare(hvd, c, "bf16 sgd", Mlp, sgd, hook=comm_hooks.bf16_compress_hook, tol=2e-2,
                       dtype=torch.float32)
     train_and_compare(hvd, c, "allreduce hook sgd", Mlp, sgd, hook=comm_hooks.allreduce_hook)
+    # Hooks written for torch's DDP chain futures the torch way: then(callback) calls callback(future),
+    # which reads future.value(); torch's own fp16_compress_wrapper does.
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    train_and_compare(hvd, c, "torch's fp16_compress_wrapper", Mlp, sgd, tol=2e-3, dtype=torch.float32,
+                      hook=default_hooks.fp16_compress_wrapper(comm_hooks.allreduce_hook))
+
+    def halved_sum_hook(state, bucket):  # an average written as a sum halved in a then() callback
+        handle = hvd.allreduce_async_(bucket.buffer(), name=bucket.name(), op=hvd.Sum)
+        return comm_hooks.HandleFuture(handle).then(lambda fut: fut.value() / hvd.size())
+
+    train_and_compare(hvd, c, "torch-style then()", Mlp, sgd, hook=halved_sum_hook)
 
 
 def check_unused_parameters(hvd, c):
@@ -328,6 +339,24 @@ def check_state_broadcast(hvd, c):
     model.counter.fill_(rank + 5.0)
     ddp(torch.zeros(1, 5))
     c.close("buffer broadcast before forward", model.counter, torch.full((2,), 5.0), 0.0)
+
+    # torch DDP's arguments: init_sync=False and broadcast_buffers=False leave every rank's own state.
+    torch.manual_seed(rank)
+    own = Mlp()
+    own.register_buffer("counter", torch.full((2,), float(rank)))
+    mine = [p.detach().clone() for p in own.parameters()]
+    ddp = DistributedDataParallel(own, device_ids=None, output_device=None, dim=0, broadcast_buffers=False,
+                                  init_sync=False, bucket_cap_mb=None, gradient_as_bucket_view=True,
+                                  static_graph=True, check_reduction=False)
+    ddp(torch.zeros(1, 5))
+    c.same("init_sync=False keeps this rank's parameters",
+           all(torch.equal(p.detach(), q) for p, q in zip(own.parameters(), mine)), True)
+    c.close("broadcast_buffers=False keeps this rank's buffer", own.counter, torch.full((2,), float(rank)), 0.0)
+    c.raises("device_ids of a CPU module", ValueError, "one device the module is on",
+             lambda: DistributedDataParallel(Mlp(), device_ids=[0]))
+    c.raises("a process group", ValueError, "process_set",
+             lambda: DistributedDataParallel(Mlp(), process_group=object()))
+    DistributedDataParallel(Mlp(), device_ids=["cpu"], output_device="cpu")  # the module's own device
 
 
 def check_hook_api(hvd, c):

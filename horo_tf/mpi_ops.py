@@ -164,16 +164,9 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
 
 # Allgather ---------------------------------------------------------------------------------------
 
-def _check_rank_at_least_one(tensors, kind):
-    for t in tensors:
-        if t.shape.rank == 0:
-            raise HoroInvalidArgument(f"{kind} needs tensors of rank >= 1, got a scalar")
-
-
 def _allgather(tensors, base, process_set, differentiable=True, join_hint=None):
     """join_hint: appended to the error when the allgather fails because ranks have joined."""
     tensors = [_as_tensor(t) for t in tensors]
-    _check_rank_at_least_one(tensors, "allgather")
     names = _bridge.member_names(base, len(tensors))
     codes = _codes(tensors, names)
     set_id = _bridge.process_set_id(process_set)
@@ -339,7 +332,6 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
 
 
 def _alltoall(tensor, splits, base, process_set):
-    _check_rank_at_least_one([tensor], "alltoall")
     code = _bridge.dtype_code(tensor.dtype, base)
     set_id = _bridge.process_set_id(process_set)
     split_tensor = tf.zeros([0], tf.int64) if splits is None else tf.cast(tf.reshape(splits, [-1]), tf.int64)
@@ -370,7 +362,6 @@ def _alltoall(tensor, splits, base, process_set):
 
 def _reducescatter(tensors, base, op, prescale_factor, postscale_factor, process_set):
     tensors = [_as_tensor(t) for t in tensors]
-    _check_rank_at_least_one(tensors, "reducescatter")
     names = _bridge.member_names(base, len(tensors))
     codes = _codes(tensors, names)
     set_id = _bridge.process_set_id(process_set)

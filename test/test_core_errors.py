@@ -89,8 +89,6 @@ def test_local_validation_errors(world3):
         ops.allreduce(rt, np.ones(2, np.float32), "bad.adasum", op=lib.HORO_OP_ADASUM)
     with pytest.raises(HoroInvalidArgument, match="process set 9 does not exist"):
         ops.allreduce(rt, np.ones(2, np.float32), "bad.set", process_set_id=9)
-    with pytest.raises(HoroInvalidArgument, match="rank >= 1, got a scalar"):
-        ops.allgather(rt, np.ones((), np.float32), "bad.scalar")
     # The runtime is still healthy.
     outs = world3.run(lambda r: ops.allreduce(r, np.ones(2, np.float32), "ok"))
     assert all(np.all(o == 3) for o in outs)
@@ -105,6 +103,22 @@ def run_invalid(world, fn):
     outs = world.run(lambda rt: ops.allreduce(rt, np.ones(2, np.float32), "after.invalid"))
     assert all(np.all(o == world.size) for o in outs)
     return [str(e) for e in errors]
+
+
+@pytest.mark.parametrize("op", ["allgather", "alltoall", "reducescatter"])
+def test_a_scalar_on_one_rank_fails_on_every_rank(world3, op):
+    """Rows are what these collectives split or join: a scalar is refused by the coordinator, so
+    that the ranks that passed a proper tensor get the error too instead of waiting."""
+    def body(rt):
+        x = np.ones((), np.float32) if rt.rank == 1 else np.ones(3, np.float32)
+        if op == "allgather":
+            return ops.allgather(rt, x, "scalar.somewhere")
+        if op == "alltoall":
+            return ops.alltoall(rt, x, "scalar.somewhere")
+        return ops.reducescatter(rt, x, "scalar.somewhere")
+
+    for message in run_invalid(world3, body):
+        assert f"{op} tensor 'scalar.somewhere' needs tensors of rank >= 1; rank 1 passed a scalar" in message
 
 
 def test_root_outside_the_set_fails_on_every_rank(world3):

@@ -229,6 +229,19 @@ Response Coordinator::Construct(int32_t set_id, const std::string& name, const P
     os << " joined process set " << set_id << "); only allreduce works with join";
     return ErrorResponse(set_id, name, HORO_ERR_MISMATCH, os.str());
   }
+  if (op == OpType::kAllgather || op == OpType::kAlltoall || op == OpType::kReducescatter) {
+    // Checked here rather than where the tensor is submitted, so that every rank gets the error
+    // (a scalar on one rank only would otherwise leave the others waiting).
+    std::ostringstream scalars;
+    for (const auto& kv : pending.by_rank) {
+      if (kv.second.shape.empty()) scalars << (scalars.tellp() > 0 ? ", " : "") << kv.first;
+    }
+    if (scalars.tellp() > 0) {
+      return ErrorResponse(set_id, name, HORO_ERR_INVALID_ARGUMENT,
+                           std::string(OpTypeName(op)) + " tensor " + Quote(name) + " needs tensors of rank >= 1; " +
+                               "rank " + scalars.str() + " passed a scalar");
+    }
+  }
   bool mismatch = false;
   auto shape_of = [](const Request& r) { return ShapeText(r.shape); };
   auto trailing_shape_of = [](const Request& r) {

@@ -169,21 +169,16 @@ Status Runtime::ValidateTensor(OpType op, const horo_tensor_t& t, const horo_op_
       if (op == OpType::kAllreduce && count > 0 && t.output == nullptr) {
         return Status::InvalidArgument(label() + ": output pointer is null");
       }
-      if (op == OpType::kReducescatter && t.ndim < 1) {
-        return Status::InvalidArgument(label() + ": reducescatter needs a tensor of rank >= 1, got a scalar");
-      }
       break;
     }
     case OpType::kBroadcast:
       // Root validity is checked by the coordinator, so that every rank gets the error.
       if (count > 0 && t.output == nullptr) return Status::InvalidArgument(label() + ": output pointer is null");
       break;
-    case OpType::kAllgather:
-      if (t.ndim < 1) return Status::InvalidArgument(label() + ": allgather needs a tensor of rank >= 1, got a scalar");
+    case OpType::kAllgather:  // scalars are refused by the coordinator, so that every rank gets the error
       break;
     case OpType::kAlltoall:
-      // Splits are checked by the coordinator, so that every rank gets the error.
-      if (t.ndim < 1) return Status::InvalidArgument(label() + ": alltoall needs a tensor of rank >= 1, got a scalar");
+      // Splits (and scalars) are checked by the coordinator, so that every rank gets the error.
       if (options.num_splits < 0 || (options.num_splits > 0 && options.splits == nullptr)) {
         return Status::InvalidArgument(label() + ": splits pointer is null or num_splits is negative");
       }

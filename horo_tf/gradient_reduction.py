@@ -44,8 +44,10 @@ class ReductionOptions:
             raise HoroInvalidArgument("gradients can be reduced with op=Average or op=Sum only")
         if self.gradient_predivide_factor != 1.0 and self.op != mpi_ops.Average:
             raise HoroInvalidArgument("gradient_predivide_factor needs op=Average")
-        if isinstance(self.groups, int) and self.groups < 0:
-            raise HoroInvalidArgument(f"groups must be >= 0, got {self.groups}")
+        if self.groups is not None and (isinstance(self.groups, bool) or not isinstance(self.groups, (int, list, tuple))
+                                        or (isinstance(self.groups, int) and self.groups <= 0)):
+            raise HoroInvalidArgument("groups should be a positive integer or a list of lists of variables, got "
+                                      f"{self.groups!r}")
 
 
 def _group_indices(options, variables, count):

@@ -17,6 +17,12 @@ import torch
 from horo_core import basics, dtypes
 from horo_core._binding import lib
 from horo_core.errors import HoroInvalidArgument
+# As horovod.torch.mpi_ops, this module also carries the basics, so that scripts importing them from
+# here (``from horovod.torch.mpi_ops import rank, size``) run after the import is renamed.
+from horo_core.basics import (cross_rank, cross_size, init, is_initialized, local_rank, local_size,  # noqa: F401
+                              rank, shutdown, size, start_timeline, stop_timeline)
+from horo_core.errors import HorovodInternalError  # noqa: F401 (re-exported)
+from horo_core.process_sets import ProcessSet, add_process_set, remove_process_set  # noqa: F401 (re-exported)
 from horo_core.process_sets import global_process_set
 from horo_core.reduce_ops import Adasum, Average, Max, Min, Product, Sum, resolve_op  # noqa: F401 (re-exported)
 from horo_core.runtime import TensorSpec, prepare_run

@@ -234,6 +234,9 @@ def check_tape(c, hvd, tf, env):
             for i, (a, b) in enumerate(zip(dist.get_weights(), ref.get_weights())):
                 c.close(f"tape {name} {mode} weight {i}", a, b)
 
+    for bad in (0, -2, True):
+        c.raises(f"groups={bad!r}", [ValueError], "groups should be a positive integer",
+                 lambda: hvd.DistributedGradientTape(tf.GradientTape(), groups=bad))
     # tf.GradientTape's fourth positional argument, an UnconnectedGradients, still means that.
     v, unused = tf.Variable(float(r + 1)), tf.Variable(5.0)
     with tf.GradientTape() as tape:

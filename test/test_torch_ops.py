@@ -771,3 +771,13 @@ def test_torch_collectives(size):
             if expect_checks and count == 0:
                 problems.append(f"rank {rank} {group}: no check ran")
     assert not problems, "\n".join(problems[:60])
+
+
+def test_mpi_ops_carries_horovods_basics_too():
+    """horovod.torch.mpi_ops also exports the basics; scripts import them from there."""
+    import horo_torch
+    import horo_torch.mpi_ops as mpi_ops
+    for name in ("init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
+                 "cross_size", "start_timeline", "stop_timeline", "ProcessSet", "global_process_set",
+                 "add_process_set", "remove_process_set", "HorovodInternalError", "allreduce", "synchronize"):
+        assert getattr(mpi_ops, name) is getattr(horo_torch, name), name

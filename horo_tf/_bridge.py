@@ -93,16 +93,30 @@ def op_name(kind, name, process_set, ignore_name_scope=False, tensors=()):
 
 
 def auto_name(kind, set_id, tensors=()):
-    """A name for an unnamed operation on tensors: while a tf.function traces, ``kind.<first
-    tensor's name>[..<last tensor's name>]``, unique within the graph (and the same in every trace
-    of the same code); eagerly ``kind.noname.<n>`` by call order."""
+    """A name for an unnamed operation on tensors: while a tf.function traces, ``kind.<functions
+    traced>:<first tensor's name>[..<last tensor's name>]``, unique within the graph (and the same
+    in every trace of the same code); eagerly ``kind.noname.<n>`` by call order."""
     if tensors and not tf.executing_eagerly():
         # Graph tensors, tf.Variables and Keras variables have names; Python and NumPy values do not.
         names = [getattr(t.values if isinstance(t, tf.IndexedSlices) else t, "name", None) for t in tensors]
         if all(isinstance(n, str) and n for n in names):
-            base = f"{kind}.{names[0]}" + (f"..{names[-1]}" if len(names) > 1 else "")
-            return tf.compat.v1.get_default_graph().unique_name(base)
+            graph = tf.compat.v1.get_default_graph()
+            base = f"{kind}.{_function_path(graph)}:{names[0]}" + (f"..{names[-1]}" if len(names) > 1 else "")
+            return graph.unique_name(base)
     return basics.auto_name(kind, set_id)
+
+
+def _function_path(graph):
+    """The names of the tf.functions being traced, outermost first ("outer/inner"): tensor names
+    restart in every function's graph, so an inner function's tensors may be named like the outer
+    one's, and its collectives may run beside them. (Branches of tf.cond and loop bodies carry their
+    scope in their tensor names instead; their graph names hold process-wide counters.)"""
+    path = []
+    while graph is not None:
+        if type(graph).__name__ == "FuncGraph":
+            path.append(graph.name)
+        graph = getattr(graph, "outer_graph", None)
+    return "/".join(reversed(path))
 
 
 def member_names(base, count):

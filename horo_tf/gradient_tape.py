@@ -61,7 +61,9 @@ class _DistributedGradientTape(tf.GradientTape):
         if isinstance(use_generic_names, tf.UnconnectedGradients):  # tf.GradientTape's fourth argument
             unconnected_gradients, use_generic_names = use_generic_names, False
         wrapped = self._wrapped
-        if wrapped is not None and wrapped._recording and wrapped._tape is self._tape and not self._persistent:
+        # (While this wrapper records itself, e.g. inside jacobian(), the wrapped tape stays pushed.)
+        if wrapped is not None and wrapped._recording and wrapped._tape is self._tape and not self._persistent \
+                and not self._recording:
             # Called inside the with block: stop recording as a plain tape's gradient() does, so the
             # gradient's own ops are not recorded and the block's end pops nothing more.
             wrapped._pop_tape()

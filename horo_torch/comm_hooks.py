@@ -13,7 +13,7 @@ around a Horo handle.
 """
 import torch
 
-from horo_torch.mpi_ops import Average, Sum, allreduce_async_, synchronize
+from horo_torch.mpi_ops import Average, Sum, allreduce_async_, poll, synchronize
 
 
 class GradBucket:
@@ -101,8 +101,8 @@ class HandleFuture:
         return HandleFuture(self._handle, self._steps + (callback,))
 
     def done(self):
-        """Returns whether wait() has returned (the collective may have finished before)."""
-        return self._done
+        """Returns whether the collective has completed (then wait() and value() do not block)."""
+        return self._done or poll(self._handle)
 
     def wait(self):
         """Waits for the collective and returns the (transformed) result; repeated calls return it again.

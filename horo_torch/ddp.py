@@ -51,11 +51,16 @@ FIRST_BUCKET_BYTES = _MIB
 
 def _check_devices(module, device_ids, output_device):
     """torch DDP's single-device form: device_ids=[d] (and output_device d) where d is the module's
-    one device; CPU modules take None."""
+    one device; CPU modules take None.
+
+    Returns:
+        The device inputs are moved to (device_ids[0]), or None.
+    """
     devices = {p.device for p in module.parameters()}
     given = [] if device_ids is None else list(device_ids)
     if output_device is not None:
         given.append(output_device)
+    checked = []
     for d in given:
         device = torch.device(f"cuda:{d}" if isinstance(d, int) else d)
         if device.type == "cuda" and device.index is None:
@@ -64,6 +69,22 @@ def _check_devices(module, device_ids, output_device):
             raise ValueError(f"device_ids and output_device must be None or the one device the module is on; got "
                              f"device_ids={device_ids}, output_device={output_device} for a module on "
                              f"{sorted(str(x) for x in devices)}")
+        checked.append(device)
+    return checked[0] if device_ids else None
+
+
+def _to_device(value, device):
+    """value with every tensor in it (also inside lists, tuples and dicts) moved to device, as torch
+    DDP moves a single-device module's inputs to device_ids[0]."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+        return type(value)(*(_to_device(v, device) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_device(v, device) for v in value)
+    if isinstance(value, dict):
+        return type(value)((k, _to_device(v, device)) for k, v in value.items())
+    return value
 
 
 def root_rank(process_set):
@@ -126,7 +147,8 @@ class DistributedDataParallel(torch.nn.Module):
     Args:
         module: the module to replicate; its parameters and buffers are broadcast from the set's first
             rank at construction (unless init_sync is False).
-        device_ids: None, or the one device the module is on (torch DDP's single-device form).
+        device_ids: None, or the one device the module is on (torch DDP's single-device form); the
+            inputs of forward are moved there, as torch DDP does.
         output_device: None, or that same device (outputs stay where the module puts them).
         dim: accepted for torch DDP compatibility (it applies to multi-device modules only).
         broadcast_buffers: broadcast the buffers from the set's first rank at every forward; None: True.
@@ -159,7 +181,7 @@ class DistributedDataParallel(torch.nn.Module):
         if process_group is not None:
             raise ValueError("process_group is torch.distributed's; pass process_set=hvd.ProcessSet(...) to train "
                              "on a subset of the ranks")
-        _check_devices(module, device_ids, output_device)
+        self._input_device = _check_devices(module, device_ids, output_device)
         if process_set.process_set_id is None:
             raise HoroInvalidArgument(f"{process_set} is not registered: pass it to hvd.init(process_sets=[...]) "
                                       "or hvd.add_process_set() first")
@@ -207,6 +229,8 @@ class DistributedDataParallel(torch.nn.Module):
             self._sync_this_backward = self.require_backward_grad_sync
         if self.broadcast_buffers:
             self._broadcast_buffers()
+        if self._input_device is not None:
+            inputs, kwargs = _to_device(inputs, self._input_device), _to_device(kwargs, self._input_device)
         return self.module(*inputs, **kwargs)
 
     @contextlib.contextmanager

@@ -538,6 +538,25 @@ def _retrace_and_wrap_inside():
         total, grad = step(tf.ones([rows, 2]))
         steps.append((float(total), grad.numpy().tolist()))
 
+    # An inner tf.function's tensors are named like the outer one's ("mul:0"); their unnamed
+    # collectives, which may run side by side, must still get different names.
+    from horo_tf import _bridge
+    names = []
+
+    @tf.function
+    def inner(x):
+        y = x * v
+        names.append(_bridge.auto_name("allreduce", 0, [y]))
+        return hvd.allreduce(y, op=hvd.Sum)
+
+    @tf.function
+    def outer(x):
+        y = x * 2.0
+        names.append(_bridge.auto_name("allreduce", 0, [y]))
+        return hvd.allreduce(y, op=hvd.Sum), inner(x)
+
+    nested = [t.numpy().tolist() for t in outer(tf.ones([2]))]
+
     wrapped = []
     for persistent in (False, True):
         with tf.GradientTape(persistent=persistent) as tape:
@@ -552,13 +571,15 @@ def _retrace_and_wrap_inside():
             loss = tf.reduce_sum(v * 3.0)
         wrapped.append((inside, outside, plain.gradient(loss, v).numpy().tolist()))
     hvd.shutdown()
-    return n, steps, wrapped
+    return n, steps, wrapped, names, nested
 
 
 def test_unnamed_collectives_agree_when_one_rank_retraces_and_a_tape_wraps_inside_its_block():
     env = {**CHILD_ENV, "HORO_STALL_CHECK_TIME_SECONDS": "5", "HORO_STALL_SHUTDOWN_TIME_SECONDS": "30"}
     reports = horo_runner.run(_retrace_and_wrap_inside, np=2, env=env)
-    for r, (n, steps, wrapped) in enumerate(reports):
+    for r, (n, steps, wrapped, names, nested) in enumerate(reports):
+        assert len(names) == 2 and names[0] != names[1], f"rank {r}: {names}"
+        assert nested == [[4.0, 4.0], [2.0, 4.0]], f"rank {r}: {nested}"
         # Rows gathered: 4, 4, then 3, summed over the 2 ranks. The loss sums the gathered rows; the
         # allgather's gradient (averaged) is 1 on every row, so d loss / d v on a rank is its own row
         # count, and the tape sums those over the ranks.

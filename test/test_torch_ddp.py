@@ -379,6 +379,13 @@ def check_hook_api(hvd, c):
     c.raises("hook not callable", TypeError, "callable",
              lambda: DistributedDataParallel(Mlp()).register_comm_hook(None, 3))
     c.raises("bucket_cap_mb", ValueError, "positive", lambda: DistributedDataParallel(Mlp(), bucket_cap_mb=0))
+    # done() tells whether the collective completed, as torch's Future.done does (polled, not waited).
+    future = comm_hooks.HandleFuture(hvd.allreduce_async(torch.ones(3), name="hook_api.done", op=hvd.Sum))
+    for _ in range(10 ** 7):
+        if future.done():
+            break
+    c.same("HandleFuture.done() turns True without wait()", future.done(), True)
+    c.close("HandleFuture.value()", future.value(), torch.full((3,), float(hvd.size())), 0.0)
     torch.manual_seed(0)
     solo = Mlp().double()
     x, y = batch(3, hvd.size() * BATCH, torch.float64)
@@ -464,3 +471,20 @@ def test_ddp_matches_single_process(size):
     layouts = [layout for _, layout in results]
     assert all(layout == layouts[0] for layout in layouts), f"ranks disagree on buckets: {layouts}"
     assert layouts[0]["rebuilt"] != layouts[0]["initial"]
+
+
+def test_inputs_follow_device_ids():
+    """torch DDP moves a single-device module's inputs to device_ids[0]; the meta device stands in
+    for a GPU here."""
+    from collections import namedtuple
+
+    from horo_torch.ddp import _check_devices, _to_device
+    module = torch.nn.Linear(2, 2).to("meta")
+    assert _check_devices(module, ["meta"], None) == torch.device("meta")
+    assert _check_devices(module, None, "meta") is None
+    with pytest.raises(ValueError, match="one device the module is on"):
+        _check_devices(module, ["cpu"], None)
+    Pair = namedtuple("Pair", "a b")
+    moved = _to_device(([torch.ones(1)], {"k": Pair(torch.ones(2), 3)}, "text"), torch.device("meta"))
+    assert moved[0][0].device.type == "meta" and moved[1]["k"].a.device.type == "meta"
+    assert moved[1]["k"].b == 3 and moved[2] == "text" and isinstance(moved[1]["k"], Pair)

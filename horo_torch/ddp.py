@@ -31,6 +31,13 @@ raises a RuntimeError that names them and suggests ``find_unused_parameters=True
 
 ``no_sync()`` skips communication: gradients accumulate locally in ``.grad`` and the first
 synchronised backward after it reduces the accumulated values.
+
+``join()`` (uneven inputs) builds on Horo's join: a rank that leaves the context joins its process
+set, and from then on the core answers the other ranks' allreduces for it with zeros. Broadcasts
+cannot be answered that way, so inside the context forward finds the ranks still training with an
+allreduce and sends the buffers as a sum to which only the first of them contributes; the bucket
+order is agreed the same way. When every rank has joined, all take the model of the rank that left
+last (torch DDP's rule).
 """
 import contextlib
 import threading
@@ -192,6 +199,8 @@ class DistributedDataParallel(torch.nn.Module):
         self.find_unused_parameters = bool(find_unused_parameters)
         self.require_backward_grad_sync = True
         self.broadcast_buffers = True if broadcast_buffers is None else bool(broadcast_buffers)
+        self._join = None  # the options of the join() context this rank is in, or None
+        self._grad_scale = 1.0  # join(divide_by_initial_world_size=False): size / ranks still training
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         self._param_names = [n for n, _ in named]
         self._params = [p for _, p in named]
@@ -227,7 +236,9 @@ class DistributedDataParallel(torch.nn.Module):
             self._abandon_iteration()
         if torch.is_grad_enabled():
             self._sync_this_backward = self.require_backward_grad_sync
-        if self.broadcast_buffers:
+        if self._join is not None:
+            self._sync_while_joining()
+        elif self.broadcast_buffers:
             self._broadcast_buffers()
         if self._input_device is not None:
             inputs, kwargs = _to_device(inputs, self._input_device), _to_device(kwargs, self._input_device)
@@ -246,6 +257,53 @@ class DistributedDataParallel(torch.nn.Module):
             yield
         finally:
             self.require_backward_grad_sync = previous
+
+    @contextlib.contextmanager
+    def join(self, divide_by_initial_world_size=True, enable=True, throw_on_early_termination=False):
+        """Context manager for inputs of different lengths on different ranks (torch DDP's join).
+
+        Train inside it as usual. A rank whose inputs run out leaves the context and waits there,
+        taking part in the others' gradient allreduces with zeros, until every rank has left; then
+        every rank takes the parameters and buffers of the rank that left last.
+
+        Args:
+            divide_by_initial_world_size: average gradients over every rank of the set (True), or
+                over the ranks still training in that step (False).
+            enable: False makes the context do nothing (every rank has the same inputs).
+            throw_on_early_termination: raise a RuntimeError on every rank as soon as one rank's
+                inputs run out, instead of going on with the others.
+        Raises:
+            RuntimeError: with throw_on_early_termination, when a rank's inputs ran out first.
+        """
+        if not enable or self.process_set.size() == 1:
+            yield
+            return
+        self._join = {"divide_by_initial_world_size": bool(divide_by_initial_world_size),
+                      "throw": bool(throw_on_early_termination)}
+        raised = False
+        try:
+            yield
+        except _EarlyTermination:
+            raised = True
+            raise
+        finally:
+            self._join = None
+            self._grad_scale = 1.0
+            last = mpi_ops.join_set(self.process_set)
+            # Every rank has joined: they are all here, and ordinary collectives work again.
+            if throw_on_early_termination:
+                flag = torch.tensor([1 if raised else 0], dtype=torch.int32)
+                mpi_ops.allreduce_(flag, name=f"{self._prefix}.join.terminated", op=mpi_ops.Sum,
+                                   process_set=self.process_set)
+                early = int(flag) > 0
+            else:
+                early = False
+            tensors = [("final.param", i, p) for i, p in enumerate(self.module.parameters())]
+            tensors += [("final.buffer", i, b) for i, b in enumerate(self.module.buffers())]
+            self._broadcast(tensors, root=last)
+            if early and not raised:
+                raise _EarlyTermination("DistributedDataParallel.join(throw_on_early_termination=True): a rank ran "
+                                        "out of inputs before the others")
 
     def register_comm_hook(self, state, hook):
         """Replaces how a bucket of gradients is communicated (DDP's ``register_comm_hook``).
@@ -292,12 +350,42 @@ class DistributedDataParallel(torch.nn.Module):
     def _broadcast_buffers(self):
         self._broadcast([("buffer", i, b) for i, b in enumerate(self.module.buffers())])
 
-    def _broadcast(self, tensors):
+    def _broadcast(self, tensors, root=None):
         if self.process_set.size() == 1 or not tensors:
             return
+        root = self._root if root is None else root
         with torch.no_grad():
-            handles = [mpi_ops.broadcast_async_(t, self._root, name=f"{self._prefix}.{kind}.{i}",
+            handles = [mpi_ops.broadcast_async_(t, root, name=f"{self._prefix}.{kind}.{i}",
                                                 process_set=self.process_set) for kind, i, t in tensors]
+            _wait_all(handles)
+
+    def _sync_while_joining(self):
+        """forward's collectives inside join(): ranks that left the context answer only allreduces
+        (with zeros), so the ranks still training find each other with one, and the buffers travel as
+        a sum to which only the first of them contributes."""
+        members = self.process_set.ranks if self.process_set.process_set_id != 0 else list(range(basics.size()))
+        training = torch.zeros(len(members), dtype=torch.int32)
+        training[members.index(basics.rank())] = 1
+        mpi_ops.allreduce_(training, name=f"{self._prefix}.join.training", op=mpi_ops.Sum,
+                           process_set=self.process_set)
+        count = int(training.sum())
+        if self._join["throw"] and count < len(members):
+            raise _EarlyTermination("DistributedDataParallel.join(throw_on_early_termination=True): rank(s) "
+                                    f"{[m for m, t in zip(members, training.tolist()) if not t]} ran out of inputs "
+                                    "before the others")
+        self._grad_scale = 1.0 if self._join["divide_by_initial_world_size"] else len(members) / count
+        source = self._join["source"] = members[training.tolist().index(1)]
+        if not self.broadcast_buffers:
+            return
+        buffers = list(self.module.buffers())
+        if not buffers:
+            return
+        with torch.no_grad():
+            if basics.rank() != source:
+                for b in buffers:
+                    b.zero_()
+            handles = [mpi_ops.allreduce_async_(b, name=f"{self._prefix}.join.buffer.{i}", op=mpi_ops.Sum,
+                                                process_set=self.process_set) for i, b in enumerate(buffers)]
             _wait_all(handles)
 
     # Backward ------------------------------------------------------------------------------------
@@ -389,6 +477,8 @@ class DistributedDataParallel(torch.nn.Module):
                 for i, p in zip(bucket.indices, bucket.params):
                     chunk = flat[offset:offset + p.numel()].view_as(p)
                     offset += p.numel()
+                    if self._grad_scale != 1.0:
+                        chunk = chunk * self._grad_scale
                     if usage is not None and int(usage[i]) == 0:
                         continue  # no rank used it: leave its gradient untouched, as DDP does
                     if p.grad is None:
@@ -401,7 +491,12 @@ class DistributedDataParallel(torch.nn.Module):
         seen = set(self._observed)
         order = self._observed + [i for b in self._buckets for i in b.indices if i not in seen]
         agreed = torch.tensor(order, dtype=torch.int64)
-        if self.process_set.size() > 1:
+        if self._join is not None:
+            # Ranks that left join() answer allreduces only: the first rank still training contributes.
+            if basics.rank() != self._join["source"]:
+                agreed.zero_()
+            mpi_ops.allreduce_(agreed, name=f"{self._prefix}.rebuild", op=mpi_ops.Sum, process_set=self.process_set)
+        elif self.process_set.size() > 1:
             mpi_ops.broadcast_(agreed, self._root, name=f"{self._prefix}.rebuild", process_set=self.process_set)
         self._generation += 1
         self._set_buckets(assign_buckets(self._params, agreed.tolist(), self._bucket_cap_bytes))
@@ -417,6 +512,10 @@ class DistributedDataParallel(torch.nn.Module):
         self._callback_queued = False
         self._used_since_sync = set()
         self._reset_iteration()
+
+
+class _EarlyTermination(RuntimeError):
+    """join(throw_on_early_termination=True) found a rank that ran out of inputs first."""
 
 
 def _wait_all(waitables):

@@ -943,8 +943,13 @@ def join(device=-1):
     Returns:
         The rank that joined last.
     """
+    return join_set(global_process_set)
+
+
+def join_set(process_set):
+    """join() for the ranks of process_set: returns the global rank of the member that joined last."""
     runtime = basics.runtime()
-    (h,) = runtime.enqueue(lib.HORO_JOIN, [])
+    (h,) = runtime.enqueue(lib.HORO_JOIN, [], process_set_id=_process_set_id(process_set))
     handle = _register(runtime, [h], None, lambda rt, results: results[0].value)
     return synchronize(handle)
 

@@ -91,6 +91,19 @@ class Branchy(torch.nn.Module):
         return self.rank0(y) if rank == 0 else y
 
 
+class Normed(torch.nn.Module):
+    """An Mlp with a BatchNorm between its layers: buffers (running statistics) that forward changes."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(5, 8)
+        self.norm = torch.nn.BatchNorm1d(8)
+        self.fc2 = torch.nn.Linear(8, 3)
+
+    def forward(self, x, rank=None):
+        return self.fc2(torch.tanh(self.norm(self.fc1(x))))
+
+
 def batch(step, rows, dtype):
     g = torch.Generator().manual_seed(1000 + step)
     return torch.randn(rows, 5, generator=g).to(dtype), torch.randn(rows, 3, generator=g).to(dtype)
@@ -438,6 +451,63 @@ def problems_in(reports):
     return problems
 
 
+def check_join(hvd, c):
+    """Rank r has 2 + r batches. Inside join(), a rank whose batches ran out answers the others'
+    allreduces with zeros; forward's buffers come from the first rank still training; at the end
+    every rank takes the model of the rank that left last. A single-process reference replays it."""
+    import copy
+
+    from horo_torch.ddp import DistributedDataParallel
+    n, rank = hvd.size(), hvd.rank()
+    steps = [2 + r for r in range(n)]
+    for divide in (True, False):
+        torch.manual_seed(0)
+        ref = Normed().double()
+        ddp = DistributedDataParallel(copy.deepcopy(ref), bucket_cap_mb=TINY_BUCKETS_MB)
+        opt, ref_opt = sgd(ddp.parameters()), sgd(ref.parameters())
+        with ddp.join(divide_by_initial_world_size=divide):
+            for t in range(steps[rank]):
+                x, y = batch(t, n * BATCH, torch.float64)
+                opt.zero_grad()
+                local_loss(ddp, rows(x, rank), rows(y, rank), rank).backward()
+                opt.step()
+        buffers = {r: [b.clone() for b in ref.buffers()] for r in range(n)}  # each rank's after its forward
+        for t in range(max(steps)):
+            training = [r for r in range(n) if t < steps[r]]
+            synced = buffers[training[0]]
+            ref_opt.zero_grad()
+            for r in training:
+                with torch.no_grad():
+                    for b, v in zip(ref.buffers(), synced):
+                        b.copy_(v)
+                x, y = batch(t, n * BATCH, torch.float64)
+                (local_loss(ref, rows(x, r), rows(y, r), r) / (n if divide else len(training))).backward()
+                buffers[r] = [b.clone() for b in ref.buffers()]
+            ref_opt.step()
+        what = f"join(divide_by_initial_world_size={divide})"
+        for (name, p), q in zip(ddp.module.named_parameters(), ref.parameters()):
+            c.close(f"{what}: {name} is the last rank's, as trained by the reference", p.detach(), q.detach(), 1e-10)
+        for (name, b), want in zip(ddp.module.named_buffers(), buffers[n - 1]):
+            c.close(f"{what}: buffer {name}", b.double(), want.double(), 1e-10)
+
+    # throw_on_early_termination: every rank raises once rank 0's inputs run out; the job goes on.
+    torch.manual_seed(0)
+    ddp = DistributedDataParallel(Normed().double())
+
+    def train_unevenly():
+        with ddp.join(throw_on_early_termination=True):
+            for t in range(1 if rank == 0 else 3):
+                x, y = batch(t, n * BATCH, torch.float64)
+                local_loss(ddp, rows(x, rank), rows(y, rank), rank).backward()
+
+    c.raises("throw_on_early_termination", RuntimeError, "ran out of inputs", train_unevenly)
+    total = hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum)
+    c.same("a collective after the early termination", total.item(), float(n))
+    with ddp.join(enable=False):
+        local_loss(ddp, *batch(0, BATCH, torch.float64), rank).backward()
+    c.same("join(enable=False) does nothing", ddp.module.fc1.weight.grad is not None, True)
+
+
 RUN_ENV = {"HORO_PEER_TIMEOUT_SECONDS": "60", "HORO_STALL_SHUTDOWN_TIME_SECONDS": "60"}
 
 
@@ -457,6 +527,7 @@ def run_checks(size):
         "state_broadcast": lambda c: check_state_broadcast(hvd, c),
         "hook_api": lambda c: check_hook_api(hvd, c),
         "process_set": lambda c: check_process_set(hvd, c, pair),
+        "join": lambda c: check_join(hvd, c),
     })
     hvd.barrier()
     hvd.shutdown()

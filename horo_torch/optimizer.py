@@ -18,9 +18,9 @@ import weakref
 
 import torch
 
-from horo_core.errors import HoroUnsupportedError
 from horo_core.process_sets import global_process_set
 from horo_torch._weak_hooks import remove_when_collected, weak_hook
+from horo_torch.adasum_optimizer import _DistributedAdasumOptimizer
 from horo_torch.compression import Compression
 from horo_torch.functions import broadcast_object, sparse_allreduce_async
 from horo_torch.mpi_ops import (Adasum, Average, Max, Min, Product, Sum, abandon, allreduce_async_,
@@ -427,10 +427,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         ValueError: invalid named_parameters (not (name, tensor) tuples, duplicate names, unnamed
             parameters), gradient_predivide_factor with an op other than Average, invalid groups,
             backward_passes_per_step < 1, an unknown op or an unregistered process set.
-        HoroUnsupportedError (a NotImplementedError): op=Adasum.
+    With op=Adasum on more than one rank, the optimizer is Horovod's delta optimizer for Adasum
+    (``horo_torch.adasum_optimizer``): each rank's optimizer step is taken locally, per parameter,
+    and the changes are combined with Adasum; groups, gradient_predivide_factor and sparse_as_dense
+    do not apply then.
     """
-    if op == Adasum:
-        raise HoroUnsupportedError("DistributedOptimizer: op=Adasum is not supported by Horo; use Average or Sum")
     if op not in _OP_NAMES:
         raise ValueError(f"DistributedOptimizer: unknown op {op!r}; use Average, Sum, Min, Max or Product")
     if gradient_predivide_factor != 1.0 and op != Average:
@@ -445,7 +446,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     parameter_names = _name_parameters(optimizer, named_parameters)
 
     base = optimizer.__class__
-    cls = type(base.__name__, (_DistributedOptimizer, base), {"__module__": __name__, "__qualname__": base.__name__})
+    adasum = op == Adasum and process_set.included() and process_set.size() > 1
+    mixin = _DistributedAdasumOptimizer if adasum else _DistributedOptimizer
+    cls = type(base.__name__, (mixin, base), {"__module__": __name__, "__qualname__": base.__name__})
     state = dict(optimizer.__dict__)
     # Methods set on the optimizer instance are bound to the original, not to the distributed one:
     # torch's LR schedulers wrap optimizer.step there, and that wrapper would run the original's
@@ -457,6 +460,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     distributed = cls.__new__(cls)
     distributed.__setstate__(state)
     distributed._horo_scheduled = weakref.ref(optimizer) if scheduled else None
+    if adasum:
+        distributed._horo_adasum_setup(parameter_names, compression, backward_passes_per_step, process_set,
+                                       _ZERO_GRAD_PENDING)
+        return distributed
     distributed._horo_setup(parameter_names, compression, backward_passes_per_step, op,
                             float(gradient_predivide_factor), groups, sparse_as_dense, process_set)
     return distributed

@@ -14,7 +14,7 @@ from core_values import ALL, contribution, expected_allreduce, make, name, read
 from horo_core import dtypes
 from horo_core import numpy_ops as ops
 from horo_core._binding import lib
-from horo_core.errors import HoroInvalidArgument
+from horo_core.errors import HoroInvalidArgument, HoroUnsupportedError
 from horo_core.runtime import TensorSpec
 from loopback_world import World
 
@@ -285,3 +285,62 @@ def test_barrier_and_repeated_steps_use_the_cache(world):
 
     for total in world.run(body):
         assert total == world.size * sum(range(50))
+
+
+def adasum_reference(vectors):
+    """Horovod's Adasum tree over float64 copies: level by level, (v0 + v1), (v2 + v3), then up."""
+    v = [np.asarray(x, np.float64).copy() for x in vectors]
+    stride = 1
+    while stride < len(v):
+        for i in range(0, len(v) - stride, 2 * stride):
+            a, b = v[i], v[i + stride]
+            # Summed in order, in float64, as the core sums (np.dot's blocked sum rounds differently).
+            dot, aa, bb = (float(np.cumsum(x * y)[-1]) for x, y in ((a, b), (a, a), (b, b)))
+            ca = 1.0 - dot / aa * 0.5 if aa >= 1e-8 else 1.0
+            cb = 1.0 - dot / bb * 0.5 if bb >= 1e-8 else 1.0
+            v[i] = ca * a + cb * b
+        stride *= 2
+    return v[0]
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_adasum_combines_as_horovod_does(size):
+    """Adasum sums orthogonal vectors and averages parallel ones; several tensors of one step get
+    their own coefficients; small and large tensors (announced or allgathered) agree bitwise on
+    every rank with the float64 reference."""
+    rng = np.random.default_rng(size)
+    small = [rng.standard_normal(7) for _ in range(size)]
+    large = [rng.standard_normal(70001) for _ in range(size)]
+    with World(size) as w:
+        def body(rt):
+            r = rt.rank
+            outs = []
+            for step in range(3):  # repeated: later steps are agreed without the coordinator
+                outs.append(ops.grouped_allreduce(rt, [small[r].copy(), large[r].copy()], ["adasum.small",
+                                                  "adasum.large"], op=lib.HORO_OP_ADASUM))
+            parallel = ops.allreduce(rt, np.full(4, 2.0), "adasum.parallel", op=lib.HORO_OP_ADASUM)
+            basis = np.zeros(size)
+            basis[r] = r + 1.0
+            orthogonal = ops.allreduce(rt, basis, "adasum.orthogonal", op=lib.HORO_OP_ADASUM)
+            half = ops.allreduce(rt, np.full(3, r + 1.0, np.float32), "adasum.f32", op=lib.HORO_OP_ADASUM)
+            return outs, parallel, orthogonal, half
+
+        results = w.run(body)
+    want_small, want_large = adasum_reference(small), adasum_reference(large)
+    for outs, parallel, orthogonal, half in results:
+        for got_small, got_large in outs:
+            assert np.array_equal(got_small, want_small) and np.array_equal(got_large, want_large)
+        assert np.array_equal(parallel, np.full(4, 2.0))  # identical vectors: their average
+        assert np.array_equal(orthogonal, np.arange(1.0, size + 1))  # orthogonal vectors: their sum
+        assert np.allclose(half, adasum_reference([np.full(3, s + 1.0) for s in range(size)]), rtol=1e-6)
+        assert half.tobytes() == results[0][3].tobytes()
+
+
+def test_adasum_refuses_what_it_does_not_define():
+    with World(1) as w:
+        rt = w.runtimes[0]
+        with pytest.raises(HoroInvalidArgument, match="Adasum is defined for float16, bfloat16, float32 and float64"):
+            ops.allreduce(rt, np.ones(3, np.int32), "adasum.int", op=lib.HORO_OP_ADASUM)
+        with pytest.raises(HoroUnsupportedError, match="Adasum applies to allreduce only"):
+            ops.reducescatter(rt, np.ones(4, np.float32), "adasum.rs", op=lib.HORO_OP_ADASUM)
+        assert np.array_equal(ops.allreduce(rt, np.full(2, 3.0), "adasum.one", op=lib.HORO_OP_ADASUM), [3.0, 3.0])

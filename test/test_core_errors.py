@@ -85,8 +85,8 @@ def test_local_validation_errors(world3):
     rt = world3.runtimes[0]
     with pytest.raises(HoroInvalidArgument, match="Average is not defined for bool"):
         ops.allreduce(rt, np.ones(2, np.bool_), "bad.bool", op=lib.HORO_OP_AVERAGE)
-    with pytest.raises(HoroUnsupportedError, match="Adasum"):
-        ops.allreduce(rt, np.ones(2, np.float32), "bad.adasum", op=lib.HORO_OP_ADASUM)
+    with pytest.raises(HoroUnsupportedError, match="Adasum applies to allreduce only"):
+        ops.reducescatter(rt, np.ones(3, np.float32), "bad.adasum", op=lib.HORO_OP_ADASUM)
     with pytest.raises(HoroInvalidArgument, match="process set 9 does not exist"):
         ops.allreduce(rt, np.ones(2, np.float32), "bad.set", process_set_id=9)
     # The runtime is still healthy.

@@ -57,6 +57,12 @@ def check_allreduce(c, hvd, tf, env):
     c.equal("allreduce of a variable", hvd.allreduce(v, op=hvd.Sum), expected_reduce("Sum", ranks, (4,)))
     c.equal("allreduce empty", hvd.allreduce(tf.zeros([0, 2])), np.zeros([0, 2]))
     c.equal("allreduce scalar", hvd.allreduce(tf.constant(float(r)), op=hvd.Sum), sum(ranks))
+    # Adasum: orthogonal contributions add up, equal ones average.
+    basis = np.zeros(n, np.float32)
+    basis[r] = r + 1.0
+    for mode, got in both_modes(lambda: hvd.allreduce(tf.constant(basis), op=hvd.Adasum)):
+        c.equal(f"Adasum of orthogonal vectors {mode}", got, np.arange(1.0, n + 1))
+    c.equal("Adasum of equal vectors", hvd.allreduce(tf.fill([3], 2.0), op=hvd.Adasum), [2.0, 2.0, 2.0])
     scaled = hvd.allreduce(contribution(r, (3,), tf.float64), op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.5)
     c.equal("allreduce scales", scaled, expected_reduce("Sum", ranks, (3,)))
     for comp in (hvd.Compression.fp16, hvd.Compression.bf16):

@@ -157,8 +157,10 @@ def check_allreduce_matrix(hvd, c, env):
         c.raises(f"{fn.__name__} with average and op", [ValueError], "op",
                  lambda: fn(x.clone(), average=True, op=hvd.Sum))
     c.raises("Average of bool", [ValueError], "bool", lambda: hvd.allreduce(torch.ones(3, dtype=torch.bool)))
-    c.raises("Adasum", [NotImplementedError, hvd.HoroError], "Adasum",
-             lambda: hvd.allreduce(torch.ones(3), op=hvd.Adasum))
+    c.equal("Adasum of equal vectors is their average", hvd.allreduce(torch.full((3,), 2.0), op=hvd.Adasum),
+            torch.full((3,), 2.0))
+    c.raises("Adasum of integers", [ValueError], "Adasum is defined for float16, bfloat16, float32 and float64",
+             lambda: hvd.allreduce(torch.ones(3, dtype=torch.int32), op=hvd.Adasum))
     c.raises("unsupported dtype", [ValueError], "complex64",
              lambda: hvd.allreduce(torch.ones(3, dtype=torch.complex64)))
     # A 0-d tensor and a multi-dimensional one keep their shape.

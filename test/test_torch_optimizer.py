@@ -386,7 +386,6 @@ def run_behaviour(size, rank):
         "parameter twice in groups": capture(lambda: hvd.DistributedOptimizer(
             sgd(m.parameters()), groups=[[m.fc1.weight], [m.fc1.weight]])),
         "unknown op": capture(bad(op=42)),
-        "Adasum": capture(bad(op=hvd.Adasum)),
     }
     return report
 
@@ -476,9 +475,70 @@ def test_distributed_optimizer_behaves_as_horovods(two_rank_reports):
             "groups of non-tensors": ("ValueError", "groups must consist of torch.Tensor, got str"),
             "parameter twice in groups": ("ValueError", "A parameter can only appear once in groups"),
             "unknown op": ("ValueError", "unknown op 42"),
-            "Adasum": ("HoroUnsupportedError", "op=Adasum is not supported"),
         }
         for key, (kind, text) in want.items():
             got = errors[key]
             assert got is not None and got[0] == kind and text in got[1], f"rank {rank} {key}: {got}"
-        assert "NotImplementedError" in errors["Adasum"][2]
+
+
+def _adasum_training(steps=3):
+    """DistributedOptimizer(op=Adasum) over SGD with momentum and over Adam, against a replay: each
+    rank's own optimizer step on its own gradient (allgathered here), combined with the Adasum tree."""
+    import horo_torch as hvd
+    torch.set_num_threads(1)
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+
+    def adasum(vectors):
+        v = [x.double().clone() for x in vectors]
+        stride = 1
+        while stride < len(v):
+            for i in range(0, len(v) - stride, 2 * stride):
+                a, b = v[i], v[i + stride]
+                dot, aa, bb = float((a * b).sum()), float((a * a).sum()), float((b * b).sum())
+                v[i] = (1 - dot / aa / 2 if aa >= 1e-8 else 1) * a + (1 - dot / bb / 2 if bb >= 1e-8 else 1) * b
+            stride *= 2
+        return v[0]
+
+    differences = {}
+    for name, make in (("sgd momentum", lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)),
+                       ("adam", lambda ps: torch.optim.Adam(ps, lr=0.01))):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2)).double()
+        replicas = [[p.detach().clone().requires_grad_() for p in model.parameters()] for _ in range(size)]
+        local = [make(ps) for ps in replicas]  # every rank's optimizer, replayed here
+        opt = hvd.DistributedOptimizer(make(model.parameters()), named_parameters=model.named_parameters(),
+                                       op=hvd.Adasum)
+        worst = 0.0
+        for step in range(steps):
+            x = torch.randn(5, 3, generator=torch.Generator().manual_seed(100 * step + rank)).double()
+            opt.zero_grad()
+            model(x).pow(2).sum().backward()
+            grads = [hvd.allgather(p.grad.detach().unsqueeze(0), name=f"adasum.{name}.{step}.{i}")
+                     for i, p in enumerate(model.parameters())]
+            starts = [p.detach().clone() for p in replicas[0]]
+            opt.step()
+            deltas = []
+            for s in range(size):
+                for p, g, start in zip(replicas[s], grads, starts):
+                    with torch.no_grad():
+                        p.copy_(start)
+                    p.grad = g[s].clone()
+                local[s].step()
+                deltas.append([p.detach() - start for p, start in zip(replicas[s], starts)])
+            for i, start in enumerate(starts):
+                combined = start + adasum([deltas[s][i] for s in range(size)])
+                for s in range(size):
+                    with torch.no_grad():
+                        replicas[s][i].copy_(combined)
+            worst = max(worst, max(float((p.detach() - q.detach()).abs().max())
+                                   for p, q in zip(model.parameters(), replicas[0])))
+        differences[name] = worst
+    hvd.shutdown()
+    return differences
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_adasum_optimizer_combines_each_ranks_step(size):
+    for rank, differences in enumerate(horo_runner.run(_adasum_training, np=size)):
+        assert all(d < 1e-12 for d in differences.values()), f"rank {rank}: {differences}"

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "collectives/adasum.h"
 #include "collectives/reduce_kernels.h"
 #include "common/logging.h"
 
@@ -152,6 +153,22 @@ Status Executor::ReduceContributions(const Response& r, const std::vector<std::s
   trace_.Open(r);
   trace_.Activity("ALLREDUCE_FROM_ANNOUNCEMENTS");
   void* out = slot.entry.output;
+  if (r.reduce_op == ReduceOp::kAdasum) {
+    adasum_vectors_.resize(bytes * contributions.size());
+    std::vector<void*> vectors;
+    for (size_t m = 0; m < contributions.size(); ++m) {
+      vectors.push_back(adasum_vectors_.data() + m * bytes);
+      std::memcpy(vectors.back(), contributions[m].data(), bytes);
+      Scale(vectors.back(), count, r.dtype, r.prescale_factor);
+    }
+    AdasumCombine(vectors, count, r.dtype);
+    std::memcpy(out, vectors.front(), bytes);
+    Scale(out, count, r.dtype, r.postscale_factor);
+    allreduce_from_announcements_.fetch_add(1, std::memory_order_relaxed);
+    Finish(slot, Status::OK());
+    trace_.Close();
+    return Status::OK();
+  }
   std::memcpy(out, contributions[0].data(), bytes);
   Scale(out, count, r.dtype, r.prescale_factor);
   for (size_t m = 1; m < contributions.size(); ++m) {
@@ -283,10 +300,42 @@ Status Executor::ReduceInPlace(const CommGroup& group, Slot& slot) {
   return Status::OK();
 }
 
+Status Executor::RunAdasum(const CommGroup& group, Slot& slot) {
+  const Response& r = *slot.response;
+  const int64_t count = r.NumElements();
+  const int64_t bytes = count * static_cast<int64_t>(DataTypeSize(r.dtype));
+  void* out = slot.entry.output;
+  if (out != slot.entry.input) std::memcpy(out, slot.entry.input, bytes);
+  Scale(out, count, r.dtype, r.prescale_factor);
+  if (group.size() > 1 && count > 0) {
+    // Each member combines every vector itself, in the same order: size times the tensor's memory,
+    // and the same bits everywhere (Horovod's recursive halving spreads the work instead).
+    adasum_vectors_.resize(bytes * group.size());
+    AllgatherOptions options;
+    options.hierarchical = r.hierarchical_allgather;
+    HORO_RETURN_IF_ERROR(TopologyOf(r.process_set_id, group, &options.topology));
+    trace_.Activity("ADASUM_ALLGATHER");
+    HORO_RETURN_IF_ERROR(Allgather(group, out, adasum_vectors_.data(), std::vector<int64_t>(group.size(), bytes),
+                                   options));
+    trace_.Activity("ADASUM_COMBINE");
+    std::vector<void*> vectors;
+    for (int m = 0; m < group.size(); ++m) vectors.push_back(adasum_vectors_.data() + m * bytes);
+    AdasumCombine(vectors, count, r.dtype);
+    std::memcpy(out, vectors.front(), bytes);
+  }
+  Scale(out, count, r.dtype, r.postscale_factor);
+  Finish(slot, Status::OK());
+  return Status::OK();
+}
+
 Status Executor::RunAllreduce(const CommGroup& group, std::vector<Slot>& slots) {
   const Response& head = *slots.front().response;
   const DataType dtype = head.dtype;
   const size_t esize = DataTypeSize(dtype);
+  if (head.reduce_op == ReduceOp::kAdasum) {  // per tensor, as Horovod's: each has its own coefficients
+    for (Slot& s : slots) HORO_RETURN_IF_ERROR(RunAdasum(group, s));
+    return Status::OK();
+  }
 
   // One tensor, and every member of a fused response of at least kInPlaceBytes, is reduced in its
   // output buffer: copying a large tensor into the fusion buffer and back costs two more passes

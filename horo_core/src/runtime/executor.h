@@ -92,6 +92,8 @@ class Executor {
   Status RunAllreduce(const CommGroup& group, std::vector<Slot>& slots);
   // Reduces one tensor in its output buffer (no fusion copy) and completes it.
   Status ReduceInPlace(const CommGroup& group, Slot& slot);
+  // Adasum of one tensor: the members' vectors are allgathered and combined on every member alike.
+  Status RunAdasum(const CommGroup& group, Slot& slot);
   Status RunAllgather(const CommGroup& group, Slot& slot);
   Status RunBroadcast(const CommGroup& group, Slot& slot);
   Status RunAlltoall(const CommGroup& group, Slot& slot);
@@ -126,6 +128,7 @@ class Executor {
   std::atomic<int64_t> allgather_runs_[kAllgatherAlgorithmCount] = {};
   std::atomic<int64_t> allreduce_from_announcements_{0};
   std::vector<uint8_t> contribution_;  // ReduceContributions: one prescaled contribution
+  std::vector<uint8_t> adasum_vectors_;  // every member's vector of one Adasum
   ExecutionTrace trace_;
 };
 

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "collectives/adasum.h"
 #include "common/coarse_clock.h"
 #include "common/logging.h"
 #include "common/spin.h"
@@ -159,7 +160,16 @@ Status Runtime::ValidateTensor(OpType op, const horo_tensor_t& t, const horo_op_
         return Status::InvalidArgument(label() + ": unknown reduce op " + std::to_string(options.reduce_op));
       }
       const ReduceOp rop = static_cast<ReduceOp>(options.reduce_op);
-      if (rop == ReduceOp::kAdasum) return Status::Unsupported(label() + ": Adasum is not supported by Horo");
+      if (rop == ReduceOp::kAdasum) {
+        if (op != OpType::kAllreduce) return Status::Unsupported(label() + ": Adasum applies to allreduce only");
+        if (!AdasumSupports(dtype)) {
+          return Status::InvalidArgument(label() + ": Adasum is defined for float16, bfloat16, float32 and float64 "
+                                         "tensors, got " + DataTypeName(dtype));
+        }
+        if (t.device != HORO_DEVICE_HOST) {
+          return Status::Unsupported(label() + ": Adasum of CUDA tensors is not supported; pass host tensors");
+        }
+      }
       if (dtype == DataType::kBool && rop == ReduceOp::kAverage) {
         return Status::InvalidArgument(label() + ": Average is not defined for bool tensors; use Sum, Min or Max");
       }

@@ -1,15 +1,20 @@
 """DistributedOptimizer(op=Adasum): Horovod's "delta" optimizer for Adasum.
 
+As in Horovod, the wrapped optimizer's step (and any step hooks registered on it) runs once per
+parameter, during backward, on that parameter alone.
+
 Adasum combines what each rank's optimizer would do, not the raw gradients: when a parameter's
 gradient is ready (after ``backward_passes_per_step`` passes), the wrapped optimizer steps on that
 parameter alone, its change from the value before (the delta) is allreduced with Adasum, and
 ``step()`` sets each parameter to its value before plus the combined delta. The optimizer's own
 state (momentum, Adam's moments) thus stays local to each rank, as in Horovod.
 """
+import contextlib
 import weakref
 
 import torch
 
+from horo_core.errors import HoroUnsupportedError
 from horo_torch._weak_hooks import remove_when_collected, weak_hook
 from horo_torch.mpi_ops import Adasum, abandon, allreduce_async_, synchronize
 
@@ -31,13 +36,29 @@ class _DistributedAdasumOptimizer:
         self.process_set = process_set
         self._zero_grad_pending = zero_grad_pending_message
         self._requires_update = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+        devices = sorted({str(p.device) for p in self._requires_update if p.device.type != "cpu"})
+        if devices:
+            raise HoroUnsupportedError(f"DistributedOptimizer(op=Adasum): parameters on {devices}; Adasum is "
+                                       "supported for host (CPU) tensors only")
         self._allreduce_delay = {p: backward_passes_per_step for p in self._requires_update}
         self._starts = {}   # parameter -> its value before this step's local update
         self._handles = {}  # parameter -> (handle, compression context) of its delta's Adasum
-        self._hook_handles = [p.register_post_accumulate_grad_hook(weak_hook(self, "_gradient_ready", p))
-                              for p in self._requires_update]
-        remove_when_collected(self, self._hook_handles)
+        self._hook_handles = []
+        removable = []
+        for p in self._requires_update:
+            hook = weak_hook(self, "_gradient_ready", p)
+            if hasattr(p, "register_post_accumulate_grad_hook"):
+                removable.append(p.register_post_accumulate_grad_hook(hook))
+                self._hook_handles.append(removable[-1])
+            else:  # torch < 2.1: the hook of the node that accumulates p.grad
+                accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
+                accumulator.register_hook(hook)
+                self._hook_handles.append(accumulator)
+        remove_when_collected(self, removable)
         weakref.finalize(self, _abandon_all, self._handles)
+
+    def _accumulating(self):
+        return any(0 < delay < self.backward_passes_per_step for delay in self._allreduce_delay.values())
 
     def _gradient_ready(self, p):
         if self._allreduce_delay[p] <= 0:
@@ -79,13 +100,22 @@ class _DistributedAdasumOptimizer:
         for p in self._requires_update:  # parameters whose gradient was not ready: their delta now
             if p not in self._handles:
                 self._handles[p] = self._submit_delta(p)
+        pending = list(self._handles.items())
+        self._handles.clear()
+        done = 0
         try:
-            for p, (handle, context, _) in self._handles.items():
+            for done, (p, (handle, context, _)) in enumerate(pending):
                 delta = self._compression.decompress(synchronize(handle), context)
                 with torch.no_grad():
                     p.copy_(self._starts[p] + delta.to(p.dtype))
+        except BaseException:
+            # Parameters whose combined delta did not arrive go back to their value before the step.
+            abandon([handle for _, (handle, _, _) in pending[done + 1:]])
+            with torch.no_grad():
+                for p, _ in pending[done:]:
+                    p.copy_(self._starts[p])
+            raise
         finally:
-            self._handles.clear()
             for p in self._allreduce_delay:
                 self._allreduce_delay[p] = self.backward_passes_per_step
         original = self._horo_scheduled() if self._horo_scheduled else None
@@ -97,11 +127,51 @@ class _DistributedAdasumOptimizer:
         """Clears the gradients, as the wrapped optimizer does.
 
         Raises:
-            AssertionError: deltas are being combined (call step() first).
+            AssertionError: deltas are being combined, or gradients accumulated (call step() first).
         """
-        if self._handles:
+        if self._handles or self._accumulating():
             raise AssertionError(self._zero_grad_pending)
         return super().zero_grad(set_to_none=set_to_none)
+
+    def synchronize(self):
+        """Does nothing, as in Horovod's Adasum optimizer: the deltas are combined in step()."""
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Not available with Adasum (as in Horovod): step() must combine the deltas.
+
+        Raises:
+            AssertionError: always.
+        """
+        raise AssertionError("Skipping synchronization is not supported when using Adasum optimizer.")
+        yield  # pragma: no cover
+
+    def set_backward_passes_per_step(self, passes):
+        """Changes how many backward passes accumulate locally before each delta is combined.
+
+        Raises:
+            ValueError: passes is not a positive integer.
+        """
+        if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
+            raise ValueError(f"backward_passes_per_step must be an integer >= 1, got {passes!r}")
+        self.backward_passes_per_step = passes
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = passes
+
+    def load_state_dict(self, state_dict):
+        """Loads the wrapped optimizer's state (after combining any delta in flight), keeping an LR
+        scheduler made on the optimizer before wrapping attached.
+
+        Args:
+            state_dict: as for the wrapped optimizer.
+        """
+        if self._handles:
+            self.step()
+        result = super().load_state_dict(state_dict)
+        original = self._horo_scheduled() if self._horo_scheduled else None
+        if original is not None:
+            original.param_groups, original.state = self.param_groups, self.state
+        return result
 
 
 def _abandon_all(handles):

@@ -280,17 +280,21 @@ class DistributedDataParallel(torch.nn.Module):
             return
         self._join = {"divide_by_initial_world_size": bool(divide_by_initial_world_size),
                       "throw": bool(throw_on_early_termination)}
-        raised = False
+        raised = failed = False
         try:
             yield
         except _EarlyTermination:
-            raised = True
+            raised = failed = True
+            raise
+        except BaseException:
+            failed = True
             raise
         finally:
             self._join = None
             self._grad_scale = 1.0
             last = mpi_ops.join_set(self.process_set)
             # Every rank has joined: they are all here, and ordinary collectives work again.
+            self._agree_on_buckets(last)
             if throw_on_early_termination:
                 flag = torch.tensor([1 if raised else 0], dtype=torch.int32)
                 mpi_ops.allreduce_(flag, name=f"{self._prefix}.join.terminated", op=mpi_ops.Sum,
@@ -301,7 +305,7 @@ class DistributedDataParallel(torch.nn.Module):
             tensors = [("final.param", i, p) for i, p in enumerate(self.module.parameters())]
             tensors += [("final.buffer", i, b) for i, b in enumerate(self.module.buffers())]
             self._broadcast(tensors, root=last)
-            if early and not raised:
+            if early and not failed:
                 raise _EarlyTermination("DistributedDataParallel.join(throw_on_early_termination=True): a rank ran "
                                         "out of inputs before the others")
 
@@ -358,6 +362,22 @@ class DistributedDataParallel(torch.nn.Module):
             handles = [mpi_ops.broadcast_async_(t, root, name=f"{self._prefix}.{kind}.{i}",
                                                 process_set=self.process_set) for kind, i, t in tensors]
             _wait_all(handles)
+
+    def _agree_on_buckets(self, last):
+        """After join(): a rank that joined before the first synchronised backward missed the bucket
+        rebuild the others did then; it takes their buckets from the rank that left last (which
+        trained longest, so took part in any rebuild)."""
+        rebuilt = torch.tensor([1 if self._rebuilt else 0], dtype=torch.int32)
+        mpi_ops.allreduce_(rebuilt, name=f"{self._prefix}.join.rebuilt", op=mpi_ops.Sum, process_set=self.process_set)
+        if int(rebuilt) in (0, self.process_set.size()):
+            return
+        layout = torch.tensor([self._generation] + [i for b in self._buckets for i in b.indices], dtype=torch.int64)
+        mpi_ops.broadcast_(layout, last, name=f"{self._prefix}.join.buckets", process_set=self.process_set)
+        if not self._rebuilt:
+            self._generation = int(layout[0])
+            self._set_buckets(assign_buckets(self._params, layout[1:].tolist(), self._bucket_cap_bytes))
+            self._rebuilt = True
+            self._reset_iteration()
 
     def _sync_while_joining(self):
         """forward's collectives inside join(): ranks that left the context answer only allreduces
@@ -491,7 +511,7 @@ class DistributedDataParallel(torch.nn.Module):
         seen = set(self._observed)
         order = self._observed + [i for b in self._buckets for i in b.indices if i not in seen]
         agreed = torch.tensor(order, dtype=torch.int64)
-        if self._join is not None:
+        if self._join is not None and "source" in self._join:
             # Ranks that left join() answer allreduces only: the first rank still training contributes.
             if basics.rank() != self._join["source"]:
                 agreed.zero_()

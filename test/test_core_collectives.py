@@ -323,11 +323,17 @@ def test_adasum_combines_as_horovod_does(size):
             basis[r] = r + 1.0
             orthogonal = ops.allreduce(rt, basis, "adasum.orthogonal", op=lib.HORO_OP_ADASUM)
             half = ops.allreduce(rt, np.full(3, r + 1.0, np.float32), "adasum.f32", op=lib.HORO_OP_ADASUM)
-            return outs, parallel, orthogonal, half
+            # float16 and bfloat16 (bits as uint16) hold the orthogonal case exactly.
+            f16 = ops.allreduce(rt, basis.astype(np.float16), "adasum.f16", op=lib.HORO_OP_ADASUM)
+            bf16_bits = (basis.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+            bf16 = ops.allreduce(rt, bf16_bits, "adasum.bf16", op=lib.HORO_OP_ADASUM, dtype=dtypes.BFLOAT16)
+            narrow = (f16.astype(np.float64), (bf16.astype(np.uint32) << 16).view(np.float32).astype(np.float64))
+            return outs, parallel, orthogonal, half, narrow
 
         results = w.run(body)
     want_small, want_large = adasum_reference(small), adasum_reference(large)
-    for outs, parallel, orthogonal, half in results:
+    for outs, parallel, orthogonal, half, narrow in results:
+        assert all(np.array_equal(x, np.arange(1.0, size + 1)) for x in narrow), narrow
         for got_small, got_large in outs:
             assert np.array_equal(got_small, want_small) and np.array_equal(got_large, want_large)
         assert np.array_equal(parallel, np.full(4, 2.0))  # identical vectors: their average

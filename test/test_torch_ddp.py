@@ -501,6 +501,25 @@ def check_join(hvd, c):
                 local_loss(ddp, rows(x, rank), rows(y, rank), rank).backward()
 
     c.raises("throw_on_early_termination", RuntimeError, "ran out of inputs", train_unevenly)
+
+    # Rank 0 has no batch at all: it joins before the first synchronised backward, so it misses the
+    # bucket rebuild the others do then; after join() it takes their buckets, and the next epoch's
+    # collectives match (they would wait on each other's names otherwise).
+    torch.manual_seed(0)
+    reordered = DistributedDataParallel(Reordered().double(), bucket_cap_mb=TINY_BUCKETS_MB)
+    opt = sgd(reordered.parameters())
+    for counts in ([0] + [2] * (n - 1), [1] * n):
+        with reordered.join():
+            for t in range(counts[rank]):
+                x, y = batch(t, n * BATCH, torch.float64)
+                opt.zero_grad()
+                local_loss(reordered, rows(x, rank), rows(y, rank), rank).backward()
+                opt.step()
+    layouts = hvd.allgather_object(reordered.buckets)
+    c.same("every rank has the rebuilt buckets after a rank joined with no batch",
+           (all(layout == layouts[0] for layout in layouts), reordered.buckets_rebuilt), (True, True))
+    weights = hvd.allgather(reordered.module.head.weight.detach().unsqueeze(0))
+    c.same("and the same parameters", all(torch.equal(w, weights[0]) for w in weights), True)
     total = hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum)
     c.same("a collective after the early termination", total.item(), float(n))
     with ddp.join(enable=False):

@@ -159,6 +159,10 @@ def check_allreduce_matrix(hvd, c, env):
     c.raises("Average of bool", [ValueError], "bool", lambda: hvd.allreduce(torch.ones(3, dtype=torch.bool)))
     c.equal("Adasum of equal vectors is their average", hvd.allreduce(torch.full((3,), 2.0), op=hvd.Adasum),
             torch.full((3,), 2.0))
+    basis = torch.zeros(n)
+    basis[r] = r + 1.0
+    c.equal("Adasum of orthogonal vectors is their sum", hvd.allreduce(basis, op=hvd.Adasum),
+            torch.arange(1.0, n + 1))
     c.raises("Adasum of integers", [ValueError], "Adasum is defined for float16, bfloat16, float32 and float64",
              lambda: hvd.allreduce(torch.ones(3, dtype=torch.int32), op=hvd.Adasum))
     c.raises("unsupported dtype", [ValueError], "complex64",

@@ -534,11 +534,33 @@ def _adasum_training(steps=3):
             worst = max(worst, max(float((p.detach() - q.detach()).abs().max())
                                    for p, q in zip(model.parameters(), replicas[0])))
         differences[name] = worst
+
+    # Horovod's Adasum optimizer API: synchronize() does nothing, skip_synchronize() is refused,
+    # zero_grad() while gradients accumulate is refused, parameters off the CPU are refused.
+    model = torch.nn.Linear(3, 1).double()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Adasum,
+                                   named_parameters=model.named_parameters(), backward_passes_per_step=2)
+    opt.synchronize()
+    behaviour = {"skip_synchronize": capture(lambda: opt.skip_synchronize().__enter__())}
+    model(torch.ones(2, 3).double()).sum().backward()
+    behaviour["zero_grad while accumulating"] = capture(opt.zero_grad)
+    model(torch.ones(2, 3).double()).sum().backward()
+    opt.step()
+    opt.set_backward_passes_per_step(1)
+    model(torch.ones(2, 3).double()).sum().backward()
+    opt.step()
+    behaviour["meta parameters"] = capture(lambda: hvd.DistributedOptimizer(
+        torch.optim.SGD(torch.nn.Linear(2, 2).to("meta").parameters(), lr=0.1), op=hvd.Adasum))
     hvd.shutdown()
-    return differences
+    return differences, behaviour
 
 
 @pytest.mark.parametrize("size", [2, 3])
 def test_adasum_optimizer_combines_each_ranks_step(size):
-    for rank, differences in enumerate(horo_runner.run(_adasum_training, np=size)):
+    for rank, (differences, behaviour) in enumerate(horo_runner.run(_adasum_training, np=size)):
         assert all(d < 1e-12 for d in differences.values()), f"rank {rank}: {differences}"
+        assert behaviour["skip_synchronize"][:2] == (
+            "AssertionError", "Skipping synchronization is not supported when using Adasum optimizer."), behaviour
+        assert behaviour["zero_grad while accumulating"][0] == "AssertionError", behaviour
+        assert behaviour["meta parameters"][0] == "HoroUnsupportedError", behaviour
+        assert "host (CPU) tensors only" in behaviour["meta parameters"][1], behaviour

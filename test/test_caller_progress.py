@@ -288,9 +288,15 @@ def test_waiting_callers_poll_when_each_rank_has_a_core():
         # The best block of each rank: another job on the machine can spoil some of them, not all.
         spoiled = [(rank, blocks) for rank, blocks in enumerate(per_rank)
                    if min(yields for _, yields in blocks) > 0.6 * calls]
-        if not spoiled:
+        # On a host that steals the guest's CPUs for whole jobs (seen in CI: best blocks at 1.1 and
+        # 3 yields per call), the polls cannot pay off, but a rank with a core of its own still keeps
+        # polling in some block, where ranks sharing a core stop (at most 0.2 per call, the test
+        # below): the decision this test is about.
+        kept_polling = max(polls for blocks in per_rank for polls, _ in blocks) > 0.2 * calls
+        if not spoiled or kept_polling:
             break
-    assert not spoiled, f"(rank, (polls, yields) per block of {calls} calls) in three jobs, the last: {spoiled}"
+    assert not spoiled or kept_polling, (f"(rank, (polls, yields) per block of {calls} calls) in three jobs, "
+                                         f"the last: {per_rank}")
 
 
 def test_waiting_callers_stop_polling_on_a_shared_core():

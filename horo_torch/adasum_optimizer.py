@@ -15,7 +15,7 @@ import weakref
 import torch
 
 from horo_core.errors import HoroUnsupportedError
-from horo_torch._weak_hooks import remove_when_collected, weak_hook
+from horo_torch._weak_hooks import hook_gradients_ready
 from horo_torch.mpi_ops import Adasum, abandon, allreduce_async_, synchronize
 
 _GRADIENTS_COMPUTED_TOO_OFTEN = ("Gradients were computed more than backward_passes_per_step times before call to "
@@ -43,18 +43,7 @@ class _DistributedAdasumOptimizer:
         self._allreduce_delay = {p: backward_passes_per_step for p in self._requires_update}
         self._starts = {}   # parameter -> its value before this step's local update
         self._handles = {}  # parameter -> (handle, compression context) of its delta's Adasum
-        self._hook_handles = []
-        removable = []
-        for p in self._requires_update:
-            hook = weak_hook(self, "_gradient_ready", p)
-            if hasattr(p, "register_post_accumulate_grad_hook"):
-                removable.append(p.register_post_accumulate_grad_hook(hook))
-                self._hook_handles.append(removable[-1])
-            else:  # torch < 2.1: the hook of the node that accumulates p.grad
-                accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
-                accumulator.register_hook(hook)
-                self._hook_handles.append(accumulator)
-        remove_when_collected(self, removable)
+        self._hook_handles = hook_gradients_ready(self, self._requires_update, "_gradient_ready")
         weakref.finalize(self, _abandon_all, self._handles)
 
     def _accumulating(self):

@@ -19,7 +19,7 @@ import weakref
 import torch
 
 from horo_core.process_sets import global_process_set
-from horo_torch._weak_hooks import remove_when_collected, weak_hook
+from horo_torch._weak_hooks import hook_gradients_ready
 from horo_torch.adasum_optimizer import _DistributedAdasumOptimizer
 from horo_torch.compression import Compression
 from horo_torch.functions import broadcast_object, sparse_allreduce_async
@@ -118,17 +118,7 @@ class _DistributedOptimizer:
         self._unit_of = {p: i for i, unit in enumerate(units) for p in unit}
         self._ready_in_unit = [0] * len(units)
         self._allreduce_delay = {p: self.backward_passes_per_step for p in params}
-        removable = []
-        for p in params:
-            if hasattr(p, "register_post_accumulate_grad_hook"):
-                handle = p.register_post_accumulate_grad_hook(self._make_hook(p))
-                self._hook_handles.append(handle)
-                removable.append(handle)
-            else:  # torch < 2.1: the hook of the node that accumulates p.grad
-                accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
-                accumulator.register_hook(self._make_hook(p))
-                self._hook_handles.append(accumulator)  # keeps the node (and its hook) alive
-        remove_when_collected(self, removable)  # the model may be wrapped again, with another optimizer
+        self._hook_handles = hook_gradients_ready(self, params, "_gradient_ready")
         # Dropped between backward() and step(), it leaves reductions in flight: their handles are let go.
         weakref.finalize(self, _abandon_in_flight, self._handles)
 
@@ -144,9 +134,6 @@ class _DistributedOptimizer:
                 grouped.update(id(p) for p in members)
         units.extend((p,) for p in params if id(p) not in grouped)
         return units
-
-    def _make_hook(self, p):
-        return weak_hook(self, "_gradient_ready", p)
 
     def _gradient_ready(self, p):
         if self._allreduce_delay[p] <= 0:

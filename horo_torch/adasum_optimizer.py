@@ -141,9 +141,8 @@ class _DistributedAdasumOptimizer:
         Raises:
             ValueError: passes is not a positive integer.
         """
-        if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
-            raise ValueError(f"backward_passes_per_step must be an integer >= 1, got {passes!r}")
-        self.backward_passes_per_step = passes
+        from horo_torch.optimizer import _check_backward_passes  # that module imports this one
+        self.backward_passes_per_step = _check_backward_passes(passes)
         for p in self._allreduce_delay:
             self._allreduce_delay[p] = passes
 

@@ -16,12 +16,16 @@ from horo_tf import mpi_ops
 from horo_tf.compression import Compression
 
 
+_GRADIENT_OPS = (mpi_ops.Average, mpi_ops.Sum, mpi_ops.Adasum, mpi_ops.Min, mpi_ops.Max, mpi_ops.Product)
+
+
 @dataclasses.dataclass(frozen=True)
 class ReductionOptions:
     """How gradients are reduced.
 
     Attributes:
-        op: Average (default) or Sum.
+        op: Average (default), Sum, Adasum, Min, Max or Product, as Horovod's tape takes them
+            (IndexedSlices: Average or Sum, unless sparse_as_dense).
         compression: Compression.none, .fp16 or .bf16.
         sparse_as_dense: densify IndexedSlices before reducing them.
         gradient_predivide_factor: with Average, divide by this factor before the sum and by
@@ -40,8 +44,9 @@ class ReductionOptions:
     name: str = "gradients"
 
     def __post_init__(self):
-        if self.op not in (mpi_ops.Average, mpi_ops.Sum):
-            raise HoroInvalidArgument("gradients can be reduced with op=Average or op=Sum only")
+        if self.op not in _GRADIENT_OPS:
+            raise HoroInvalidArgument(f"gradients are reduced with op=Average, Sum, Adasum, Min, Max or Product, "
+                                      f"got op={self.op!r}")
         if self.gradient_predivide_factor != 1.0 and self.op != mpi_ops.Average:
             raise HoroInvalidArgument("gradient_predivide_factor needs op=Average")
         if self.groups is not None and (isinstance(self.groups, bool) or not isinstance(self.groups, (int, list, tuple))

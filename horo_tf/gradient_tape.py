@@ -109,7 +109,9 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
         device_dense, device_sparse: accepted for Horovod compatibility.
         compression: Compression.none, .fp16 or .bf16.
         sparse_as_dense: reduce IndexedSlices as dense tensors.
-        op: Average (default) or Sum.
+        op: Average (default), Sum, Adasum, Min, Max or Product. Adasum combines the ranks'
+            gradients as Horovod's tape does (a gradient, not a model delta, per tensor); IndexedSlices
+            take Average or Sum only, unless sparse_as_dense.
         gradient_predivide_factor: with Average, divide before the sum by this factor and after
             it by size/factor.
         num_groups: deprecated form of groups=int.

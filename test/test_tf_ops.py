@@ -263,6 +263,61 @@ def check_tape(c, hvd, tf, env):
     c.equal("partial tape local gradient", g_local, [[(r + 1.0) / n]])
     c.close("partial tape shared gradient", g_shared, [sum(s + 1.0 for s in range(n)) / n])
 
+    check_tape_reduce_ops(c, hvd, tf, keras)
+
+
+def adasum_reference(vectors):
+    """Horovod's Adasum tree in float64: pairs (v0, v1), (v2, v3), ..., then pairs of those."""
+    v = [np.asarray(x, np.float64) for x in vectors]
+    stride = 1
+    while stride < len(v):
+        for i in range(0, len(v) - stride, 2 * stride):
+            a, b = v[i], v[i + stride]
+            dot, aa, bb = float(a @ b), float(a @ a), float(b @ b)
+            v[i] = (1 - dot / aa / 2 if aa >= 1e-8 else 1) * a + (1 - dot / bb / 2 if bb >= 1e-8 else 1) * b
+        stride *= 2
+    return v[0]
+
+
+def check_tape_reduce_ops(c, hvd, tf, keras):
+    """Horovod's tape reduces gradients with any reduce op: Adasum combines the ranks' gradients
+    with its tree, Max takes the largest. The Keras optimizer stays at Average and Sum."""
+    n, r = hvd.size(), hvd.rank()
+    w0 = np.array([1.0, -2.0, 0.5, 3.0], np.float32)
+    xs = [np.random.default_rng(40 + s).normal(size=4).astype(np.float32) for s in range(n)]
+    local = [x * np.cos(w0 * x) for x in xs]  # each rank's gradient of sum(sin(w * x))
+    w = tf.Variable(w0)
+
+    def gradient(op, **kwargs):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.sin(w * xs[r]))
+        return hvd.DistributedGradientTape(tape, op=op, **kwargs).gradient(loss, [w])[0]
+
+    c.close("tape op=Adasum", gradient(hvd.Adasum), adasum_reference(local))
+    c.close("tape op=Adasum in a tf.function", tf.function(lambda: gradient(hvd.Adasum))(), adasum_reference(local))
+    c.close("tape op=Adasum, fp16 compression", gradient(hvd.Adasum, compression=hvd.Compression.fp16),
+            adasum_reference(local), rtol=2e-3, atol=2e-3)
+    c.close("tape op=Max", gradient(hvd.Max), np.max(local, axis=0))
+    c.close("tape op=Min", gradient(hvd.Min), np.min(local, axis=0))
+
+    table = tf.Variable(np.ones((5, 2), np.float32))
+
+    def sparse_gradient(**kwargs):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.gather(table, [r % 5]))
+        return hvd.DistributedGradientTape(tape, op=hvd.Adasum, **kwargs).gradient(loss, [table])[0]
+
+    c.raises("tape op=Adasum of IndexedSlices", [NotImplementedError], "sparse_as_dense=True", sparse_gradient)
+    dense = np.zeros((n, 5, 2))
+    for s in range(n):
+        dense[s, s % 5] = 1.0
+    c.close("tape op=Adasum of IndexedSlices with sparse_as_dense", sparse_gradient(sparse_as_dense=True),
+            adasum_reference([d.ravel() for d in dense]).reshape(5, 2))
+    c.raises("Keras DistributedOptimizer with op=Adasum", [ValueError], "op=Average or op=Sum",
+             lambda: hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), op=hvd.Adasum))
+    c.raises("tape with an unknown op", [ValueError], "got op=17",
+             lambda: hvd.DistributedGradientTape(tf.GradientTape(), op=17))
+
 
 def check_errors(c, hvd, tf, env):
     import pickle

@@ -204,10 +204,15 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         raise HoroInvalidArgument("the optimizer is already a DistributedOptimizer")
     if int(backward_passes_per_step) < 1:
         raise HoroInvalidArgument(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+    op = mpi_ops.Average if op is None else op
+    if op not in (mpi_ops.Average, mpi_ops.Sum):
+        # As Horovod's Keras optimizer; DistributedGradientTape takes the other ops.
+        raise HoroInvalidArgument(f"the Keras DistributedOptimizer reduces gradients with op=Average or op=Sum, "
+                                  f"got op={op!r}; DistributedGradientTape takes Adasum, Min, Max and Product")
     config = optimizer.get_config()
     if name is not None:
         config["name"] = name
-    options = ReductionOptions(op=mpi_ops.Average if op is None else op,
+    options = ReductionOptions(op=op,
                                compression=compression or Compression.none, sparse_as_dense=sparse_as_dense,
                                gradient_predivide_factor=gradient_predivide_factor,
                                groups=groups if groups is not None else (num_groups or None),

@@ -403,8 +403,14 @@ def _allreduce_on_device(tensors, output_tensors, name, op, prescale_factor, pos
     members = process_set.size()
 
     def finish(rt, results):
-        done = [_copy_back(o, device.postscale_(c, op, postscale_factor, members))
-                for o, c in zip(output_tensors, outs)]
+        done = []
+        for o, c in zip(output_tensors, outs):
+            done.append(_copy_back(o, device.postscale_(c, op, postscale_factor, members)))
+            if c is not o and c.is_cuda:
+                # c was allocated on the stream current at enqueue, and the work above is queued on
+                # the one current now: the caching allocator must not hand c out again before
+                # that work has read it.
+                c.record_stream(torch.cuda.current_stream(c.device))
         return done if kind.startswith("grouped") else done[0]
 
     return _enqueue(lib.HORO_ALLREDUCE, kind, name, srcs, outs, process_set, finish, event=event, reduce_op=op,

@@ -1,10 +1,12 @@
 """Correctness of horo_torch on CUDA tensors, for a machine with a GPU (CI has none: this script is
 not collected by pytest; run it by hand where a GPU is lent, see docs/benchmarks.md).
 
-    python examples/benchmarks/cuda_check.py --np 2    # two ranks on one GPU: the core stages
-    python examples/benchmarks/cuda_check.py --np 1    # one rank per GPU: NCCL
+    CUDA_VISIBLE_DEVICES=0 python examples/benchmarks/cuda_check.py --np 2   # two ranks share GPU 0: the core stages
+    python examples/benchmarks/cuda_check.py --np 2    # with two GPUs or more: one each, NCCL
+    python examples/benchmarks/cuda_check.py --np 1    # one rank: NCCL with one member
 
-Every rank uses GPU ``local_rank % device_count``. Every check has an exact expected value derived
+Every rank uses GPU ``local_rank % device_count``, so ``--np 2`` shares a GPU only where one is
+visible. Every check has an exact expected value derived
 from the ranks; the script prints each failure and exits non-zero if any check failed.
 """
 import argparse

@@ -263,6 +263,48 @@ def test_agreed_steps_start_when_the_ranks_agree(tmp_path):
         assert max(durations_ms) < pause_s * 1e3 / 2, (track, durations_ms)
 
 
+def switch_job(paths, late_s):
+    import torch
+
+    import horo_torch as hvd
+    hvd.init()
+    rank = hvd.rank()
+    if rank == 1:  # ready before the recording starts; rank 0 comes late_s after it started
+        pending = hvd.allreduce_async(torch.ones(4), name="pending")
+    hvd.barrier()  # rank 1's request has reached the coordinator
+    hvd.start_timeline(paths["a"])
+    if rank == 0:
+        time.sleep(late_s)
+        pending = hvd.allreduce_async(torch.ones(4), name="pending")
+    hvd.synchronize(pending)
+    for _ in range(3):
+        hvd.allreduce(torch.ones(4), name="x")
+    hvd.start_timeline(paths["b"])  # a new file while recording
+    for _ in range(3):
+        hvd.allreduce(torch.ones(4), name="y")
+    hvd.stop_timeline()
+    hvd.shutdown()
+
+
+def test_switching_files_keeps_every_rank_and_pending_negotiations_show_the_wait(tmp_path):
+    """start_timeline(new path) while recording: the old file gets every rank's events up to the
+    switch (the workers' last ones once went missing) and the new one what follows. A negotiation
+    under way when recording starts is drawn from the start, with the rank that was ready ticked
+    there: the file shows rank 1 waiting for rank 0."""
+    paths = {tag: str(tmp_path / f"{tag}.json") for tag in "ab"}
+    late_s = 0.3
+    horo_runner.run(switch_job, args=(paths, late_s), np=2, env={"HORO_TIMELINE": "DYNAMIC"})
+    a, b = Trace(paths["a"]), Trace(paths["b"])
+    for track in ("rank 0", "rank 1"):
+        assert len(a.tracks[("allreduce.x", track)]) == 3, (track, a.tracks.keys())
+        assert len(b.tracks[("allreduce.y", track)]) == 3, (track, b.tracks.keys())
+        assert ("allreduce.y", track) not in a.tracks and ("allreduce.x", track) not in b.tracks
+    negotiation = a.only("allreduce.pending", "negotiation")
+    ticks = {t["name"]: t["ts"] for t in negotiation.ticks}
+    assert negotiation.begin < late_s * 1e6 / 3 and ticks["1"] == negotiation.begin, (negotiation, ticks)
+    assert ticks["0"] - ticks["1"] >= late_s * 1e6 * 0.9, ticks
+
+
 # Errors, in-process ----------------------------------------------------------------------------
 
 def test_start_timeline_errors(monkeypatch, tmp_path):

@@ -70,16 +70,23 @@ Status Timeline::Start(const std::string& path, bool mark_cycles, bool loop_runn
   mark_cycles_ = mark_cycles;
   bool new_file = false;
   if (rank_ == 0 && !(writer_->is_open() && writer_->path() == path)) {
+    int64_t start_us = Now();
     if (writer_->is_open()) {
-      // Switching files: what was recorded so far belongs to the old one.
+      // Switching files: what was recorded so far belongs to the old one, which waits for the
+      // workers' events up to now as a stop does; the new one starts where it ends.
+      const bool handing_over = recording_ && loop_running && !LoopEnded();
       if (recording_) ShipThroughLoop(kFlushRequest, loop_running);
-      writer_->Close(Now(), 0);
+      writer_->Close(start_us, handing_over ? kCloseWaitSeconds : 0, handing_over);
+      if (!handing_over) start_us = Now();
     }
-    HORO_RETURN_IF_ERROR(writer_->Open(path, Now()));
+    HORO_RETURN_IF_ERROR(writer_->Open(path, start_us));
     new_file = true;
   }
   // A new recording: negotiations that began before it are drawn from its start.
-  if (new_file || !recording_) ++generation_;
+  if (new_file || !recording_) {
+    generation_start_us_.store(Now());
+    ++generation_;
+  }
   const bool was_recording = recording_.exchange(true);
   // A worker tells rank 0 at once that it records, so that rank 0's stop waits for its events
   // even if it stops before this worker's first batch would be due.
@@ -92,15 +99,15 @@ Status Timeline::Stop(bool loop_running) {
   std::lock_guard<std::mutex> control(control_mutex_);
   if (recording_.exchange(false)) ShipThroughLoop(kFinalRequest, loop_running);
   if (rank_ == 0 && writer_->is_open()) {
-    bool loop_alive = loop_running;
-    {
-      std::lock_guard<std::mutex> lock(ship_mutex_);
-      loop_alive = loop_alive && !loop_ended_;
-    }
     // The workers' events up to now reach rank 0 through the loop; without it they cannot arrive.
-    writer_->Close(stop_us, loop_alive ? kCloseWaitSeconds : 0);
+    writer_->Close(stop_us, loop_running && !LoopEnded() ? kCloseWaitSeconds : 0);
   }
   return Status::OK();
+}
+
+bool Timeline::LoopEnded() {
+  std::lock_guard<std::mutex> lock(ship_mutex_);
+  return loop_ended_;
 }
 
 void Timeline::Shutdown() {
@@ -194,11 +201,15 @@ void Timeline::RecordNegotiationRequest(const Request& request, const std::map<i
   const int64_t now = Now();
   const int32_t group = batch_.AddTensor(request.process_set_id, request.name);
   if (negotiating_.insert({request.process_set_id, request.name}).second) {
-    // The negotiation begins here, or began before the timeline started: then it is drawn from
-    // now on, with the ranks that were ready already ticked at its start.
-    batch_.AddEvent(group, TraceTrack::kNegotiation, 'B', now,
+    // The negotiation begins here, or began before the recording did (some ranks were ready
+    // already): then it is drawn from the recording's start, those ranks ticked there, so that
+    // the file shows how long they waited for this one.
+    const int64_t begin = earlier.empty() ? now : std::min(now, generation_start_us_.load());
+    batch_.AddEvent(group, TraceTrack::kNegotiation, 'B', begin,
                     std::string("NEGOTIATE_") + TimelineOpName(request.op_type));
-    for (const auto& kv : earlier) batch_.AddEvent(group, TraceTrack::kNegotiation, 'X', now, std::to_string(kv.first));
+    for (const auto& kv : earlier) {
+      batch_.AddEvent(group, TraceTrack::kNegotiation, 'X', begin, std::to_string(kv.first));
+    }
   }
   // Horovod's tick: an event of no duration named after the rank that became ready.
   batch_.AddEvent(group, TraceTrack::kNegotiation, 'X', now, std::to_string(request.rank));

@@ -117,6 +117,8 @@ class Timeline {
   void ShipNow();
   void Hand(bool final);
   void ReceiveBatch(int rank, const std::string& batch);
+  // Whether the background loop has ended (it delivers the workers' events to rank 0).
+  bool LoopEnded();
   // Has the background thread ship this rank's batch (final or not) and waits for it.
   void ShipThroughLoop(ShipRequest request, bool loop_running);
 
@@ -129,6 +131,7 @@ class Timeline {
   std::atomic<bool> recording_{false};
   std::atomic<bool> mark_cycles_{false};
   std::atomic<int64_t> generation_{0};  // counts starts, so that the loop forgets older negotiations
+  std::atomic<int64_t> generation_start_us_{0};  // when the current generation began (its file's start)
   std::atomic<int> ship_request_{kNoRequest};
 
   // Background thread only.

@@ -14,11 +14,22 @@ TimelineWriter::~TimelineWriter() { Close(0, 0); }
 Status TimelineWriter::Open(const std::string& path, int64_t start_epoch_us) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (open_) return Status::Internal("timeline writer: '" + path_ + "' is still open");
-  HORO_RETURN_IF_ERROR(file_.Open(path, start_epoch_us, world_size_));
+  Status opened = file_.Open(path, start_epoch_us, world_size_);
+  if (!opened.ok()) {
+    handing_over_ = false;  // nobody takes the handed-over events now
+    handed_over_.clear();
+    return opened;
+  }
   open_ = true;
   closing_ = false;
   queue_.clear();
+  if (handing_over_) {  // what the file before received after its end, from this file's start
+    queue_.swap(handed_over_);
+    handing_over_ = false;
+  }
+  handed_over_.clear();
   queued_bytes_ = 0;
+  for (const auto& rb : queue_) queued_bytes_ += rb.second.size();
   dropped_batches_ = 0;
   path_ = path;
   thread_ = std::thread([this] { Run(); });
@@ -45,7 +56,10 @@ void TimelineWriter::Submit(int rank, std::string batch) {
     w.shipped_us = shipped_us;
     if (closing_ && Lagging().empty()) wake_.notify_all();
   }
-  if (!open_) return;
+  if (!open_) {
+    if (handing_over_) handed_over_.emplace_back(rank, std::move(batch));  // between two files
+    return;
+  }
   if (queued_bytes_ + batch.size() > kMaxQueuedBytes) {
     if (dropped_batches_++ == 0) {
       HORO_LOG(kWarning, 0) << "timeline: the writer cannot keep up with '" << path_
@@ -65,10 +79,12 @@ std::vector<int> TimelineWriter::Lagging() const {
   return ranks;
 }
 
-void TimelineWriter::Close(int64_t until_us, double wait_seconds) {
+void TimelineWriter::Close(int64_t until_us, double wait_seconds, bool hand_over) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (!open_ || closing_) return;
   closing_ = true;
+  handing_over_ = hand_over;
+  handed_over_.clear();
   close_until_us_ = until_us;
   close_deadline_ = std::chrono::steady_clock::now() +
                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(
@@ -94,8 +110,12 @@ void TimelineWriter::Run() {
     batches.swap(queue_);
     queued_bytes_ = 0;
     const std::vector<int> missing = close_now ? Lagging() : std::vector<int>();
+    // Handing over, the batches that arrive while this file waits for the workers hold events
+    // of the next file too: this one takes what is up to its end, the next one what follows.
+    const int64_t end_us = closing_ && handing_over_ ? close_until_us_ : INT64_MAX;
+    if (end_us != INT64_MAX) handed_over_.insert(handed_over_.end(), batches.begin(), batches.end());
     lock.unlock();
-    WriteQueued(std::move(batches));
+    WriteQueued(std::move(batches), end_us);
     if (close_now) {
       if (!missing.empty()) {
         std::ostringstream ranks;
@@ -112,7 +132,7 @@ void TimelineWriter::Run() {
   }
 }
 
-void TimelineWriter::WriteQueued(std::vector<std::pair<int, std::string>> batches) {
+void TimelineWriter::WriteQueued(std::vector<std::pair<int, std::string>> batches, int64_t end_us) {
   if (!file_.is_open()) return;  // a write failed earlier; the error was logged then
   for (const auto& rb : batches) {
     ParsedEventBatch parsed;
@@ -121,7 +141,7 @@ void TimelineWriter::WriteQueued(std::vector<std::pair<int, std::string>> batche
       HORO_LOG(kError, 0) << "timeline: dropping events of rank " << rb.first << ": " << st.message();
       continue;
     }
-    file_.Append(rb.first, parsed);
+    file_.Append(rb.first, parsed, end_us);
   }
   Status st = file_.Flush();
   if (!st.ok()) HORO_LOG(kError, 0) << st.message() << "; the timeline stops here";

@@ -44,8 +44,10 @@ class TimelineWriter {
   void Submit(int rank, std::string batch);
   // Closes the file once every recording worker has shipped its events up to until_us (Timeline
   // clock), or after wait_seconds; then a warning names the ranks whose last events are missing.
-  // Blocks until the file is closed. No-op when no file is open.
-  void Close(int64_t until_us, double wait_seconds);
+  // Blocks until the file is closed. No-op when no file is open. hand_over: the next file opens
+  // right after, at until_us (switching files while recording); the events after until_us that
+  // arrive meanwhile are kept for it instead of written here.
+  void Close(int64_t until_us, double wait_seconds, bool hand_over = false);
 
  private:
   struct Worker {
@@ -54,7 +56,7 @@ class TimelineWriter {
   };
 
   void Run();
-  void WriteQueued(std::vector<std::pair<int, std::string>> batches);
+  void WriteQueued(std::vector<std::pair<int, std::string>> batches, int64_t end_us);
   // Workers still recording that have not shipped up to close_until_us_. Under mutex_.
   std::vector<int> Lagging() const;
 
@@ -63,6 +65,8 @@ class TimelineWriter {
   std::condition_variable wake_;
   bool open_ = false;
   bool closing_ = false;
+  bool handing_over_ = false;  // Close(hand_over) until the next Open
+  std::vector<std::pair<int, std::string>> handed_over_;  // batches for the next file
   int64_t close_until_us_ = 0;
   std::chrono::steady_clock::time_point close_deadline_;
   std::vector<std::pair<int, std::string>> queue_;

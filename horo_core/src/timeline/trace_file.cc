@@ -107,13 +107,13 @@ TraceFile::Track& TraceFile::TrackOf(int pid, int slot, int rank) {
   return tracks_[tid];
 }
 
-void TraceFile::Append(int rank, const ParsedEventBatch& batch) {
+void TraceFile::Append(int rank, const ParsedEventBatch& batch, int64_t end_epoch_us) {
   if (file_ == nullptr || rank < 0 || rank >= world_size_) return;
   // Per group of the batch: each tensor's pid, 0 until first needed.
   std::vector<std::vector<int>> pids(batch.groups.size());
   for (const ParsedEventBatch::Event& e : batch.events) {
     const int64_t ts = e.ts_us - start_epoch_us_;
-    if (ts < 0) continue;  // recorded before this file started
+    if (ts < 0 || e.ts_us > end_epoch_us) continue;  // recorded before this file started, or after it ended
     if (e.marker) {
       max_ts_ = std::max(max_ts_, ts);
       Element("{\"ph\": \"i\", \"name\": " + Quoted(e.name) + ", \"ts\": " + std::to_string(ts) + ", \"s\": \"g\"}");

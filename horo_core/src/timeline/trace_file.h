@@ -41,9 +41,9 @@ class TraceFile {
   bool is_open() const { return file_ != nullptr; }
   const std::string& path() const { return path_; }
 
-  // Appends the events rank recorded. Events from before the start are dropped, and so is an end
-  // whose begin was dropped; each track's timestamps never decrease.
-  void Append(int rank, const ParsedEventBatch& batch);
+  // Appends the events rank recorded. Events from before the start, or after end_epoch_us, are
+  // dropped, and so is an end whose begin was dropped; each track's timestamps never decrease.
+  void Append(int rank, const ParsedEventBatch& batch, int64_t end_epoch_us = INT64_MAX);
   // Writes what is buffered; the file is then a complete JSON array.
   Status Flush();
   // Ends the slices still open at the last timestamp seen, terminates the array and closes.

@@ -133,7 +133,8 @@ def test_autotune_loopback_three_ranks_tunes_cycle_time_with_fusion_fixed(monkey
     ("HORO_AUTOTUNE_STEPS_PER_SAMPLE", "0", "HORO_AUTOTUNE_STEPS_PER_SAMPLE must be >= 1, got 0"),
     ("HORO_AUTOTUNE_WARMUP_SAMPLES", "-1", "HORO_AUTOTUNE_WARMUP_SAMPLES must be >= 0, got -1"),
     ("HORO_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "0", "HORO_AUTOTUNE_BAYES_OPT_MAX_SAMPLES must be >= 1, got 0"),
-    ("HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "1.5", "must be between 0 and 1, got 1.5"),
+    # The variable the user set is the one named, Horovod's name included.
+    ("HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "1.5", "^HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE must be between 0 and 1, got 1.5"),
     ("HORO_AUTOTUNE", "maybe", "HORO_AUTOTUNE='maybe' is not a valid bool"),
 ])
 def test_invalid_autotune_settings_are_named(monkeypatch, variable, value, message):

@@ -110,6 +110,7 @@ def test_peer_timeout_setting_is_bounded(value):
     ("HORO_STALL_CHECK_TIME_SECONDS", "-inf", "HORO_STALL_CHECK_TIME_SECONDS must be between 0 and 1000000, got -inf"),
     ("HORO_STALL_SHUTDOWN_TIME_SECONDS", "inf",
      "HORO_STALL_SHUTDOWN_TIME_SECONDS must be between 0 and 1000000, got inf"),
+    ("HOROVOD_CYCLE_TIME", "-1", "HOROVOD_CYCLE_TIME must be between 0 and 1000000, got -1"),
     # NaN compares false with every bound; it is refused as text, whatever the setting.
     ("HORO_CYCLE_TIME", "nan", "HORO_CYCLE_TIME='nan' is not a valid float"),
     ("HOROVOD_SPIN_MICROSECONDS", "NaN", "HOROVOD_SPIN_MICROSECONDS='NaN' is not a valid float"),

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <functional>
+#include <map>
 #include <sstream>
 
 namespace horo {
@@ -188,6 +189,12 @@ const char* KindName(Kind kind) {
 
 Status LoadConfigFromEnv(Config* config) {
   Config parsed;
+  std::map<std::string, std::string> set_as;  // setting -> the variable that set it
+  // The variable to name in an error: the one the user set (HOROVOD_... counts), else HORO_....
+  const auto var_of = [&set_as](const std::string& name) {
+    auto it = set_as.find(name);
+    return it != set_as.end() ? it->second : "HORO_" + name;
+  };
   for (const Setting& s : Table()) {
     for (const char* prefix : {"HORO_", "HOROVOD_"}) {
       std::string var = std::string(prefix) + s.name;
@@ -198,27 +205,28 @@ Status LoadConfigFromEnv(Config* config) {
                                        KindName(s.kind));
       }
       parsed.from_environment.insert(s.name);
+      set_as[s.name] = var;
       break;  // HORO_ wins over HOROVOD_
     }
   }
-  if (parsed.fusion_threshold_bytes < 0) return Status::InvalidArgument("HORO_FUSION_THRESHOLD must be >= 0");
-  if (parsed.chunk_bytes <= 0) return Status::InvalidArgument("HORO_CHUNK_BYTES must be > 0");
+  if (parsed.fusion_threshold_bytes < 0) return Status::InvalidArgument(var_of("FUSION_THRESHOLD") + " must be >= 0");
+  if (parsed.chunk_bytes <= 0) return Status::InvalidArgument(var_of("CHUNK_BYTES") + " must be > 0");
   if (parsed.ring_slice_bytes < 4096) {
     // Each slice costs 2 (N-1) steps: tiny ones would turn a large allreduce into millions of steps.
-    return Status::InvalidArgument("HORO_RING_SLICE_BYTES must be at least 4096, got " +
+    return Status::InvalidArgument(var_of("RING_SLICE_BYTES") + " must be at least 4096, got " +
                                    std::to_string(parsed.ring_slice_bytes));
   }
   if (parsed.shm_ring_bytes < (64 << 10) || (parsed.shm_ring_bytes & (parsed.shm_ring_bytes - 1)) != 0 ||
       parsed.shm_ring_bytes > (int64_t{1} << 40)) {
-    return Status::InvalidArgument("HORO_SHM_RING_BYTES must be a power of two between 65536 and 2^40");
+    return Status::InvalidArgument(var_of("SHM_RING_BYTES") + " must be a power of two between 65536 and 2^40");
   }
   // Bounded (11.6 days) so that every deadline made from it fits a clock's 64-bit count; NaN fails too.
   if (!(parsed.peer_timeout_seconds > 0 && parsed.peer_timeout_seconds <= 1e6)) {
-    return Status::InvalidArgument("HORO_PEER_TIMEOUT_SECONDS must be > 0 and at most 1000000, got " +
+    return Status::InvalidArgument(var_of("PEER_TIMEOUT_SECONDS") + " must be > 0 and at most 1000000, got " +
                                    FormatDouble(parsed.peer_timeout_seconds));
   }
   if (!(parsed.start_timeout_seconds > 0 && parsed.start_timeout_seconds <= 1e6)) {
-    return Status::InvalidArgument("HORO_START_TIMEOUT must be > 0 and at most 1000000, got " +
+    return Status::InvalidArgument(var_of("START_TIMEOUT") + " must be > 0 and at most 1000000, got " +
                                    FormatDouble(parsed.start_timeout_seconds));
   }
   // The bounds below keep every duration made from a setting within a clock's count, and keep a
@@ -228,25 +236,25 @@ Status LoadConfigFromEnv(Config* config) {
                                     {"STALL_CHECK_TIME_SECONDS", parsed.stall_check_time_seconds},
                                     {"STALL_SHUTDOWN_TIME_SECONDS", parsed.stall_shutdown_time_seconds}}) {
     if (!(value >= 0 && value <= 1e6)) {
-      return Status::InvalidArgument(std::string("HORO_") + name + " must be between 0 and 1000000, got " +
+      return Status::InvalidArgument(var_of(name) + " must be between 0 and 1000000, got " +
                                      FormatDouble(value));
     }
   }
-  if (parsed.small_message_bytes < 0) return Status::InvalidArgument("HORO_SMALL_MESSAGE_BYTES must be >= 0");
+  if (parsed.small_message_bytes < 0) return Status::InvalidArgument(var_of("SMALL_MESSAGE_BYTES") + " must be >= 0");
   if (parsed.autotune_warmup_samples < 0) {
-    return Status::InvalidArgument("HORO_AUTOTUNE_WARMUP_SAMPLES must be >= 0, got " +
+    return Status::InvalidArgument(var_of("AUTOTUNE_WARMUP_SAMPLES") + " must be >= 0, got " +
                                    std::to_string(parsed.autotune_warmup_samples));
   }
   if (parsed.autotune_steps_per_sample < 1) {
-    return Status::InvalidArgument("HORO_AUTOTUNE_STEPS_PER_SAMPLE must be >= 1, got " +
+    return Status::InvalidArgument(var_of("AUTOTUNE_STEPS_PER_SAMPLE") + " must be >= 1, got " +
                                    std::to_string(parsed.autotune_steps_per_sample));
   }
   if (parsed.autotune_bayes_opt_max_samples < 1) {
-    return Status::InvalidArgument("HORO_AUTOTUNE_BAYES_OPT_MAX_SAMPLES must be >= 1, got " +
+    return Status::InvalidArgument(var_of("AUTOTUNE_BAYES_OPT_MAX_SAMPLES") + " must be >= 1, got " +
                                    std::to_string(parsed.autotune_bayes_opt_max_samples));
   }
   if (!(parsed.autotune_gaussian_process_noise >= 0 && parsed.autotune_gaussian_process_noise <= 1)) {
-    return Status::InvalidArgument("HORO_AUTOTUNE_GAUSSIAN_PROCESS_NOISE must be between 0 and 1, got " +
+    return Status::InvalidArgument(var_of("AUTOTUNE_GAUSSIAN_PROCESS_NOISE") + " must be between 0 and 1, got " +
                                    FormatDouble(parsed.autotune_gaussian_process_noise));
   }
   *config = parsed;

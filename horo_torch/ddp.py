@@ -493,12 +493,16 @@ class DistributedDataParallel(torch.nn.Module):
                     raise ValueError(f"communication hook returned {got} for bucket {bucket.name}; "
                                      f"expected a tensor of {expected} elements")
                 flat = flat.reshape(-1)
+                # Under join(divide_by_initial_world_size=False), the division by the ranks still
+                # training: torch makes it for its own reduction only and leaves it to a
+                # registered hook, as here.
+                scale = 1.0 if self._hook_registered else self._grad_scale
                 offset = 0
                 for i, p in zip(bucket.indices, bucket.params):
                     chunk = flat[offset:offset + p.numel()].view_as(p)
                     offset += p.numel()
-                    if self._grad_scale != 1.0:
-                        chunk = chunk * self._grad_scale
+                    if scale != 1.0:
+                        chunk = chunk * scale
                     if usage is not None and int(usage[i]) == 0:
                         continue  # no rank used it: leave its gradient untouched, as DDP does
                     if p.grad is None:

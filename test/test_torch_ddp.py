@@ -490,6 +490,24 @@ def check_join(hvd, c):
         for (name, b), want in zip(ddp.module.named_buffers(), buffers[n - 1]):
             c.close(f"{what}: buffer {name}", b.double(), want.double(), 1e-10)
 
+    # A registered hook decides the division itself, as in torch: a summing hook sums the ranks
+    # still training, not rescaled by join(divide_by_initial_world_size=False).
+    summed = DistributedDataParallel(torch.nn.Linear(2, 1, bias=False).double())
+
+    def summing_hook(state, bucket):
+        future = torch.futures.Future()
+        future.set_result(hvd.allreduce(bucket.buffer(), op=hvd.Sum, name=f"summing.{bucket.index()}"))
+        return future
+
+    summed.register_comm_hook(None, summing_hook)
+    with summed.join(divide_by_initial_world_size=False):
+        for t in range(1 + rank):  # rank r trains r + 1 steps: only the last rank takes the final one
+            summed.zero_grad()
+            summed(torch.ones(1, 2, dtype=torch.float64)).sum().backward()
+    # Rank r's last step is step r, in which the ranks from r up still train.
+    c.close("join(divide_by_initial_world_size=False) leaves a registered hook's result as it is",
+            summed.module.weight.grad, torch.full((1, 2), float(n - rank), dtype=torch.float64), 1e-12)
+
     # throw_on_early_termination: every rank raises once rank 0's inputs run out; the job goes on.
     torch.manual_seed(0)
     ddp = DistributedDataParallel(Normed().double())

@@ -538,8 +538,7 @@ int Coordinator::CheckStalls(std::vector<StalledTensor> waiting) {
     stall_message_ = message;
     HORO_LOG(kError, 0) << message;
   }
-  double period_ms = stall_inspector_.warning_seconds() * 250.0;
-  return static_cast<int>(std::max(10.0, std::min(1000.0, period_ms)));
+  return stall_inspector_.PeriodMs();
 }
 
 }  // namespace horo

@@ -1,5 +1,6 @@
 #include "coordinator/stall_inspector.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <sstream>
@@ -29,13 +30,17 @@ bool StallInspector::Inspect(const std::vector<StalledTensor>& waiting, std::str
   if (!enabled()) return false;
   std::vector<StalledTensor> fresh;
   std::vector<StalledTensor> past_shutdown;
+  double longest = 0;
   std::map<std::pair<int32_t, std::string>, bool> still_warned;  // forget tensors that completed
   for (const StalledTensor& t : waiting) {
-    if (t.waited_seconds < warning_seconds_) continue;
+    if (shutdown_seconds_ > 0 && t.waited_seconds >= shutdown_seconds_) {
+      past_shutdown.push_back(t);
+      longest = std::max(longest, t.waited_seconds);
+    }
+    if (!warns() || t.waited_seconds < warning_seconds_) continue;
     auto key = std::make_pair(t.process_set_id, t.name);
     if (!warned_.count(key)) fresh.push_back(t);
     still_warned[key] = true;
-    if (shutdown_seconds_ > 0 && t.waited_seconds >= shutdown_seconds_) past_shutdown.push_back(t);
   }
   warned_.swap(still_warned);
   if (!fresh.empty()) {
@@ -46,12 +51,20 @@ bool StallInspector::Inspect(const std::vector<StalledTensor>& waiting, std::str
   }
   if (!past_shutdown.empty()) {
     std::ostringstream os;
-    os << "shutting down after tensors stalled for more than " << shutdown_seconds_
-       << " seconds (HORO_STALL_SHUTDOWN_TIME_SECONDS). Missing ranks: " << DescribeMissing(past_shutdown);
+    os << "shutting down after tensors stalled for " << static_cast<int64_t>(longest)
+       << " seconds (HORO_STALL_SHUTDOWN_TIME_SECONDS=" << shutdown_seconds_
+       << "). Missing ranks: " << DescribeMissing(past_shutdown);
     *message = os.str();
     return true;
   }
   return false;
+}
+
+int StallInspector::PeriodMs() const {
+  double shortest = 1e9;
+  if (warns()) shortest = warning_seconds_;
+  if (shutdown_seconds_ > 0) shortest = std::min(shortest, shutdown_seconds_);
+  return static_cast<int>(std::max(10.0, std::min(1000.0, shortest * 250.0)));
 }
 
 }  // namespace horo

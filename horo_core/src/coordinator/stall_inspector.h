@@ -23,10 +23,14 @@ class StallInspector {
       : warning_seconds_(warning_seconds), shutdown_seconds_(shutdown_seconds), disabled_(disabled) {}
 
   // Logs a warning for the stalled tensors not yet reported (at most once per tensor) and
-  // returns true with *message set when the shutdown time has passed for any of them.
+  // returns true with *message set when the shutdown time has passed for any of them. The
+  // shutdown applies whenever it is set, also below the warning time or with warnings disabled
+  // (Horovod ignored it there, which left a job the user asked to stop waiting for ever).
   bool Inspect(const std::vector<StalledTensor>& waiting, std::string* message);
-  double warning_seconds() const { return warning_seconds_; }
-  bool enabled() const { return !disabled_ && warning_seconds_ > 0; }
+  bool warns() const { return !disabled_ && warning_seconds_ > 0; }
+  bool enabled() const { return warns() || shutdown_seconds_ > 0; }
+  // How often to inspect: a quarter of the shortest time that matters, within [10 ms, 1 s].
+  int PeriodMs() const;
 
  private:
   double warning_seconds_;

@@ -5,7 +5,11 @@ through :mod:`horo_runner.output`. The job ends when every worker has exited 0, 
 
 * a worker exits non-zero or is killed by a signal;
 * a monitor (e.g. the start-timeout watch) reports a failure;
-* the launcher receives SIGINT or SIGTERM.
+* the launcher receives SIGINT, SIGTERM or SIGHUP (its terminal or ssh session closed).
+
+A launcher killed outright (SIGKILL, the out-of-memory killer) cannot clean up: on Linux every
+worker asks the kernel for SIGKILL when the launcher dies (``PR_SET_PDEATHSIG``), so that no rank
+goes on alone holding its CPUs and GPUs, as Horovod's per-rank middleman ensures.
 
 Then every worker still running gets SIGTERM on its whole process group, and SIGKILL after a grace
 period (a second Ctrl-C skips the grace period). The job's exit code is the failing worker's code,
@@ -33,6 +37,33 @@ Monitor = Callable[[], Optional[str]]
 (or may be left blocked; its thread is a daemon) once the job is over."""
 
 _READER_JOIN_S = 10.0  # a detached grandchild may hold a pipe open; do not wait on it forever
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _load_prctl():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.restype = ctypes.c_int
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    return prctl
+
+
+_PRCTL = _load_prctl()  # resolved here: the child between fork and exec only calls it
+
+
+def _die_with(launcher_pid: int):
+    """The function a worker runs between fork and exec: SIGKILL when the launcher's starting
+    thread ends (the setting survives exec), at once if the launcher is gone already."""
+    def set_up() -> None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != launcher_pid:
+            os.kill(os.getpid(), signal.SIGKILL)
+    return set_up if _PRCTL is not None else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +157,8 @@ class _Job:
                 os.sched_setaffinity(0, worker.cpus)
             proc = subprocess.Popen(list(worker.command), env=dict(worker.env),
                                     stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w,
-                                    start_new_session=True, close_fds=True, cwd=self.options.cwd)
+                                    start_new_session=True, close_fds=True, cwd=self.options.cwd,
+                                    preexec_fn=_die_with(os.getpid()))
         except BaseException:
             for fd in (out_r, err_r):
                 os.close(fd)
@@ -194,7 +226,8 @@ def execute(workers: Sequence[Worker], options: ExecOptions = ExecOptions(),
             stderr: Optional[IO[str]] = None) -> JobResult:
     """Runs the workers to completion and applies the failure policy of the module docstring.
 
-    SIGINT and SIGTERM handlers are installed for the duration when called from the main thread.
+    SIGINT, SIGTERM and SIGHUP handlers are installed for the duration when called from the main
+    thread. The workers are killed by the kernel if the thread that calls this dies.
 
     Args:
         workers: the processes to start, one per rank (ranks ``0..n-1``).
@@ -221,7 +254,7 @@ def execute(workers: Sequence[Worker], options: ExecOptions = ExecOptions(),
         job.events.put(("signal", signum))
 
     if threading.current_thread() is threading.main_thread():
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             previous_handlers[signum] = signal.signal(signum, on_signal)
     exit_code, failed_rank, message, interrupted = 0, None, None, False
     try:

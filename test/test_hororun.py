@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pytest
 
@@ -173,22 +174,46 @@ def test_rank_killed_by_signal(child_env):
     assert "hororun: rank 0 was killed by signal 9 (SIGKILL)\n" in proc.stderr.decode()
 
 
-def test_sigterm_to_hororun_terminates_workers(child_env):
-    code = """
-        import os, time
-        print("ready", os.getpid(), flush=True)
-        time.sleep(3600)
-    """
-    launcher = subprocess.Popen(hororun_cmd("-np", "3", *worker(code)), env=child_env,
+SLEEPING_WORKER = """
+    import os, time
+    print("ready", os.getpid(), flush=True)
+    time.sleep(3600)
+"""
+
+
+def start_sleeping_workers(child_env, n):
+    """hororun with n workers that sleep, once every worker has said so; returns it and their pids."""
+    launcher = subprocess.Popen(hororun_cmd("-np", str(n), *worker(SLEEPING_WORKER)), env=child_env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 stdin=subprocess.DEVNULL)
     pids = []
     try:
-        while len(pids) < 3:
+        while len(pids) < n:
             line = launcher.stdout.readline().decode()
             assert line, "hororun ended before every worker was ready"
             pids.append(int(line.rsplit(" ", 1)[1]))
-        launcher.send_signal(signal.SIGTERM)
+    except BaseException:
+        launcher.kill()
+        launcher.wait()
+        raise
+    return launcher, pids
+
+
+def gone(pid):
+    """The process has exited (a zombie that its new parent has not reaped yet counts)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_to_hororun_terminates_workers(child_env, signum):
+    # SIGHUP: the terminal or ssh session that ran hororun closed.
+    launcher, pids = start_sleeping_workers(child_env, 3)
+    try:
+        launcher.send_signal(signum)
         _, err = launcher.communicate(timeout=60)
     finally:  # if hororun misbehaves, leave no process of this test behind
         if launcher.poll() is None:
@@ -199,11 +224,30 @@ def test_sigterm_to_hororun_terminates_workers(child_env):
                     os.killpg(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-    assert launcher.returncode == 128 + signal.SIGTERM
-    assert "hororun: received SIGTERM; terminated 3 ranks" in err.decode()
+    assert launcher.returncode == 128 + signum
+    assert f"hororun: received {signal.Signals(signum).name}; terminated 3 ranks" in err.decode()
     for pid in pids:  # hororun reaped every worker before exiting
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_workers_die_with_a_killed_hororun(child_env):
+    """hororun killed outright cannot clean up: the kernel kills its workers (PR_SET_PDEATHSIG)
+    instead of leaving them running alone."""
+    launcher, pids = start_sleeping_workers(child_env, 2)
+    try:
+        launcher.kill()
+        launcher.wait()
+        deadline = time.monotonic() + 30
+        while not all(gone(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(gone(pid) for pid in pids), [pid for pid in pids if not gone(pid)]
+    finally:
+        for pid in pids:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def test_sigkill_after_grace_period_and_monitor_failure(runner_path):

@@ -27,12 +27,19 @@ def _read_text(path: str) -> Optional[str]:
         return None
 
 
+# horovod.run's arguments that do not apply here (accepted with a warning, as hororun's flags) and
+# those of elastic training, which Horo does not have (refused, not to run a different job).
+_IGNORED_ARGUMENTS = ("ssh_port", "ssh_identity_file", "disable_cache", "use_gloo", "use_mpi", "mpi_args",
+                      "network_interface")
+_ELASTIC_ARGUMENTS = ("min_np", "max_np", "slots", "reset_limit", "cooldown_range")
+
+
 def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mapping[str, Any]] = None,
         np: int = 1, hosts: Optional[str] = None, hostfile: Optional[str] = None,
         start_timeout: Optional[float] = None, output_filename: Optional[str] = None,
         verbose: bool = False, prefix_output_with_timestamp: bool = False,
         env: Optional[Mapping[str, str]] = None, executable: Optional[str] = None,
-        bind_to: str = "auto") -> list[Any]:
+        bind_to: str = "auto", **horovod_arguments) -> list[Any]:
     """Runs ``fn(*args, **kwargs)`` in ``np`` worker processes, like ``hororun -np N``.
 
     The function and arguments are serialized with cloudpickle (pickle if it is not installed)
@@ -55,6 +62,11 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mappi
         env: extra environment variables for the workers (e.g. ``HORO_CYCLE_TIME``).
         executable: Python interpreter for the workers (default ``sys.executable``).
         bind_to: CPUs of each rank, as for ``--bind-to``: ``auto``, ``core`` or ``none``.
+        horovod_arguments: the rest of ``horovod.run``'s arguments. ``ssh_port``,
+            ``ssh_identity_file``, ``disable_cache``, ``use_gloo``, ``use_mpi``, ``mpi_args`` and
+            ``network_interface`` do not apply and are ignored with a warning; the elastic ones
+            (``min_np``, ``max_np``, ``slots``, ``reset_limit``, ``cooldown_range``) are refused
+            unless None.
 
     Returns:
         Every rank's return value, in rank order.
@@ -64,16 +76,30 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mappi
             the job failed otherwise (a rank crashed, a start timeout, a signal).
         ValueError: for invalid hosts, both ``hosts`` and ``hostfile``, ``bind_to="core"``
             with more ranks than cores, or a start timeout that is not a positive number.
+        TypeError: an argument ``horovod.run`` does not have either.
+        NotImplementedError: an elastic argument other than None.
     """
+    for name, value in horovod_arguments.items():
+        if name in _ELASTIC_ARGUMENTS:
+            if value is not None:
+                raise NotImplementedError(f"run(): {name} is for elastic training, which Horo does not "
+                                          f"support yet")
+        elif name in _IGNORED_ARGUMENTS:
+            if value not in (None, False):
+                sys.stderr.write(f"hororun: warning: ignoring run({name}=...), which does not apply to Horo\n")
+        else:
+            raise TypeError(f"run() got an unexpected keyword argument {name!r}")
     if hosts is not None and hostfile is not None:
         raise ValueError("pass either hosts or hostfile, not both")
     if start_timeout is None:
-        start_timeout = start_timeout_from_env(os.environ)
+        start_timeout = start_timeout_from_env({**os.environ, **(env or {})})
     elif not 0 < start_timeout <= MAX_START_TIMEOUT:
         raise ValueError(f"start_timeout must be > 0 and at most {MAX_START_TIMEOUT} seconds, got {start_timeout!r}")
     host_slots = parse_hosts(hosts) if hosts else parse_hostfile(hostfile) if hostfile else None
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    python_path = os.pathsep.join(p for p in (package_parent, os.environ.get("PYTHONPATH")) if p)
+    # env's PYTHONPATH (else this process's) goes on after the package's own parent.
+    python_path = os.pathsep.join(p for p in (package_parent, (env or {}).get("PYTHONPATH",
+                                                                            os.environ.get("PYTHONPATH"))) if p)
     workdir = tempfile.mkdtemp(prefix="hororun-")  # mode 0700
     try:
         sys_path = [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
@@ -85,7 +111,8 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mappi
             # run a module that is already imported.
             command=[executable or sys.executable, "-c", _TASK_ENTRY, workdir],
             num_proc=np, hosts=host_slots,
-            settings_env={"HORO_START_TIMEOUT": f"{start_timeout:g}", **(env or {}), "PYTHONPATH": python_path},
+            # The start timeout the launcher waits is the one the workers get, whatever env says.
+            settings_env={**(env or {}), "HORO_START_TIMEOUT": f"{start_timeout:g}", "PYTHONPATH": python_path},
             start_timeout=start_timeout, output_dir=output_filename,
             prefix_timestamp=prefix_output_with_timestamp, verbose=verbose, bind_to=bind_to)
         result = run_job(spec)

@@ -411,6 +411,31 @@ def test_run_api_takes_the_start_timeout_from_the_environment_too(runner_path, m
     monkeypatch.setenv("HOROVOD_START_TIMEOUT", "soon")
     with pytest.raises(ValueError, match="HOROVOD_START_TIMEOUT='soon' is not a number of seconds"):
         horo_runner.run(_start_timeout_seen, np=1)
+    # env's value is the one the launcher waits and the workers get; an explicit argument wins.
+    assert horo_runner.run(_start_timeout_seen, np=1, env={"HORO_START_TIMEOUT": "7"}) == ["7"]
+    assert horo_runner.run(_start_timeout_seen, np=1, start_timeout=9, env={"HORO_START_TIMEOUT": "7"}) == ["9"]
+
+
+def _python_path_seen():
+    return os.environ["PYTHONPATH"].split(os.pathsep)
+
+
+def test_run_api_takes_horovods_arguments_and_env_pythonpath(runner_path, capfd):
+    import horo_runner
+    # horovod.run's arguments: those that do not apply are ignored with a warning, as hororun's
+    # flags; elastic ones are refused; PYTHONPATH given in env reaches the workers.
+    paths = horo_runner.run(_python_path_seen, np=1, use_gloo=True, use_mpi=None, disable_cache=True,
+                            ssh_port=22, network_interface="eth0", min_np=None,
+                            env={"PYTHONPATH": "/my/lib"})
+    assert "/my/lib" in paths[0], paths
+    err = capfd.readouterr().err
+    for name in ("use_gloo", "disable_cache", "ssh_port", "network_interface"):
+        assert f"ignoring run({name}=...)" in err, err
+    assert "use_mpi" not in err
+    with pytest.raises(NotImplementedError, match="max_np is for elastic training"):
+        horo_runner.run(_python_path_seen, np=1, max_np=4)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'nprocs'"):
+        horo_runner.run(_python_path_seen, nprocs=1)
 
 
 def test_secret_not_in_argv_ps_or_output(child_env, tmp_path):

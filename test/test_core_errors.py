@@ -4,6 +4,7 @@ Every check that compares ranks must fail on every rank with a message naming th
 ranks and both values, and the job must go on with its next collective.
 """
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -468,3 +469,18 @@ def test_shutdown_from_two_threads_at_once_returns_on_both(tmp_path):
         raise AssertionError("shutdown() from two threads at once did not return within 60 s") from None
     assert out.returncode == 0, out.stderr[-3000:]
     assert "errors [[], []]" in out.stdout and "survived" in out.stdout, out.stdout + out.stderr[-3000:]
+
+
+def test_a_rank_that_shut_down_is_named_once():
+    # The coordinator's notice begins "Horo has been shut down: "; the runtime added that again.
+    with World(2) as world:
+        def body(rt):
+            if rt.rank == 1:
+                rt.shutdown()
+                return None
+            time.sleep(0.5)
+            with pytest.raises(HoroShutdownError) as raised:
+                ops.allreduce(rt, np.ones(2, np.float32), "after.shutdown")
+            return str(raised.value)
+        message = world.run(body)[0]
+    assert message.count("Horo has been shut down") == 1 and "rank 1 called shutdown()" in message, message

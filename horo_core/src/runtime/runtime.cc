@@ -133,8 +133,11 @@ Status Runtime::Connect(const std::vector<std::string>& addresses) {
 
 Status Runtime::StoppedStatus() {
   std::lock_guard<std::mutex> lock(stop_mutex_);
+  // The coordinator's shutdown notice says so itself; say it once.
+  static const std::string kPrefix = "Horo has been shut down: ";
+  const std::string& reason = stop_reason_.message();
   return Status(stop_reason_.code() == HORO_ERR_SHUT_DOWN ? HORO_ERR_SHUT_DOWN : stop_reason_.code(),
-                "Horo has been shut down: " + stop_reason_.message());
+                reason.compare(0, kPrefix.size(), kPrefix) == 0 ? reason : kPrefix + reason);
 }
 
 Status Runtime::ValidateTensor(OpType op, const horo_tensor_t& t, const horo_op_options_t& options) const {

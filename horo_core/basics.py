@@ -30,6 +30,10 @@ class _State:
         self.runtime = None
         self.hub = None
         self.kv_server = None
+        # The rendezvous this rank hosts for torchrun-style launches (MASTER_ADDR:MASTER_PORT): kept
+        # from one init() to the next, since the other ranks may come back to it before this rank
+        # has shut down (keys carry the init's generation); stopped when the process exits.
+        self.hosted_rendezvous = None
         self.rank = self.size = None
         self.local_rank = self.local_size = self.cross_rank = self.cross_size = None
         self.homogeneous = True
@@ -51,12 +55,20 @@ def _forget_in_child():
     Its exit must not shut the rank's runtime down: that would close the shared-memory rings the
     rank still uses, failing the job, and join threads the child does not have. So the child
     starts uninitialized; what it inherited stays referenced and untouched."""
-    _inherited.extend(x for x in (_state.runtime, _state.kv_server, _state.hub) if x is not None)
-    _state.runtime = _state.kv_server = _state.hub = None
+    _inherited.extend(x for x in (_state.runtime, _state.kv_server, _state.hub, _state.hosted_rendezvous)
+                      if x is not None)
+    _state.runtime = _state.kv_server = _state.hub = _state.hosted_rendezvous = None
     _state.lock = threading.RLock()  # another thread may have held it at the fork
 
 
 os.register_at_fork(after_in_child=_forget_in_child)
+
+
+def _stop_hosted_rendezvous():
+    with _state.lock:
+        kept, _state.hosted_rendezvous = _state.hosted_rendezvous, None
+    if kept is not None:
+        kept[1].stop()
 
 
 def _rendezvous(info, mpi_comm):
@@ -83,9 +95,15 @@ def _rendezvous(info, mpi_comm):
             f"the launcher ({info.family}) offers a {info.rendezvous_protocol} rendezvous, which Horo does not "
             "speak (it is unauthenticated); launch with hororun, torchrun or mpirun instead")
     host, port = info.rendezvous
-    server = None
     if info.hosts_rendezvous:
-        server = KVServer(host, port, info.secret).start()
+        kept = _state.hosted_rendezvous
+        if kept is None or kept[0] != (host, port, info.secret):
+            if kept is not None:
+                kept[1].stop()
+            _state.hosted_rendezvous = None
+            _state.hosted_rendezvous = ((host, port, info.secret), KVServer(host, port, info.secret).start())
+            atexit.register(_stop_hosted_rendezvous)
+    server = None  # the hosted rendezvous outlives this init; see _State
     if info.secret_is_weak:
         logger.warning("horo: no HORO_SECRET set; the job key is derived from the %s job id, which other users "
                        "of the cluster can read. Export HORO_SECRET=<hex> to every rank for a private key.",

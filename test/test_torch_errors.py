@@ -337,6 +337,26 @@ def test_hororun_exits_nonzero_naming_the_killed_rank(tmp_path):
         assert f'[{rank}]<stdout>:REPORT {{"what": "warmup", "value": [3.0, 3.0, 3.0, 3.0]}}\n' in proc.stdout
 
 
+REINIT_WORKER = REPORT + """
+    import time
+    for generation in range(3):
+        hvd.init()
+        report(f"generation {generation}", lambda: hvd.allreduce(torch.ones(2), name="x", op=hvd.Sum))
+        if hvd.rank() == 0:
+            time.sleep(0.5)  # the others are back at the rendezvous before rank 0 has shut down
+        hvd.shutdown()
+"""
+
+
+def test_init_again_after_shutdown_without_hororun(tmp_path):
+    # Launched as torchrun does, rank 0 hosts the rendezvous. It used to stop it at shutdown while
+    # the others were already registering for the next init(), which then failed or timed out.
+    script = write_script(tmp_path, REINIT_WORKER)
+    for rank, (code, out, err) in enumerate(finish(p) for p in spawn_ranks(script, N, HORO_START_TIMEOUT=20)):
+        assert code == 0, err
+        assert reports(out) == [{"what": f"generation {g}", "value": [float(N)] * 2} for g in range(3)], (rank, out)
+
+
 # Stalls -------------------------------------------------------------------------------------------
 
 STALL_WORKER = REPORT + """

@@ -484,3 +484,20 @@ def test_a_rank_that_shut_down_is_named_once():
             return str(raised.value)
         message = world.run(body)[0]
     assert message.count("Horo has been shut down") == 1 and "rank 1 called shutdown()" in message, message
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_grouped_calls_of_different_sizes_fail_on_every_rank(size):
+    # Rank r groups 2 + r tensors: the first ranks' groups were complete and returned, while the
+    # others waited for ever for members nobody else submits.
+    with World(size) as world:
+        def body(rt):
+            names = [f"grouped.{i}" for i in range(2 + rt.rank)]
+            with pytest.raises(HoroMismatchError) as raised:
+                ops.grouped_allreduce(rt, [np.ones(3, np.float32) for _ in names], names, op=lib.HORO_OP_SUM)
+            after = ops.allreduce(rt, np.ones(2, np.float32), "after.groups", op=lib.HORO_OP_SUM)
+            return str(raised.value), after.tolist()
+        for message, after in world.run(body):
+            assert "Mismatched grouped calls for allreduce tensor 'grouped.0'" in message, message
+            assert "rank 0 has it in a group of 2 tensors led by 'grouped.0', rank 1 has it in a group of 3" in message
+            assert after == [float(size)] * 2

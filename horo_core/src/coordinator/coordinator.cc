@@ -47,6 +47,12 @@ bool FindMismatch(const std::map<int32_t, Request>& by_rank, const char* what, G
   return false;
 }
 
+// The grouped call a request belongs to, as the ranks must agree on it.
+std::string GroupOf(const Request& r) {
+  if (r.group_size <= 1) return "it outside a grouped call";
+  return "it in a group of " + std::to_string(r.group_size) + " tensors led by " + Quote(r.group_leader);
+}
+
 std::string MembersText(const std::vector<int32_t>& members) {
   std::vector<int64_t> v(members.begin(), members.end());
   return ShapeText(v);
@@ -371,8 +377,15 @@ bool Coordinator::BuildResponses(ResponseList* out) {
   for (const auto& key : ready_) {
     SetState& state = states_[key.first];
     auto pending_it = state.pending.find(key.second);
+    if (pending_it == state.pending.end()) continue;  // failed with its group (FailMismatchedGroups)
     Pending& pending = pending_it->second;
     const Request& first = pending.by_rank.begin()->second;
+    std::string group_message;
+    if (first.kind == RequestKind::kTensor &&
+        FindMismatch(pending.by_rank, "grouped calls", GroupOf, &group_message)) {
+      FailMismatchedGroups(key.first, key.second, group_message, &parts, &resolved);
+      continue;
+    }
     if (first.group_size > 1 && ready_in_group[{key.first, first.group_leader}] < first.group_size) {
       deferred.push_back(key);
       continue;
@@ -460,6 +473,33 @@ bool Coordinator::AppendShutdownIfDue(ResponseList* out) {
     return false;
   }
   return true;
+}
+
+void Coordinator::FailMismatchedGroups(int32_t set_id, const std::string& name, const std::string& message,
+                                       std::vector<ResponsePart>* parts, std::vector<Response>* resolved) {
+  SetState& state = states_[set_id];
+  std::set<std::string> leaders;
+  for (const auto& kv : state.pending[name].by_rank) {
+    if (kv.second.group_size > 1) leaders.insert(kv.second.group_leader);
+  }
+  // A rank submits all members of a grouped call in one request list, so by the time one member
+  // is ready everywhere, every member any rank will send is here.
+  for (auto it = state.pending.begin(); it != state.pending.end();) {
+    bool member = it->first == name;
+    for (const auto& kv : it->second.by_rank) {
+      member = member || (kv.second.group_size > 1 && leaders.count(kv.second.group_leader) > 0);
+    }
+    if (!member) {
+      ++it;
+      continue;
+    }
+    ResponsePart part;
+    part.response = ErrorResponse(set_id, it->first, HORO_ERR_MISMATCH, message);
+    timeline_->NegotiationEnd(set_id, it->first);
+    resolved->push_back(part.response);
+    parts->push_back(std::move(part));
+    it = state.pending.erase(it);
+  }
 }
 
 void Coordinator::ResolveRemovedSet(int32_t set_id, std::vector<ResponsePart>* parts,

@@ -76,6 +76,11 @@ class Coordinator {
                      const std::vector<int32_t>& members, const std::vector<int32_t>& joined);
   Response ConstructSetChange(const std::string& name, const Pending& pending);
   std::string Signature(const Pending& pending, const std::vector<int32_t>& joined) const;
+  // A grouped call whose members differ between ranks (another count or another first tensor):
+  // every pending tensor of the groups involved gets the error on every rank, instead of waiting
+  // for members that some ranks never submit.
+  void FailMismatchedGroups(int32_t set_id, const std::string& name, const std::string& message,
+                            std::vector<ResponsePart>* parts, std::vector<Response>* resolved);
   void ResolveRemovedSet(int32_t set_id, std::vector<ResponsePart>* parts, std::vector<Response>* resolved,
                          std::vector<std::pair<int32_t, std::string>>* deferred);
   void Fuse(std::vector<ResponsePart> parts, const std::vector<Response>& resolved, ResponseList* out);

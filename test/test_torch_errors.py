@@ -233,9 +233,9 @@ LOST_RANK_WORKER = REPORT + """
                 signal.pause()  # until the test's SIGTERM
                 os._exit(0)
             print(f"CHILD {child}", flush=True)
-        if mode not in ("before", "forked"):
+        if mode not in ("before", "forked", "frozen-idle"):
             hvd.allreduce_async(big, name="big")
-        os.kill(os.getpid(), signal.SIGSTOP if mode == "frozen" else signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGSTOP if mode.startswith("frozen") else signal.SIGKILL)
     report("collective", lambda: hvd.allreduce(big, name="big"))
     report("next", lambda: hvd.allreduce(torch.ones(4), name="next"))
 """
@@ -325,6 +325,26 @@ def test_frozen_rank_fails_every_other_rank(tmp_path):
             assert INTERNAL <= set(g.get("error", [])), (rank, g)
         messages.append(got[1]["message"])
     assert any(stalled.search(m) or "no progress for 2 s" in m for m in messages), messages
+
+
+def test_frozen_coordinator_is_noticed_by_the_workers(tmp_path):
+    # A stopped rank 0 sends nothing and closes nothing, and its stall inspector is stopped with
+    # it: the workers waited for ever without a word. They now warn, and with a stall shutdown
+    # set they end the job once rank 0 could have done so itself.
+    script = write_script(tmp_path, LOST_RANK_WORKER)
+    procs = spawn_ranks(script, N, (0, "frozen-idle"), HORO_PEER_TIMEOUT_SECONDS=2, HORO_STALL_CHECK_TIME_SECONDS=1,
+                        HORO_STALL_SHUTDOWN_TIME_SECONDS=1)
+    try:
+        outcomes = {rank: finish(procs[rank]) for rank in range(1, N)}
+    finally:
+        procs[0].kill()
+        procs[0].communicate()
+    for rank, (code, out, err) in outcomes.items():
+        assert code == 0, err
+        got = reports(out)
+        assert [g["what"] for g in got] == ["warmup", "collective", "next"], out
+        assert "rank 0 (the coordinator) sent this rank nothing for" in got[1]["message"], (rank, got[1])
+        assert "and rank 0 (the coordinator) has sent this rank nothing meanwhile" in err, (rank, err)
 
 
 def test_hororun_exits_nonzero_naming_the_killed_rank(tmp_path):

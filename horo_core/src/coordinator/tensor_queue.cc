@@ -2,6 +2,8 @@
 
 #include <set>
 
+#include "common/coarse_clock.h"
+
 namespace horo {
 
 namespace {
@@ -19,7 +21,9 @@ Status TensorQueue::Add(std::vector<TensorEntry>* entries) {
                         "' is already in flight; names of concurrent operations must be unique");
     }
   }
+  const int64_t now = CoarseNanos();
   for (TensorEntry& e : *entries) {
+    e.enqueued_ns = now;
     unsent_.push_back(e.request);
     if (spare_.empty()) {
       Key key(e.request.process_set_id, e.request.name);
@@ -65,6 +69,18 @@ std::vector<int64_t> TensorQueue::TakeAllHandles() {
   unsent_.clear();
   has_unsent_.store(false, std::memory_order_release);
   return handles;
+}
+
+int64_t TensorQueue::OldestEnqueued(std::string* name) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  int64_t oldest = 0;
+  for (const auto& kv : table_) {
+    if (oldest == 0 || kv.second.enqueued_ns < oldest) {
+      oldest = kv.second.enqueued_ns;
+      *name = kv.first.second;
+    }
+  }
+  return oldest;
 }
 
 }  // namespace horo

@@ -22,6 +22,7 @@ struct TensorEntry {
   void* output = nullptr;
   void* ready_event = nullptr;  // CUDA tensors: CUevent the device work waits on (may be null)
   int64_t handle = 0;
+  int64_t enqueued_ns = 0;  // CoarseNanos when added
 };
 
 class TensorQueue {
@@ -38,6 +39,8 @@ class TensorQueue {
   bool Take(int32_t process_set_id, const std::string& name, TensorEntry* out);
   // Removes every entry (failure/shutdown); returns their handles.
   std::vector<int64_t> TakeAllHandles();
+  // The entry in flight longest: its enqueue time (CoarseNanos) and name; 0 when none is.
+  int64_t OldestEnqueued(std::string* name);
 
  private:
   // Keyed by (process set, name); looked up without copying the name.

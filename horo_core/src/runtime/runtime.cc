@@ -379,6 +379,7 @@ constexpr int kPollProbeLongest = 8192;
 // would wait (caller_waits) but does not is still negotiated soon.
 constexpr int kLongestWaitMs = 8;
 constexpr int64_t kStallCheckNs = 5000000;  // rank 0 looks for stalls at most this often
+constexpr int64_t kCoordinatorWatchNs = 250000000;  // a worker looks at rank 0's silence this often
 
 int64_t SteadyNanos() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -644,6 +645,7 @@ bool Runtime::Pass(int poll_ms, bool* progress, const std::atomic<bool>* caller_
     if (!RespondAsCoordinator(progress)) return false;
   } else {
     for (const ControlMessage& m : messages) {
+      if (m.peer == 0) heard_from_coordinator_ns_ = CoarseNanos();
       bool taken = false;
       if (!TakeRoundMessage(m, &taken)) return false;
       if (!taken && !ReceiveResponseList(m)) return false;
@@ -668,6 +670,7 @@ bool Runtime::Pass(int poll_ms, bool* progress, const std::atomic<bool>* caller_
         return false;
       }
     }
+    if (!WatchCoordinator()) return false;
   }
   timeline_->Ship();
   return true;
@@ -836,6 +839,38 @@ bool Runtime::ApplyMessage(const ControlMessage& message) {
   Status reason;
   if (agreement_ && !ShutdownIn(list, &reason)) return true;
   return Apply(list, true);
+}
+
+bool Runtime::WatchCoordinator() {
+  const int64_t now = CoarseNanos();
+  if (now - last_coordinator_watch_ns_ < kCoordinatorWatchNs) return true;
+  last_coordinator_watch_ns_ = now;
+  std::string name;
+  const int64_t oldest = queue_.OldestEnqueued(&name);
+  if (oldest == 0) {
+    coordinator_silence_warned_ = false;
+    return true;
+  }
+  const double silent_s = static_cast<double>(now - std::max(oldest, heard_from_coordinator_ns_)) / 1e9;
+  if (silent_s < config_.stall_check_time_seconds) coordinator_silence_warned_ = false;
+  const bool warns = !config_.stall_check_disable && config_.stall_check_time_seconds > 0;
+  if (warns && !coordinator_silence_warned_ && silent_s >= config_.stall_check_time_seconds) {
+    coordinator_silence_warned_ = true;
+    HORO_LOG(kWarning, rank_) << "tensor '" << name << "' has waited " << static_cast<int64_t>(silent_s)
+                              << " s, and rank 0 (the coordinator) has sent this rank nothing meanwhile. Rank 0's "
+                              << "stall warning names the ranks it waits for; if it logs none, rank 0 may be "
+                              << "stopped or stuck";
+  }
+  const double limit = config_.stall_shutdown_time_seconds + config_.peer_timeout_seconds;
+  if (config_.stall_shutdown_time_seconds > 0 && silent_s >= limit) {
+    std::ostringstream os;
+    os << "rank 0 (the coordinator) sent this rank nothing for " << static_cast<int64_t>(silent_s)
+       << " s while tensor '" << name << "' waited; it is stopped or stuck (HORO_STALL_SHUTDOWN_TIME_SECONDS + "
+       << "HORO_PEER_TIMEOUT_SECONDS = " << limit << " s)";
+    Stop(Status::PeerLost(os.str()), true);
+    return false;
+  }
+  return true;
 }
 
 void Runtime::StopAfterCoordinatorLoss(const std::string& detail) {

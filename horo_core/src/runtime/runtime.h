@@ -138,6 +138,11 @@ class Runtime {
   void TuneOnCoordinator(ResponseList* list);
   void ApplyParameters(const TunedParameters& parameters);
   void StopAfterCoordinatorLoss(const std::string& detail);
+  // Workers: a rank 0 that is stopped or stuck sends nothing and closes nothing. While this rank
+  // waits for a collective, rank 0's silence is warned about after the stall time, and ends the
+  // job after the stall shutdown time plus the peer timeout (rank 0, if alive, has shut the job
+  // down by then). False when it stopped the runtime.
+  bool WatchCoordinator();
   void FailOnDataPlane(const Status& status);
   // A failure found on this rank: a worker first tells the coordinator why, which ends the job on
   // every rank with that cause; rank 0 tells the workers (Stop).
@@ -193,6 +198,10 @@ class Runtime {
   bool park_wake_ = false;         // under park_mutex_
   int poll_ms_ = 1000;             // the coordinator's stall checks set it; under progress_mutex_
   int64_t last_stall_check_ns_ = 0;  // CoarseNanos of the last stall check; under progress_mutex_
+  // Workers: when rank 0 last sent this rank anything, and the watch on its silence (WatchCoordinator).
+  int64_t heard_from_coordinator_ns_ = 0;   // under progress_mutex_
+  int64_t last_coordinator_watch_ns_ = 0;   // under progress_mutex_
+  bool coordinator_silence_warned_ = false;  // under progress_mutex_
 
   std::thread thread_;
   std::mutex shutdown_mutex_;  // one Shutdown at a time

@@ -92,7 +92,10 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mappi
     if hosts is not None and hostfile is not None:
         raise ValueError("pass either hosts or hostfile, not both")
     if start_timeout is None:
-        start_timeout = start_timeout_from_env({**os.environ, **(env or {})})
+        names = ("HORO_START_TIMEOUT", "HOROVOD_START_TIMEOUT")
+        # A start timeout given in env (under either name) stands for the whole job.
+        base = {k: v for k, v in os.environ.items() if not (env and any(n in env for n in names) and k in names)}
+        start_timeout = start_timeout_from_env({**base, **(env or {})})
     elif not 0 < start_timeout <= MAX_START_TIMEOUT:
         raise ValueError(f"start_timeout must be > 0 and at most {MAX_START_TIMEOUT} seconds, got {start_timeout!r}")
     host_slots = parse_hosts(hosts) if hosts else parse_hostfile(hostfile) if hostfile else None

@@ -255,6 +255,8 @@ def execute(workers: Sequence[Worker], options: ExecOptions = ExecOptions(),
 
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            if signum == signal.SIGHUP and signal.getsignal(signum) is signal.SIG_IGN:
+                continue  # started under nohup: the job is meant to outlive the terminal
             previous_handlers[signum] = signal.signal(signum, on_signal)
     exit_code, failed_rank, message, interrupted = 0, None, None, False
     try:

@@ -501,3 +501,35 @@ def test_grouped_calls_of_different_sizes_fail_on_every_rank(size):
             assert "Mismatched grouped calls for allreduce tensor 'grouped.0'" in message, message
             assert "rank 0 has it in a group of 2 tensors led by 'grouped.0', rank 1 has it in a group of 3" in message
             assert after == [float(size)] * 2
+
+
+def test_a_group_mismatch_found_after_a_member_was_deferred_fails_that_member_too():
+    # Rank 0 groups [a, z] and then reduces y alone; rank 1 groups [a, y]. a agrees (both lead a
+    # group of 2 with it) and waits for its group; y does not, which fails the whole group, a
+    # included, in the same round (a once stayed queued after its entry was gone).
+    with World(2) as world:
+        def body(rt):
+            calls = [["a", "z"], ["y"]] if rt.rank == 0 else [["a", "y"]]
+            arrays = {}
+            handles = []
+            for names in calls:
+                specs = []
+                for n in names:
+                    arrays[n] = np.ones(2, np.float32)
+                    specs.append(ops._spec(n, arrays[n], arrays[n], None))
+                handles += rt.enqueue(lib.HORO_ALLREDUCE, specs, reduce_op=lib.HORO_OP_SUM)
+            failures = []
+            for h in handles:
+                try:
+                    rt.wait(h)
+                except HoroMismatchError as e:
+                    failures.append(str(e))
+                finally:
+                    rt.release(h)
+            after = ops.allreduce(rt, np.ones(2, np.float32), "after.deferred", op=lib.HORO_OP_SUM)
+            return failures, after.tolist()
+        results = world.run(body)
+    assert [len(f) for f, _ in results] == [3, 2], results
+    for failures, after in results:
+        assert all("Mismatched grouped calls for allreduce tensor 'y'" in f for f in failures), failures
+        assert after == [2.0, 2.0]

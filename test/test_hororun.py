@@ -183,9 +183,10 @@ SLEEPING_WORKER = """
 
 def start_sleeping_workers(child_env, n):
     """hororun with n workers that sleep, once every worker has said so; returns it and their pids."""
+    # SIGHUP at its default, whatever this test runs under (hororun keeps nohup's SIG_IGN).
     launcher = subprocess.Popen(hororun_cmd("-np", str(n), *worker(SLEEPING_WORKER)), env=child_env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                stdin=subprocess.DEVNULL)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     pids = []
     try:
         while len(pids) < n:
@@ -229,6 +230,26 @@ def test_sigterm_to_hororun_terminates_workers(child_env, signum):
     for pid in pids:  # hororun reaped every worker before exiting
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_hororun_under_nohup_outlives_the_terminal(child_env):
+    # nohup hororun ... &: the job is meant to go on when the terminal closes.
+    launcher = subprocess.Popen(hororun_cmd("-np", "1", *worker("""
+        import time
+        print("ready", flush=True)
+        time.sleep(1)
+        print("done", flush=True)
+    """)), env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    try:
+        assert launcher.stdout.readline().decode().endswith("ready\n")
+        launcher.send_signal(signal.SIGHUP)
+        out, err = launcher.communicate(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    assert launcher.returncode == 0 and out.decode().endswith("done\n"), (out, err)
 
 
 def test_workers_die_with_a_killed_hororun(child_env):
@@ -414,6 +435,8 @@ def test_run_api_takes_the_start_timeout_from_the_environment_too(runner_path, m
     # env's value is the one the launcher waits and the workers get; an explicit argument wins.
     assert horo_runner.run(_start_timeout_seen, np=1, env={"HORO_START_TIMEOUT": "7"}) == ["7"]
     assert horo_runner.run(_start_timeout_seen, np=1, start_timeout=9, env={"HORO_START_TIMEOUT": "7"}) == ["9"]
+    monkeypatch.setenv("HORO_START_TIMEOUT", "55")  # Horovod's name in env still beats ours in the shell
+    assert horo_runner.run(_start_timeout_seen, np=1, env={"HOROVOD_START_TIMEOUT": "8"}) == ["8"]
 
 
 def _python_path_seen():

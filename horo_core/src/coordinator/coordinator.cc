@@ -47,7 +47,18 @@ bool FindMismatch(const std::map<int32_t, Request>& by_rank, const char* what, G
   return false;
 }
 
-// The grouped call a request belongs to, as the ranks must agree on it.
+// Whether the ranks put the tensor in different grouped calls (checked for every ready tensor, so
+// without building any text).
+bool GroupsDiffer(const std::map<int32_t, Request>& by_rank) {
+  const Request& first = by_rank.begin()->second;
+  for (const auto& kv : by_rank) {
+    const Request& r = kv.second;
+    if (r.group_size != first.group_size || (r.group_size > 1 && r.group_leader != first.group_leader)) return true;
+  }
+  return false;
+}
+
+// The grouped call a request belongs to, described for the error.
 std::string GroupOf(const Request& r) {
   if (r.group_size <= 1) return "it outside a grouped call";
   return "it in a group of " + std::to_string(r.group_size) + " tensors led by " + Quote(r.group_leader);
@@ -364,7 +375,10 @@ bool Coordinator::BuildResponses(ResponseList* out) {
   // Groups are emitted only once every member is ready.
   std::map<std::pair<int32_t, std::string>, int> ready_in_group;
   for (const auto& key : ready_) {
-    const Request& first = states_[key.first].pending[key.second].by_rank.begin()->second;
+    const auto& pending = states_[key.first].pending;
+    auto it = pending.find(key.second);
+    if (it == pending.end() || it->second.by_rank.empty()) continue;
+    const Request& first = it->second.by_rank.begin()->second;
     if (first.group_size > 1) ready_in_group[{key.first, first.group_leader}]++;
   }
   std::vector<ResponsePart> parts;
@@ -380,10 +394,16 @@ bool Coordinator::BuildResponses(ResponseList* out) {
     if (pending_it == state.pending.end()) continue;  // failed with its group (FailMismatchedGroups)
     Pending& pending = pending_it->second;
     const Request& first = pending.by_rank.begin()->second;
-    std::string group_message;
-    if (first.kind == RequestKind::kTensor &&
-        FindMismatch(pending.by_rank, "grouped calls", GroupOf, &group_message)) {
-      FailMismatchedGroups(key.first, key.second, group_message, &parts, &resolved);
+    if (first.kind == RequestKind::kTensor && GroupsDiffer(pending.by_rank)) {
+      std::string message;
+      FindMismatch(pending.by_rank, "grouped calls", GroupOf, &message);
+      FailMismatchedGroups(key.first, key.second, message, &parts, &resolved);
+      // Members of those groups deferred earlier in this round are gone too.
+      deferred.erase(std::remove_if(deferred.begin(), deferred.end(),
+                                    [this](const std::pair<int32_t, std::string>& k) {
+                                      return states_[k.first].pending.count(k.second) == 0;
+                                    }),
+                     deferred.end());
       continue;
     }
     if (first.group_size > 1 && ready_in_group[{key.first, first.group_leader}] < first.group_size) {
@@ -483,7 +503,7 @@ void Coordinator::FailMismatchedGroups(int32_t set_id, const std::string& name, 
     if (kv.second.group_size > 1) leaders.insert(kv.second.group_leader);
   }
   // A rank submits all members of a grouped call in one request list, so by the time one member
-  // is ready everywhere, every member any rank will send is here.
+  // is ready everywhere, every member of each rank's group has arrived.
   for (auto it = state.pending.begin(); it != state.pending.end();) {
     bool member = it->first == name;
     for (const auto& kv : it->second.by_rank) {

@@ -1,6 +1,7 @@
 #include "coordinator/stall_inspector.h"
 
 #include <algorithm>
+#include <iomanip>
 #include <map>
 #include <set>
 #include <sstream>
@@ -51,8 +52,8 @@ bool StallInspector::Inspect(const std::vector<StalledTensor>& waiting, std::str
   }
   if (!past_shutdown.empty()) {
     std::ostringstream os;
-    os << "shutting down after tensors stalled for " << static_cast<int64_t>(longest)
-       << " seconds (HORO_STALL_SHUTDOWN_TIME_SECONDS=" << shutdown_seconds_
+    os << "shutting down after tensors stalled for " << std::fixed << std::setprecision(1) << longest
+       << std::defaultfloat << " seconds (HORO_STALL_SHUTDOWN_TIME_SECONDS=" << shutdown_seconds_
        << "). Missing ranks: " << DescribeMissing(past_shutdown);
     *message = os.str();
     return true;

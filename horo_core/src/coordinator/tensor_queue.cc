@@ -75,6 +75,7 @@ int64_t TensorQueue::OldestEnqueued(std::string* name) {
   std::lock_guard<std::mutex> lock(mutex_);
   int64_t oldest = 0;
   for (const auto& kv : table_) {
+    if (kv.second.request.op_type == OpType::kJoin) continue;
     if (oldest == 0 || kv.second.enqueued_ns < oldest) {
       oldest = kv.second.enqueued_ns;
       *name = kv.first.second;

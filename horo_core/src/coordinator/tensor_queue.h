@@ -39,7 +39,8 @@ class TensorQueue {
   bool Take(int32_t process_set_id, const std::string& name, TensorEntry* out);
   // Removes every entry (failure/shutdown); returns their handles.
   std::vector<int64_t> TakeAllHandles();
-  // The entry in flight longest: its enqueue time (CoarseNanos) and name; 0 when none is.
+  // The entry in flight longest, joins left out (they wait for the other ranks' training): its
+  // enqueue time (CoarseNanos) and name; 0 when none is.
   int64_t OldestEnqueued(std::string* name);
 
  private:

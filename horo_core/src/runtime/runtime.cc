@@ -645,10 +645,11 @@ bool Runtime::Pass(int poll_ms, bool* progress, const std::atomic<bool>* caller_
     if (!RespondAsCoordinator(progress)) return false;
   } else {
     for (const ControlMessage& m : messages) {
-      if (m.peer == 0) heard_from_coordinator_ns_ = CoarseNanos();
       bool taken = false;
       if (!TakeRoundMessage(m, &taken)) return false;
       if (!taken && !ReceiveResponseList(m)) return false;
+      // After the collectives the message started, which may have run long in this very call.
+      if (m.peer == 0) heard_from_coordinator_ns_ = CoarseNanos();
     }
     // Only the coordinator's loss matters here (some transports also report other ranks; their
     // failures reach this rank through the coordinator or the data plane).
@@ -657,7 +658,10 @@ bool Runtime::Pass(int poll_ms, bool* progress, const std::atomic<bool>* caller_
       return false;
     }
     if (agreement_) {
+      const int64_t rounds_done = agreement_->round_done();
       if (!AdvanceRounds(progress, caller_done)) return false;
+      // A round completes with rank 0's message, and its steps may have run long just now.
+      if (agreement_->round_done() != rounds_done) heard_from_coordinator_ns_ = CoarseNanos();
       if (agreement_->has_fallbacks()) {
         for (Request& r : agreement_->TakeFallbacks()) mine.requests.push_back(std::move(r));
       }

@@ -69,22 +69,25 @@ Status Timeline::Start(const std::string& path, bool mark_cycles, bool loop_runn
   std::lock_guard<std::mutex> control(control_mutex_);
   mark_cycles_ = mark_cycles;
   bool new_file = false;
+  int64_t start_us = 0;
   if (rank_ == 0 && !(writer_->is_open() && writer_->path() == path)) {
-    int64_t start_us = Now();
     if (writer_->is_open()) {
       // Switching files: what was recorded so far belongs to the old one, which waits for the
-      // workers' events up to now as a stop does; the new one starts where it ends.
+      // workers' events up to the switch as a stop does; the new one starts where it ends.
       const bool handing_over = recording_ && loop_running && !LoopEnded();
       if (recording_) ShipThroughLoop(kFlushRequest, loop_running);
+      start_us = Now();  // after this rank's flush, so that its flushed events are all before it
       writer_->Close(start_us, handing_over ? kCloseWaitSeconds : 0, handing_over);
       if (!handing_over) start_us = Now();
+    } else {
+      start_us = Now();
     }
     HORO_RETURN_IF_ERROR(writer_->Open(path, start_us));
     new_file = true;
   }
   // A new recording: negotiations that began before it are drawn from its start.
   if (new_file || !recording_) {
-    generation_start_us_.store(Now());
+    generation_start_us_.store(new_file ? start_us : Now());
     ++generation_;
   }
   const bool was_recording = recording_.exchange(true);

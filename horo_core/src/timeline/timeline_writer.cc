@@ -93,6 +93,10 @@ void TimelineWriter::Close(int64_t until_us, double wait_seconds, bool hand_over
   lock.unlock();
   thread_.join();
   lock.lock();
+  if (handing_over_) {  // arrived after the writer's last look: for the next file
+    for (auto& rb : queue_) handed_over_.push_back(std::move(rb));
+  }
+  queue_.clear();
   open_ = false;
   closing_ = false;
 }

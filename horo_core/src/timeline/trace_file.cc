@@ -113,7 +113,7 @@ void TraceFile::Append(int rank, const ParsedEventBatch& batch, int64_t end_epoc
   std::vector<std::vector<int>> pids(batch.groups.size());
   for (const ParsedEventBatch::Event& e : batch.events) {
     const int64_t ts = e.ts_us - start_epoch_us_;
-    if (ts < 0 || e.ts_us > end_epoch_us) continue;  // recorded before this file started, or after it ended
+    if (ts < 0 || e.ts_us >= end_epoch_us) continue;  // before this file started, or from when it ended
     if (e.marker) {
       max_ts_ = std::max(max_ts_, ts);
       Element("{\"ph\": \"i\", \"name\": " + Quoted(e.name) + ", \"ts\": " + std::to_string(ts) + ", \"s\": \"g\"}");

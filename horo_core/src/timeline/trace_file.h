@@ -41,7 +41,7 @@ class TraceFile {
   bool is_open() const { return file_ != nullptr; }
   const std::string& path() const { return path_; }
 
-  // Appends the events rank recorded. Events from before the start, or after end_epoch_us, are
+  // Appends the events rank recorded. Events from before the start, or from end_epoch_us on, are
   // dropped, and so is an end whose begin was dropped; each track's timestamps never decrease.
   void Append(int rank, const ParsedEventBatch& batch, int64_t end_epoch_us = INT64_MAX);
   // Writes what is buffered; the file is then a complete JSON array.

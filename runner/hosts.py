@@ -155,12 +155,28 @@ def get_host_assignments(hosts: Sequence[HostSlots], num_proc: int) -> list[Slot
 
 
 def is_local_host(hostname: str) -> bool:
-    """True for ``localhost``, a loopback address, or this machine's own host name."""
+    """True for ``localhost``, a loopback address, this machine's own host name, or an address of
+    one of its interfaces (hostfiles are often written with IP addresses)."""
     name = hostname.strip("[]").lower()
     if name in ("localhost", "localhost.localdomain", "::1") or name.startswith("127."):
         return True
     own = socket.gethostname().lower()
-    return name in (own, own.split(".", 1)[0])
+    return name in (own, own.split(".", 1)[0]) or _is_own_address(name)
+
+
+def _is_own_address(name: str) -> bool:
+    """Whether name is a literal IP address of this machine: only an own address can be bound."""
+    try:
+        family = socket.AF_INET6 if ":" in name else socket.AF_INET
+        socket.inet_pton(family, name)
+    except OSError:
+        return False  # a host name, not an address: not resolved here (that would wait on DNS)
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.bind((name, 0))
+        except OSError:
+            return False
+    return True
 
 
 def remote_hosts(hosts: Sequence[HostSlots]) -> list[str]:

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -553,6 +554,29 @@ def test_usage_errors(child_env, args, message):
 
 
 # ------------------------------------------------------------------------------- hosts
+
+
+def own_address():
+    """A non-loopback address of this machine, or None: the one the kernel would send from."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("203.0.113.1", 9))  # a UDP connect sends nothing; it needs a route only
+            return s.getsockname()[0]
+        except OSError:
+            return None
+
+
+def test_this_machines_addresses_are_local_hosts(runner_path, child_env):
+    # Hostfiles are often written with IP addresses: this machine's own was refused as remote.
+    from horo_runner.hosts import is_local_host
+    assert all(is_local_host(h) for h in ("localhost", "127.0.0.1", "[::1]", socket.gethostname()))
+    assert not any(is_local_host(h) for h in ("203.0.113.7", "otherhost", "[2001:db8::1]"))
+    own = own_address()
+    if own is None or own.startswith("127."):
+        return  # no route off this machine: the addresses above are all it can show
+    assert is_local_host(own), own
+    proc = hororun(child_env, "-np", "2", "-H", f"{own}:2", *worker("print('ran')"))
+    assert proc.returncode == 0, proc.stderr.decode()
 
 
 def test_parse_hosts_and_hostfile(runner_path, tmp_path):

@@ -189,12 +189,8 @@ const char* KindName(Kind kind) {
 
 Status LoadConfigFromEnv(Config* config) {
   Config parsed;
-  std::map<std::string, std::string> set_as;  // setting -> the variable that set it
   // The variable to name in an error: the one the user set (HOROVOD_... counts), else HORO_....
-  const auto var_of = [&set_as](const std::string& name) {
-    auto it = set_as.find(name);
-    return it != set_as.end() ? it->second : "HORO_" + name;
-  };
+  const auto var_of = [&parsed](const std::string& name) { return parsed.VariableName(name); };
   for (const Setting& s : Table()) {
     for (const char* prefix : {"HORO_", "HOROVOD_"}) {
       std::string var = std::string(prefix) + s.name;
@@ -205,7 +201,7 @@ Status LoadConfigFromEnv(Config* config) {
                                        KindName(s.kind));
       }
       parsed.from_environment.insert(s.name);
-      set_as[s.name] = var;
+      parsed.set_by[s.name] = var;
       break;  // HORO_ wins over HOROVOD_
     }
   }

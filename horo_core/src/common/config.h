@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -53,6 +54,13 @@ struct Config {
   // Names (without prefix) of the settings that came from the environment rather than defaults.
   std::set<std::string> from_environment;
   bool IsSetExplicitly(const std::string& name) const { return from_environment.count(name) > 0; }
+  // The environment variable that set a setting (HORO_... or HOROVOD_...), for messages that name
+  // it; HORO_<name> when the default applies.
+  std::map<std::string, std::string> set_by;
+  std::string VariableName(const std::string& name) const {
+    auto it = set_by.find(name);
+    return it != set_by.end() ? it->second : "HORO_" + name;
+  }
 };
 
 struct SettingInfo {

@@ -118,7 +118,7 @@ Coordinator::Coordinator(const Config& config, int world_size, ProcessSetTable* 
       cache_(cache),
       timeline_(timeline),
       stall_inspector_(config.stall_check_time_seconds, config.stall_shutdown_time_seconds,
-                       config.stall_check_disable) {}
+                       config.stall_check_disable, config.VariableName("STALL_SHUTDOWN_TIME_SECONDS")) {}
 
 void Coordinator::AddRequests(int rank, const RequestList& list) {
   changed_ = true;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace horo {
@@ -19,8 +20,13 @@ struct StalledTensor {
 
 class StallInspector {
  public:
-  StallInspector(double warning_seconds, double shutdown_seconds, bool disabled)
-      : warning_seconds_(warning_seconds), shutdown_seconds_(shutdown_seconds), disabled_(disabled) {}
+  // shutdown_variable: the environment variable named in the shutdown message.
+  StallInspector(double warning_seconds, double shutdown_seconds, bool disabled,
+                 std::string shutdown_variable = "HORO_STALL_SHUTDOWN_TIME_SECONDS")
+      : warning_seconds_(warning_seconds),
+        shutdown_seconds_(shutdown_seconds),
+        disabled_(disabled),
+        shutdown_variable_(std::move(shutdown_variable)) {}
 
   // Logs a warning for the stalled tensors not yet reported (at most once per tensor) and
   // returns true with *message set when the shutdown time has passed for any of them. The
@@ -36,6 +42,7 @@ class StallInspector {
   double warning_seconds_;
   double shutdown_seconds_;
   bool disabled_;
+  std::string shutdown_variable_;
   std::map<std::pair<int32_t, std::string>, bool> warned_;
 };
 

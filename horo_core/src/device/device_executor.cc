@@ -339,7 +339,7 @@ Status DeviceExecutor::WaitForStream(CuStream stream, NcclComm comm, const std::
     }
     if (std::chrono::steady_clock::now() - start > limit) {
       return Status::Timeout(what + " did not finish within " + std::to_string(options_.progress_timeout_seconds) +
-                             " s (HORO_PEER_TIMEOUT_SECONDS); a peer may have died or be stuck");
+                             " s (" + options_.progress_timeout_variable + "); a peer may have died or be stuck");
     }
     if (spins < 2000) {
       std::this_thread::yield();

@@ -45,6 +45,7 @@ struct DeviceExecutorOptions {
   std::string driver_path = "libcuda.so.1";
   std::string nccl_path;                 // empty: no NCCL, every CUDA collective is staged
   double progress_timeout_seconds = 30;  // a device collective that does not finish in this long fails
+  std::string progress_timeout_variable = "HORO_PEER_TIMEOUT_SECONDS";  // named in that failure
 };
 
 class DeviceExecutor {

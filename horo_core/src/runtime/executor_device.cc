@@ -13,6 +13,7 @@ Status Executor::EnableCuda(const std::string& nccl_path, int32_t* nccl_version)
     DeviceExecutorOptions options;
     options.nccl_path = nccl_path;
     options.progress_timeout_seconds = config_.peer_timeout_seconds;
+    options.progress_timeout_variable = config_.VariableName("PEER_TIMEOUT_SECONDS");
     HORO_RETURN_IF_ERROR(DeviceExecutor::Create(rank_, options, &device_owner_));
     device_.store(device_owner_.get(), std::memory_order_release);
   }

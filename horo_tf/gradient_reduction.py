@@ -112,3 +112,38 @@ def reduce_gradients(grads: Sequence, options: ReductionOptions, variables: Opti
         for i, r in zip(present, reduced):
             out[i] = r
     return out
+
+
+def reduce_gradients_keeping_local(grads: Sequence, options: ReductionOptions, variables: Sequence,
+                                   local_ids, scale_local_gradients: bool) -> list:
+    """reduce_gradients for every gradient whose variable is not local; a local variable's gradient
+    stays this rank's own, divided by the process set's size when scale_local_gradients (Horovod's
+    rule for register_local_source / register_local_var).
+
+    Args:
+        grads: tensors, IndexedSlices or None, one per variable.
+        options: a ReductionOptions.
+        variables: the variables of grads.
+        local_ids: ids (``id(variable)``) of the local variables.
+        scale_local_gradients: divide local gradients by the process set's size.
+    Returns:
+        A list of gradients in grads' order.
+    """
+    grads, variables = list(grads), list(variables)
+    is_local = [id(v) in local_ids for v in variables]
+    shared = [i for i, local in enumerate(is_local) if not local]
+    out = list(grads)
+    for i, g in zip(shared, reduce_gradients([grads[i] for i in shared], options, [variables[i] for i in shared])):
+        out[i] = g
+    ps = options.process_set
+    if scale_local_gradients and any(is_local) and ps.included() and ps.size() > 1:
+        for i, local in enumerate(is_local):
+            if local and out[i] is not None:
+                out[i] = _scale(out[i], 1.0 / ps.size())
+    return out
+
+
+def _scale(grad, factor):
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values * tf.cast(factor, grad.values.dtype), grad.indices, grad.dense_shape)
+    return grad * tf.cast(factor, grad.dtype)

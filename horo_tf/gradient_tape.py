@@ -15,7 +15,7 @@ import tensorflow as tf
 from horo_core.process_sets import global_process_set
 from horo_tf import mpi_ops
 from horo_tf.compression import Compression
-from horo_tf.gradient_reduction import ReductionOptions, reduce_gradients
+from horo_tf.gradient_reduction import ReductionOptions, reduce_gradients_keeping_local
 
 
 class _DistributedGradientTape(tf.GradientTape):
@@ -54,7 +54,8 @@ class _DistributedGradientTape(tf.GradientTape):
                 UnconnectedGradients value here (tf.GradientTape's fourth argument) is taken as
                 unconnected_gradients.
         Returns:
-            The reduced gradients, in the structure of sources.
+            The reduced gradients, in the structure of sources (a list for a tuple of sources, as
+            in Horovod).
         Raises:
             HorovodInternalError: a reduction failed (e.g. ranks have different variables).
         """
@@ -71,25 +72,11 @@ class _DistributedGradientTape(tf.GradientTape):
         grads = super().gradient(target, sources, output_gradients, unconnected_gradients)
         flat_sources = tf.nest.flatten(sources)
         flat_grads = tf.nest.flatten(grads, expand_composites=False)
-        is_local = [id(s) in self._local_sources for s in flat_sources]
-        global_positions = [i for i, local in enumerate(is_local) if not local]
-        reduced = reduce_gradients([flat_grads[i] for i in global_positions], self._horo_options,
-                                   [flat_sources[i] for i in global_positions])
-        out = list(flat_grads)
-        for i, g in zip(global_positions, reduced):
-            out[i] = g
-        ps = self._horo_options.process_set
-        if self._scale_local_gradients and any(is_local) and ps.included() and ps.size() > 1:
-            for i, local in enumerate(is_local):
-                if local and out[i] is not None:
-                    out[i] = _scale(out[i], 1.0 / ps.size())
-        return tf.nest.pack_sequence_as(grads, out)
-
-
-def _scale(grad, factor):
-    if isinstance(grad, tf.IndexedSlices):
-        return tf.IndexedSlices(grad.values * tf.cast(factor, grad.values.dtype), grad.indices, grad.dense_shape)
-    return grad * tf.cast(factor, grad.dtype)
+        out = reduce_gradients_keeping_local(flat_grads, self._horo_options, flat_sources, self._local_sources,
+                                             self._scale_local_gradients)
+        result = tf.nest.pack_sequence_as(grads, out)
+        # Horovod returns a list for a list or tuple of sources; other structures keep their shape.
+        return list(result) if isinstance(sources, tuple) else result
 
 
 def _options(compression, sparse_as_dense, op, gradient_predivide_factor, num_groups, groups, process_set, name):

@@ -5,6 +5,9 @@ The equivalence checks train the same model twice on every rank: distributed on 
 and with the plain optimizer on the concatenation of every rank's batch; the weights must agree
 to float32 rounding.
 """
+import contextlib
+import io
+
 import numpy as np
 
 import horo_runner
@@ -126,11 +129,15 @@ def check_callbacks(c, hvd, keras, tf):
     model = make_model(keras, 100)
     base_lr = 0.01
     model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(base_lr)), loss="mse", metrics=["mae"])
-    model.fit(xs, ys, batch_size=BATCH, epochs=2, shuffle=False, verbose=0, validation_data=(xs, ys),
-              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
-                         hvd.callbacks.LearningRateWarmupCallback(base_lr * n, warmup_epochs=2, verbose=0),
-                         _Recorder.make(keras, raw), hvd.callbacks.MetricAverageCallback(),
-                         _Recorder.make(keras, averaged)])
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        model.fit(xs, ys, batch_size=BATCH, epochs=2, shuffle=False, verbose=0, validation_data=(xs, ys),
+                  callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                             hvd.callbacks.LearningRateWarmupCallback(base_lr * n, warmup_epochs=2, verbose=1),
+                             _Recorder.make(keras, raw), hvd.callbacks.MetricAverageCallback(),
+                             _Recorder.make(keras, averaged)])
+    c.same("the warmup's verbose line comes from rank 0 only",
+           "finished gradual learning rate warmup" in printed.getvalue(), r == 0)
     import horo_tf
     everyone = horo_tf.allgather_object(raw)
     for epoch in range(2):
@@ -144,14 +151,26 @@ def check_callbacks(c, hvd, keras, tf):
     c.same("the rate is logged under Horovod's name too", [logs["lr"] for logs in raw],
            [logs["learning_rate"] for logs in raw])
 
-    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.2)), loss="mse")
+    # A constant multiplier decays exponentially from start_epoch (Horovod >= 0.23).
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.3)), loss="mse")
     seen = []
-    model.fit(xs, ys, batch_size=BATCH, epochs=3, shuffle=False, verbose=0,
-              callbacks=[hvd.callbacks.LearningRateScheduleCallback(0.2, 0.5, start_epoch=1, end_epoch=2),
+    model.fit(xs, ys, batch_size=BATCH, epochs=4, shuffle=False, verbose=0,
+              callbacks=[hvd.callbacks.LearningRateScheduleCallback(0.2, 0.5, start_epoch=1, end_epoch=3),
                          _Recorder.make(keras, seen)])
-    c.close("schedule: before start_epoch", seen[0]["learning_rate"], 0.2)
-    c.close("schedule: inside", seen[1]["learning_rate"], 0.1)
-    c.close("schedule: after end_epoch keeps the last rate", seen[2]["learning_rate"], 0.1)
+    c.close("schedule: before start_epoch", seen[0]["learning_rate"], 0.3)
+    c.close("schedule: start_epoch", seen[1]["learning_rate"], 0.2)
+    c.close("schedule: one epoch later", seen[2]["learning_rate"], 0.1)
+    c.close("schedule: after end_epoch keeps the last rate", seen[3]["learning_rate"], 0.1)
+    # Not staircase: the same decay per batch, with the fractional epoch of the last batch.
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.3)), loss="mse")
+    seen = []
+    model.fit(xs, ys, batch_size=BATCH, epochs=2, shuffle=False, verbose=0,
+              callbacks=[hvd.callbacks.LearningRateScheduleCallback(0.2, 0.5, staircase=False),
+                         _Recorder.make(keras, seen)])
+    steps = -(-len(xs) // BATCH)
+    for epoch in range(2):
+        c.close(f"schedule per batch: epoch {epoch}", seen[epoch]["learning_rate"],
+                0.2 * 0.5 ** (epoch + (steps - 1) / steps))
 
 
 def check_broadcast_of_models_built_by_their_first_step(c, hvd, keras, tf):
@@ -440,10 +459,48 @@ def check_sparse_embedding_fit(c, hvd, keras, tf):
             c.close(f"{what}: weight {i}", a, b)
 
 
+def check_local_variables(c, hvd, keras, tf):
+    """register_local_var and PartialDistributedOptimizer: a local variable's gradient is this rank's
+    own (divided by size unless scale_local_gradients=False); the others are averaged."""
+    n, r = hvd.size(), hvd.rank()
+    mean = (n + 1) / 2
+    for scale in (True, False):
+        for passes in (1, 2):
+            shared, local = keras.Variable([1.0]), keras.Variable([2.0])
+            opt = hvd.DistributedOptimizer(keras.optimizers.SGD(1.0), scale_local_gradients=scale,
+                                           backward_passes_per_step=passes)
+            opt.register_local_var(local)
+            for _ in range(passes):
+                opt.apply([tf.constant([float(r + 1)]), tf.constant([10.0 * (r + 1)])], [shared, local])
+            what = f"scale_local_gradients={scale} backward_passes_per_step={passes}"
+            c.close(f"{what}: shared variable takes the averaged gradient", shared.numpy(), [1.0 - passes * mean])
+            own = passes * 10.0 * (r + 1)
+            c.close(f"{what}: local variable takes this rank's gradient", local.numpy(),
+                    [2.0 - (own / n if scale else own)])
+
+    (xs, ys), _, _ = shard_and_global(n, r)
+    keras.utils.set_random_seed(500)
+    head = keras.layers.Dense(1, name="local_head")
+    model = keras.Sequential([keras.Input((xs.shape[1],)), keras.layers.Dense(4, name="shared_body"), head])
+    plain_variables = len(keras.optimizers.SGD(0.05).variables)
+    opt = hvd.PartialDistributedOptimizer(keras.optimizers.SGD(0.05), local_layers=head)
+    model.compile(optimizer=opt, loss="mse")
+    model.fit(xs, ys, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    import horo_tf
+    weights = horo_tf.allgather_object([w.tolist() for w in model.get_weights()])
+    c.same("PartialDistributedOptimizer: the shared layer agrees across ranks",
+           all(w[:2] == weights[0][:2] for w in weights), True)
+    c.same("PartialDistributedOptimizer: the local layer differs between ranks",
+           len({str(w[2:]) for w in weights}), n)
+    c.same("local variables add no optimizer state", len(keras.optimizers.SGD(0.05).variables), plain_variables)
+    c.raises("PartialDistributedOptimizer: local_layers must be layers", [ValueError], "keras.layers.Layer",
+             lambda: hvd.PartialDistributedOptimizer(keras.optimizers.SGD(0.05), local_layers=[model.weights[0]]))
+
+
 GROUPS = [check_fit_equivalence, check_gradient_accumulation, check_custom_loop, check_callbacks,
           check_broadcast_of_models_built_by_their_first_step,
           check_checkpoint_and_load, check_xla_and_functions, check_mixed_precision, check_sync_batch_norm_fit,
-          check_sparse_embedding_fit]
+          check_sparse_embedding_fit, check_local_variables]
 
 
 def run_all_checks():

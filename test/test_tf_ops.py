@@ -250,6 +250,11 @@ def check_tape(c, hvd, tf, env):
     grads = hvd.DistributedGradientTape(tape, op=hvd.Sum).gradient(loss, [v, unused], None,
                                                                    tf.UnconnectedGradients.ZERO)
     c.equal("tape: unconnected_gradients=ZERO given positionally", [g.numpy() for g in grads], [3.0 * n, 0.0])
+    with tf.GradientTape() as tape:
+        loss = 3.0 * v
+    grads = hvd.DistributedGradientTape(tape, op=hvd.Sum).gradient(loss, (v,))
+    c.same("tape: a tuple of sources gives a list, as Horovod's", type(grads).__name__, "list")
+    c.equal("tape: a tuple of sources, the gradient", grads[0], 3.0 * n)
 
     # Partial: the local layer's gradient is this rank's own, divided by size.
     local_layer = keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")

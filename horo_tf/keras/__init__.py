@@ -21,7 +21,7 @@ from horo_tf import mpi_ops
 from horo_tf.compression import Compression
 from horo_tf.gradient_reduction import ReductionOptions
 from horo_tf.keras import callbacks
-from horo_tf.keras.optimizer import DistributedOptimizer, distributed_class
+from horo_tf.keras.optimizer import DistributedOptimizer, PartialDistributedOptimizer, distributed_class
 from horo_tf.mpi_ops import Average, Sum
 
 

@@ -104,7 +104,8 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
 
     Args:
         initial_lr: the learning rate the multiplier scales (usually the size-scaled rate).
-        multiplier: a constant, or a function of the (fractional, when not staircase) epoch.
+        multiplier: a function of the (fractional, when not staircase) epoch, or a constant m for
+            exponential decay: ``initial_lr * m ** (epoch - start_epoch)``.
         start_epoch: first epoch adjusted.
         end_epoch: first epoch no longer adjusted (None: to the end).
         staircase: adjust once per epoch (True) or every batch with a fractional epoch.
@@ -132,8 +133,9 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         if callable(multiplier):
             self.multiplier = multiplier
         else:
-            self.staircase = True
-            self.multiplier = lambda epoch: multiplier
+            # A constant is exponential decay from start_epoch, as in Horovod since 0.23:
+            # initial_lr, initial_lr * m, initial_lr * m**2, ... (per batch when not staircase).
+            self.multiplier = lambda epoch: multiplier ** (epoch - start_epoch)
 
     def _autodetect_steps_per_epoch(self):
         steps = self.params.get("steps") if self.params else None
@@ -187,7 +189,7 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         warmup_epochs: epochs the ramp lasts.
         momentum_correction: see LearningRateScheduleCallback.
         steps_per_epoch: batches per epoch (detected from fit when None).
-        verbose: print a line when the warmup ends.
+        verbose: rank 0 prints a line when the warmup ends.
     """
 
     def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True, steps_per_epoch=None, verbose=0):
@@ -202,7 +204,7 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
 
     def on_epoch_end(self, epoch, logs=None):
         super().on_epoch_end(epoch, logs)
-        if epoch == self.end_epoch - 1 and self.verbose > 0:
+        if epoch == self.end_epoch - 1 and self.verbose > 0 and basics.rank() == 0:
             lr = float(np.asarray(self.model.optimizer.learning_rate))
             print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to {lr:g}.")
 

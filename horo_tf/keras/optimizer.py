@@ -33,7 +33,7 @@ import keras
 import tensorflow as tf
 
 from horo_core.errors import HoroInvalidArgument, HoroUnsupportedError
-from horo_tf.gradient_reduction import ReductionOptions, reduce_gradients
+from horo_tf.gradient_reduction import ReductionOptions, reduce_gradients_keeping_local
 
 
 class _AccumulationState:
@@ -79,6 +79,26 @@ class _DistributedMixin:
     _horo_reduction = ReductionOptions()
     _horo_backward_passes_per_step = 1
     _horo_average_aggregated_gradients = False
+    _horo_scale_local_gradients = True
+
+    def register_local_var(self, var):
+        """Marks a variable whose gradient stays this rank's own: not reduced, and divided by the
+        process set's size when scale_local_gradients (as Horovod's register_local_var).
+
+        Args:
+            var: a model variable this optimizer updates.
+        """
+        # Kept out of Keras's attribute tracking, so that the optimizer's saved state is unchanged.
+        local = self.__dict__.get("_horo_local_vars")
+        if local is None:
+            local = {}
+            object.__setattr__(self, "_horo_local_vars", local)
+        local[id(var)] = var
+
+    def _horo_reduce(self, grads, variables):
+        return reduce_gradients_keeping_local(grads, self._horo_reduction, variables,
+                                              self.__dict__.get("_horo_local_vars") or {},
+                                              self._horo_scale_local_gradients)
 
     def build(self, variables):
         """Builds the wrapped optimizer.
@@ -105,7 +125,7 @@ class _DistributedMixin:
             return
         variables = self._horo_variables(trainable_variables)
         if self._horo_backward_passes_per_step == 1:
-            return super().apply(reduce_gradients(grads, self._horo_reduction, variables), trainable_variables)
+            return super().apply(self._horo_reduce(grads, variables), trainable_variables)
         return self._horo_accumulate(grads, variables)
 
     def _horo_variables(self, trainable_variables):
@@ -134,7 +154,7 @@ class _DistributedMixin:
             summed = [None if g is None else total.read_value() for total, g in zip(state.sums, grads)]
             if self._horo_average_aggregated_gradients:
                 summed = [None if s is None else s / tf.cast(steps, s.dtype) for s in summed]
-            wrapped_apply(reduce_gradients(summed, self._horo_reduction, variables), variables)
+            wrapped_apply(self._horo_reduce(summed, variables), variables)
             for total in state.sums:
                 total.assign(tf.zeros_like(total))
             state.count.assign(0)
@@ -143,7 +163,8 @@ class _DistributedMixin:
         tf.cond(passes >= steps, update, lambda: tf.constant(False))
 
 
-def distributed_class(optimizer_class, options, backward_passes_per_step=1, average_aggregated_gradients=False):
+def distributed_class(optimizer_class, options, backward_passes_per_step=1, average_aggregated_gradients=False,
+                      scale_local_gradients=True):
     """The distributed subclass of a Keras optimizer class, with the given reduction options.
 
     Args:
@@ -151,6 +172,7 @@ def distributed_class(optimizer_class, options, backward_passes_per_step=1, aver
         options: a ReductionOptions.
         backward_passes_per_step: local passes per communication.
         average_aggregated_gradients: divide the summed passes by backward_passes_per_step.
+        scale_local_gradients: divide the gradients of registered local variables by size.
     Returns:
         A class named like optimizer_class, constructible from its config.
     """
@@ -158,6 +180,7 @@ def distributed_class(optimizer_class, options, backward_passes_per_step=1, aver
         "_horo_reduction": options,
         "_horo_backward_passes_per_step": int(backward_passes_per_step),
         "_horo_average_aggregated_gradients": bool(average_aggregated_gradients),
+        "_horo_scale_local_gradients": bool(scale_local_gradients),
         "__module__": optimizer_class.__module__,
         "__doc__": optimizer_class.__doc__,
     }
@@ -187,7 +210,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         num_groups: deprecated form of groups=int.
         groups: an int (that many fused groups) or a list of lists of variables (one group each).
         process_set: the ranks taking part (default: all).
-        scale_local_gradients: accepted for Horovod compatibility (no local variables here).
+        scale_local_gradients: divide the gradients of variables given to register_local_var
+            (which are not reduced) by the process set's size.
     Returns:
         An optimizer of optimizer's class (a subclass of it).
     Raises:
@@ -218,8 +242,42 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                                groups=groups if groups is not None else (num_groups or None),
                                process_set=process_set or global_process_set,
                                name=f"DistributedOptimizer.{config['name']}")
-    cls = distributed_class(type(optimizer), options, backward_passes_per_step, average_aggregated_gradients)
+    cls = distributed_class(type(optimizer), options, backward_passes_per_step, average_aggregated_gradients,
+                            scale_local_gradients)
     return cls.from_config(config)
+
+
+def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=None,
+                                sparse_as_dense=False, gradient_predivide_factor=1.0, op=None,
+                                backward_passes_per_step=1, average_aggregated_gradients=False, groups=None,
+                                process_set=None, local_layers=None, scale_local_gradients=True):
+    """A DistributedOptimizer whose local_layers' variables keep local gradients (horovod.keras's).
+
+    Args:
+        local_layers: a Keras layer or a list of them; their trainable weights are registered with
+            register_local_var.
+        Other arguments: as for DistributedOptimizer.
+    Returns:
+        An optimizer of optimizer's class.
+    Raises:
+        ValueError: invalid options or local_layers.
+    """
+    if local_layers is None:
+        local_layers = []
+    elif not isinstance(local_layers, (list, tuple)):
+        local_layers = [local_layers]
+    if not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
+        raise HoroInvalidArgument("local_layers must hold keras.layers.Layer objects")
+    distributed = DistributedOptimizer(optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
+                                       compression=compression, sparse_as_dense=sparse_as_dense,
+                                       gradient_predivide_factor=gradient_predivide_factor, op=op,
+                                       backward_passes_per_step=backward_passes_per_step,
+                                       average_aggregated_gradients=average_aggregated_gradients, groups=groups,
+                                       process_set=process_set, scale_local_gradients=scale_local_gradients)
+    for layer in local_layers:
+        for var in layer.trainable_weights:
+            distributed.register_local_var(var)
+    return distributed
 
 
 def _uses_horo(optimizer):

@@ -19,8 +19,10 @@ from horo_core._binding import lib
 from horo_core.errors import HoroInvalidArgument
 # As horovod.torch.mpi_ops, this module also carries the basics, so that scripts importing them from
 # here (``from horovod.torch.mpi_ops import rank, size``) run after the import is renamed.
-from horo_core.basics import (cross_rank, cross_size, init, is_initialized, local_rank, local_size,  # noqa: F401
-                              rank, shutdown, size, start_timeline, stop_timeline)
+from horo_core.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built,  # noqa: F401
+                              gloo_enabled, init, is_homogeneous, is_initialized, local_rank, local_size, mpi_built,
+                              mpi_enabled, mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size,
+                              start_timeline, stop_timeline)
 from horo_core.errors import HorovodInternalError  # noqa: F401 (re-exported)
 from horo_core.process_sets import ProcessSet, add_process_set, remove_process_set  # noqa: F401 (re-exported)
 from horo_core.process_sets import global_process_set
@@ -965,3 +967,21 @@ def barrier(process_set=global_process_set):
     runtime = basics.runtime()
     (h,) = runtime.enqueue(lib.HORO_BARRIER, [], process_set_id=_process_set_id(process_set))
     synchronize(_register(runtime, [h], None, lambda rt, results: None))
+
+
+def handle_average_backwards_compatibility(op, average):
+    """Horovod's helper: the op given (op, average), Average when neither is set.
+
+    Raises:
+        ValueError: both op and average were given.
+    """
+    return resolve_op(average, op)
+
+
+def __getattr__(name):
+    # horovod.torch.mpi_ops defines sparse_allreduce_async; here it lives in horo_torch.functions,
+    # which imports this module, so it is looked up on first use.
+    if name == "sparse_allreduce_async":
+        from horo_torch.functions import sparse_allreduce_async
+        return sparse_allreduce_async
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -785,5 +785,13 @@ def test_mpi_ops_carries_horovods_basics_too():
     import horo_torch.mpi_ops as mpi_ops
     for name in ("init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
                  "cross_size", "start_timeline", "stop_timeline", "ProcessSet", "global_process_set",
-                 "add_process_set", "remove_process_set", "HorovodInternalError", "allreduce", "synchronize"):
+                 "add_process_set", "remove_process_set", "HorovodInternalError", "allreduce", "synchronize",
+                 "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built",
+                 "ddl_built", "ccl_built", "cuda_built", "rocm_built", "is_homogeneous", "sparse_allreduce_async"):
         assert getattr(mpi_ops, name) is getattr(horo_torch, name), name
+    from horo_torch.mpi_ops import sparse_allreduce_async  # noqa: F401 (the from-import form works too)
+    assert mpi_ops.handle_average_backwards_compatibility(None, None) is mpi_ops.Average
+    assert mpi_ops.handle_average_backwards_compatibility(None, False) is mpi_ops.Sum
+    assert mpi_ops.handle_average_backwards_compatibility(mpi_ops.Max, None) is mpi_ops.Max
+    with pytest.raises(ValueError, match="supersedes average"):
+        mpi_ops.handle_average_backwards_compatibility(mpi_ops.Sum, True)

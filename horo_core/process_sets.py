@@ -40,18 +40,26 @@ class ProcessSet:
         return len(self._members())
 
     def rank(self) -> Optional[int]:
-        """This process's position in the set, -1 if it is not a member (None if not registered)."""
+        """This process's position in the set (None if the set is not registered).
+
+        Raises:
+            ValueError: this process is not a member (as Horovod's).
+        """
         if self.process_set_id is None:
             return None
         from horo_core import basics
         members = self._members()
         me = basics.rank()
-        return members.index(me) if me in members else -1
+        if me not in members:
+            raise ValueError(f"rank {me} is not part of process set {self.process_set_id} (ranks {members})")
+        return members.index(me)
 
     def included(self) -> Optional[bool]:
         """Whether this process is a member (None if not registered)."""
-        r = self.rank()
-        return None if r is None else r >= 0
+        if self.process_set_id is None:
+            return None
+        from horo_core import basics
+        return basics.rank() in self._members()
 
     def __eq__(self, other):
         return isinstance(other, ProcessSet) and self.process_set_id == other.process_set_id and \

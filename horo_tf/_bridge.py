@@ -49,7 +49,7 @@ except ImportError:  # pragma: no cover - TensorFlow moved it; the XLA compiler 
 _TF_DTYPES = {
     tf.uint8: dtypes.UINT8, tf.int8: dtypes.INT8, tf.int16: dtypes.INT16, tf.int32: dtypes.INT32,
     tf.int64: dtypes.INT64, tf.float16: dtypes.FLOAT16, tf.bfloat16: dtypes.BFLOAT16, tf.float32: dtypes.FLOAT32,
-    tf.float64: dtypes.FLOAT64, tf.bool: dtypes.BOOL,
+    tf.float64: dtypes.FLOAT64, tf.bool: dtypes.BOOL, tf.uint16: dtypes.UINT16,
 }
 
 XLA_MESSAGE = ("Horo's TensorFlow collectives run as tf.numpy_function, which XLA cannot compile, and this code "
@@ -71,8 +71,9 @@ def dtype_code(dtype, name):
         return _TF_DTYPES[tf.as_dtype(dtype)]
     except (KeyError, TypeError):
         supported = ", ".join(d.name for d in _TF_DTYPES)
-        raise HoroInvalidArgument(f"tensor '{name}': dtype {dtype} is not supported (supported: {supported})") \
-            from None
+        # Horovod's op rejects it as an InvalidArgumentError; this class is that and a ValueError.
+        raise errors.HoroInvalidArgument(f"tensor '{name}': dtype {dtype} is not supported (supported: "
+                                         f"{supported})") from None
 
 
 def process_set_id(process_set):

@@ -14,6 +14,12 @@ import tensorflow as tf
 from horo_core import errors as core
 
 
+# Autograph rewrites an exception raised while a tf.function traces into a StagingError (unless
+# its class is one of a few built-ins), which ``except ValueError`` or ``except hvd.HoroError``
+# would no longer catch; TensorFlow's own errors opt out with this attribute, and so do Horo's.
+core.HoroError.ag_pass_through = True
+
+
 def _both(core_class, tf_class):
     def __init__(self, message):
         tf_class.__init__(self, None, None, message)  # (its Exception.__init__ clears args: first)

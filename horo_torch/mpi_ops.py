@@ -36,6 +36,7 @@ _TORCH_DTYPES = {
     torch.uint8: dtypes.UINT8, torch.int8: dtypes.INT8, torch.int16: dtypes.INT16, torch.int32: dtypes.INT32,
     torch.int64: dtypes.INT64, torch.float16: dtypes.FLOAT16, torch.bfloat16: dtypes.BFLOAT16,
     torch.float32: dtypes.FLOAT32, torch.float64: dtypes.FLOAT64, torch.bool: dtypes.BOOL,
+    torch.uint16: dtypes.UINT16,
 }
 
 

@@ -5,8 +5,8 @@ import numpy as np
 from horo_core import dtypes
 from horo_core._binding import lib
 
-ALL = [dtypes.UINT8, dtypes.INT8, dtypes.INT16, dtypes.INT32, dtypes.INT64, dtypes.FLOAT16, dtypes.BFLOAT16,
-       dtypes.FLOAT32, dtypes.FLOAT64, dtypes.BOOL]
+ALL = [dtypes.UINT8, dtypes.INT8, dtypes.INT16, dtypes.UINT16, dtypes.INT32, dtypes.INT64, dtypes.FLOAT16,
+       dtypes.BFLOAT16, dtypes.FLOAT32, dtypes.FLOAT64, dtypes.BOOL]
 # Every reduce op the core takes for allreduce, by name.
 REDUCE_OPS = {"sum": lib.HORO_OP_SUM, "average": lib.HORO_OP_AVERAGE, "min": lib.HORO_OP_MIN,
               "max": lib.HORO_OP_MAX, "product": lib.HORO_OP_PRODUCT}
@@ -20,9 +20,9 @@ def reduce_cases():
                 yield dtype, op_name, op
 
 
-INTEGER = {dtypes.UINT8, dtypes.INT8, dtypes.INT16, dtypes.INT32, dtypes.INT64}
-NUMPY = {dtypes.UINT8: np.uint8, dtypes.INT8: np.int8, dtypes.INT16: np.int16, dtypes.INT32: np.int32,
-         dtypes.INT64: np.int64, dtypes.FLOAT16: np.float16, dtypes.BFLOAT16: np.uint16,
+INTEGER = {dtypes.UINT8, dtypes.INT8, dtypes.INT16, dtypes.UINT16, dtypes.INT32, dtypes.INT64}
+NUMPY = {dtypes.UINT8: np.uint8, dtypes.INT8: np.int8, dtypes.INT16: np.int16, dtypes.UINT16: np.uint16,
+         dtypes.INT32: np.int32, dtypes.INT64: np.int64, dtypes.FLOAT16: np.float16, dtypes.BFLOAT16: np.uint16,
          dtypes.FLOAT32: np.float32, dtypes.FLOAT64: np.float64, dtypes.BOOL: np.bool_}
 
 

@@ -86,8 +86,11 @@ def _run(np_, shm):
     problems = [f"rank {r}: {f}" for r, (_, failures, _, _) in enumerate(reports) for f in failures]
     assert not problems, "\n".join(problems[:40])
     assert all(count > 200 for count, _, _, _ in reports)
-    # Every allreduce of a non-empty tensor ran the ring: 49 per count > 0, 5 scaled, 1 fused group.
-    assert [runs for _, _, _, runs in reports] == [49 * (len(COUNTS) - 1) + 5 + 1] * np_
+    # Every allreduce of a non-empty tensor ran the ring: one per (dtype, op) and count > 0, 5
+    # scaled, 1 fused group.
+    from core_values import reduce_cases
+    cases = len(list(reduce_cases()))
+    assert [runs for _, _, _, runs in reports] == [cases * (len(COUNTS) - 1) + 5 + 1] * np_
     digests = [d for _, _, d, _ in reports]
     assert all(d == digests[0] for d in digests)
     return digests[0]

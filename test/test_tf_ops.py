@@ -48,7 +48,7 @@ def check_topology(c, hvd, tf, env):
 def check_allreduce(c, hvd, tf, env):
     n, r = hvd.size(), hvd.rank()
     ranks = list(range(n))
-    for dtype in (tf.float32, tf.float64, tf.float16, tf.bfloat16, tf.int32, tf.int64, tf.uint8):
+    for dtype in (tf.float32, tf.float64, tf.float16, tf.bfloat16, tf.int32, tf.int64, tf.uint8, tf.uint16):
         for op in ("Sum", "Min", "Max") + (("Average",) if dtype.is_floating else ()):
             x = contribution(r, (2, 3), dtype)
             for mode, got in both_modes(lambda: hvd.allreduce(x, op=getattr(hvd, op))):
@@ -111,6 +111,12 @@ def check_allgather_broadcast(c, hvd, tf, env):
     root = n - 1
     for mode, got in both_modes(lambda: hvd.broadcast(contribution(r, (3,), tf.float32), root)):
         c.equal(f"broadcast {mode}", got, contribution(root, (3,), tf.float32))
+    # uint16 (which Horovod's allgather and broadcast take): values above int16's range stay as they are.
+    big = tf.constant([60000 - r, r], tf.uint16)
+    for mode, got in both_modes(lambda: hvd.allgather(tf.reshape(big, (1, 2)))):
+        c.equal(f"allgather uint16 {mode}", got, [[60000 - s, s] for s in range(n)], tf.uint16)
+    for mode, got in both_modes(lambda: hvd.broadcast(big, root)):
+        c.equal(f"broadcast uint16 {mode}", got, [60000 - root, root], tf.uint16)
     variables = [tf.Variable(contribution(r, (2,), tf.float32)), tf.Variable(tf.constant([r, r], tf.int64))]
     hvd.broadcast_(variables, root)
     c.equal("broadcast_ float variable", variables[0], contribution(root, (2,), tf.float32))
@@ -336,10 +342,17 @@ def check_errors(c, hvd, tf, env):
         c.same("the error pickles", (type(copy), str(copy)), (type(exc), str(exc)))
     c.raises("shape mismatch in a tf.function", [tf.errors.OpError], "Mismatched shapes",
              lambda: tf.function(lambda x: hvd.allreduce(x, name="mismatch.graph"))(tf.ones([r + 1])))
-    c.raises("unsupported dtype", [hvd.HoroInvalidArgument, ValueError], "not supported",
-             lambda: hvd.allreduce(tf.constant([1 + 1j])))
+    # An unsupported dtype is an InvalidArgumentError (as Horovod's op) and a ValueError; errors
+    # raised while a tf.function traces reach the caller as they are (not autograph's StagingError).
+    complex_input = tf.constant([1 + 1j])
+    for mode, fn in (("eagerly", lambda: hvd.allreduce(complex_input)),
+                     ("while tracing", lambda: tf.function(lambda x: hvd.allreduce(x))(complex_input))):
+        c.raises(f"unsupported dtype {mode}", [hvd.HoroInvalidArgument, ValueError, tf.errors.InvalidArgumentError],
+                 "not supported", fn)
     c.raises("unregistered process set", [ValueError], "not registered",
              lambda: hvd.allreduce(tf.ones([1]), process_set=hvd.ProcessSet([0])))
+    c.raises("unregistered process set while tracing", [hvd.HoroInvalidArgument, ValueError], "not registered",
+             lambda: tf.function(lambda x: hvd.allreduce(x, process_set=hvd.ProcessSet([0])))(tf.ones([1])))
 
     @tf.function(jit_compile=True)
     def xla_step(x):

@@ -13,9 +13,9 @@ import horo_runner
 import rank_checks
 
 SIZES = [1, 2, 3, 4, 5]
-DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16,
-          torch.float32, torch.float64, torch.bool]
-INTEGER = {torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64}
+DTYPES = [torch.uint8, torch.int8, torch.int16, torch.uint16, torch.int32, torch.int64, torch.float16,
+          torch.bfloat16, torch.float32, torch.float64, torch.bool]
+INTEGER = {torch.uint8, torch.int8, torch.int16, torch.uint16, torch.int32, torch.int64}
 COUNTS = [0, 1, 7]
 LARGE = 65537
 OPS = ["Average", "Sum", "Min", "Max", "Product"]
@@ -569,7 +569,11 @@ def check_process_set_ops(hvd, c, ps, label):
     r = hvd.rank()
     members = ps.ranks
     c.same(f"{label}: size", ps.size(), len(members))
-    c.same(f"{label}: rank", ps.rank(), members.index(r) if r in members else -1)
+    if r in members:
+        c.same(f"{label}: rank", ps.rank(), members.index(r))
+    else:
+        c.raises(f"{label}: rank of a non-member", [ValueError], f"rank {r} is not part of process set",
+                 ps.rank)
     c.same(f"{label}: included", ps.included(), r in members)
     if r not in members:
         c.raises(f"{label}: allreduce by a non-member", [ValueError], "not", lambda: hvd.allreduce(

@@ -26,7 +26,7 @@ using namespace horo;
 
 inline const DataType kAllTypes[] = {DataType::kUInt8,   DataType::kInt8,    DataType::kInt16,    DataType::kInt32,
                               DataType::kInt64,   DataType::kFloat16, DataType::kBFloat16, DataType::kFloat32,
-                              DataType::kFloat64, DataType::kBool};
+                              DataType::kFloat64, DataType::kBool,     DataType::kUInt16};
 inline const ReduceOp kAllOps[] = {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct};
 // Every value pattern repeats with this period (lcm of the moduli used by Contribution).
 inline constexpr int64_t kPeriod = 660;
@@ -36,7 +36,7 @@ inline std::atomic<long> g_checks{0};
 
 // ---- exact value patterns --------------------------------------------------------------------
 
-inline bool IsUnsigned(DataType dtype) { return dtype == DataType::kUInt8; }
+inline bool IsUnsigned(DataType dtype) { return dtype == DataType::kUInt8 || dtype == DataType::kUInt16; }
 
 // What member m contributes at element j: small integers whose folds stay exact and in range.
 inline double Contribution(int m, int64_t j, ReduceOp op, DataType dtype) {
@@ -70,6 +70,7 @@ inline void Encode(double value, DataType dtype, uint8_t* at) {
     case DataType::kUInt8: { uint8_t v = static_cast<uint8_t>(value); std::memcpy(at, &v, 1); break; }
     case DataType::kInt8: { int8_t v = static_cast<int8_t>(value); std::memcpy(at, &v, 1); break; }
     case DataType::kInt16: { int16_t v = static_cast<int16_t>(value); std::memcpy(at, &v, 2); break; }
+    case DataType::kUInt16: { uint16_t v = static_cast<uint16_t>(value); std::memcpy(at, &v, 2); break; }
     case DataType::kInt32: { int32_t v = static_cast<int32_t>(value); std::memcpy(at, &v, 4); break; }
     case DataType::kInt64: { int64_t v = static_cast<int64_t>(value); std::memcpy(at, &v, 8); break; }
     case DataType::kFloat16: { uint16_t v = FloatToHalf(static_cast<float>(value)); std::memcpy(at, &v, 2); break; }
@@ -86,6 +87,7 @@ inline double Decode(const uint8_t* at, DataType dtype) {
     case DataType::kUInt8: return *at;
     case DataType::kInt8: return static_cast<int8_t>(*at);
     case DataType::kInt16: { int16_t v; std::memcpy(&v, at, 2); return v; }
+    case DataType::kUInt16: { uint16_t v; std::memcpy(&v, at, 2); return v; }
     case DataType::kInt32: { int32_t v; std::memcpy(&v, at, 4); return v; }
     case DataType::kInt64: { int64_t v; std::memcpy(&v, at, 8); return static_cast<double>(v); }
     case DataType::kFloat16: std::memcpy(&h, at, 2); return HalfToFloat(h);

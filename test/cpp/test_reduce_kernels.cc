@@ -32,7 +32,7 @@ std::string Hex(uint32_t value) {
 
 const DataType kAllTypes[] = {DataType::kUInt8,   DataType::kInt8,    DataType::kInt16,   DataType::kInt32,
                               DataType::kInt64,   DataType::kFloat16, DataType::kBFloat16, DataType::kFloat32,
-                              DataType::kFloat64, DataType::kBool};
+                              DataType::kFloat64, DataType::kBool,    DataType::kUInt16};
 const ReduceOp kAllOps[] = {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct};
 
 // Reference float -> binary16 with round-to-nearest-even, computed in double.
@@ -167,6 +167,7 @@ void ReferenceReduceAny(void* dst, const void* src, int64_t count, DataType dtyp
     case DataType::kUInt8: case DataType::kBool: ReferenceReduce<uint8_t>(dst, src, count, op, dtype); break;
     case DataType::kInt8: ReferenceReduce<int8_t>(dst, src, count, op, dtype); break;
     case DataType::kInt16: ReferenceReduce<int16_t>(dst, src, count, op, dtype); break;
+    case DataType::kUInt16: ReferenceReduce<uint16_t>(dst, src, count, op, dtype); break;
     case DataType::kFloat16: case DataType::kBFloat16: ReferenceReduce<uint16_t>(dst, src, count, op, dtype); break;
     case DataType::kInt32: ReferenceReduce<int32_t>(dst, src, count, op, dtype); break;
     case DataType::kInt64: ReferenceReduce<int64_t>(dst, src, count, op, dtype); break;

@@ -54,7 +54,8 @@ enum horo_dtype {
   HORO_BFLOAT16 = 6,
   HORO_FLOAT32 = 7,
   HORO_FLOAT64 = 8,
-  HORO_BOOL = 9
+  HORO_BOOL = 9,
+  HORO_UINT16 = 10
 };
 
 /* Values match Horovod's ReduceOp so that integer constants keep their meaning. */

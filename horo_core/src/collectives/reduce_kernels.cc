@@ -220,6 +220,9 @@ HORO_KERNEL_CLONES void ReduceInt8(int8_t* d, const int8_t* s, int64_t n, Reduce
 HORO_KERNEL_CLONES void ReduceInt16(int16_t* d, const int16_t* s, int64_t n, ReduceOp op) {
   ReduceIntegers(d, s, n, op);
 }
+HORO_KERNEL_CLONES void ReduceUInt16(uint16_t* d, const uint16_t* s, int64_t n, ReduceOp op) {
+  ReduceIntegers(d, s, n, op);
+}
 HORO_KERNEL_CLONES void ReduceInt32(int32_t* d, const int32_t* s, int64_t n, ReduceOp op) {
   ReduceIntegers(d, s, n, op);
 }
@@ -296,6 +299,7 @@ void ScaleFloat16Best(uint16_t* buffer, int64_t count, float factor) {
 HORO_KERNEL_CLONES void ScaleUInt8(uint8_t* b, int64_t n, double f) { ScaleIntegers(b, n, f); }
 HORO_KERNEL_CLONES void ScaleInt8(int8_t* b, int64_t n, double f) { ScaleIntegers(b, n, f); }
 HORO_KERNEL_CLONES void ScaleInt16(int16_t* b, int64_t n, double f) { ScaleIntegers(b, n, f); }
+HORO_KERNEL_CLONES void ScaleUInt16(uint16_t* b, int64_t n, double f) { ScaleIntegers(b, n, f); }
 HORO_KERNEL_CLONES void ScaleInt32(int32_t* b, int64_t n, double f) { ScaleIntegers(b, n, f); }
 HORO_KERNEL_CLONES void ScaleInt64(int64_t* b, int64_t n, double f) { ScaleIntegers(b, n, f); }
 
@@ -335,6 +339,7 @@ void ReduceInto(void* dst, const void* src, int64_t count, DataType dtype, Reduc
     case DataType::kUInt8: CallTyped<uint8_t>(ReduceUInt8, dst, src, count, op); break;
     case DataType::kInt8: CallTyped<int8_t>(ReduceInt8, dst, src, count, op); break;
     case DataType::kInt16: CallTyped<int16_t>(ReduceInt16, dst, src, count, op); break;
+    case DataType::kUInt16: CallTyped<uint16_t>(ReduceUInt16, dst, src, count, op); break;
     case DataType::kInt32: CallTyped<int32_t>(ReduceInt32, dst, src, count, op); break;
     case DataType::kInt64: CallTyped<int64_t>(ReduceInt64, dst, src, count, op); break;
     case DataType::kFloat16: CallTyped<uint16_t>(ReduceFloat16Best, dst, src, count, op); break;
@@ -358,6 +363,7 @@ void DivideBuffer(void* buffer, int64_t count, DataType dtype, int64_t divisor) 
     case DataType::kUInt8: DivideIntegers(static_cast<uint8_t*>(buffer), count, divisor); break;
     case DataType::kInt8: DivideIntegers(static_cast<int8_t*>(buffer), count, divisor); break;
     case DataType::kInt16: DivideIntegers(static_cast<int16_t*>(buffer), count, divisor); break;
+    case DataType::kUInt16: DivideIntegers(static_cast<uint16_t*>(buffer), count, divisor); break;
     case DataType::kInt32: DivideIntegers(static_cast<int32_t*>(buffer), count, divisor); break;
     case DataType::kInt64: DivideIntegers(static_cast<int64_t*>(buffer), count, divisor); break;
     case DataType::kBool: break;
@@ -372,6 +378,7 @@ void ScaleBuffer(void* buffer, int64_t count, DataType dtype, double factor) {
     case DataType::kUInt8: ScaleUInt8(static_cast<uint8_t*>(buffer), count, factor); break;
     case DataType::kInt8: ScaleInt8(static_cast<int8_t*>(buffer), count, factor); break;
     case DataType::kInt16: ScaleInt16(static_cast<int16_t*>(buffer), count, factor); break;
+    case DataType::kUInt16: ScaleUInt16(static_cast<uint16_t*>(buffer), count, factor); break;
     case DataType::kInt32: ScaleInt32(static_cast<int32_t*>(buffer), count, factor); break;
     case DataType::kInt64: ScaleInt64(static_cast<int64_t*>(buffer), count, factor); break;
     case DataType::kFloat16: ScaleFloat16Best(static_cast<uint16_t*>(buffer), count, factor32); break;
@@ -388,6 +395,7 @@ void FillNeutral(void* buffer, int64_t count, DataType dtype, ReduceOp op) {
     case DataType::kUInt8: FillValue(buffer, count, NeutralOf<uint8_t>(op)); break;
     case DataType::kInt8: FillValue(buffer, count, NeutralOf<int8_t>(op)); break;
     case DataType::kInt16: FillValue(buffer, count, NeutralOf<int16_t>(op)); break;
+    case DataType::kUInt16: FillValue(buffer, count, NeutralOf<uint16_t>(op)); break;
     case DataType::kInt32: FillValue(buffer, count, NeutralOf<int32_t>(op)); break;
     case DataType::kInt64: FillValue(buffer, count, NeutralOf<int64_t>(op)); break;
     case DataType::kFloat16: FillValue(buffer, count, FloatToHalf(NeutralOf<float>(op))); break;

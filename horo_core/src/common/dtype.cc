@@ -2,7 +2,7 @@
 
 namespace horo {
 
-bool IsValidDataType(int32_t value) { return value >= HORO_UINT8 && value <= HORO_BOOL; }
+bool IsValidDataType(int32_t value) { return value >= HORO_UINT8 && value <= HORO_UINT16; }
 bool IsValidReduceOp(int32_t value) { return value >= HORO_OP_AVERAGE && value <= HORO_OP_PRODUCT; }
 bool IsValidOpType(int32_t value) { return value >= HORO_ALLREDUCE && value <= HORO_JOIN; }
 
@@ -25,6 +25,7 @@ size_t DataTypeSize(DataType dtype) {
     case DataType::kBool:
       return 1;
     case DataType::kInt16:
+    case DataType::kUInt16:
     case DataType::kFloat16:
     case DataType::kBFloat16:
       return 2;
@@ -43,6 +44,7 @@ const char* DataTypeName(DataType dtype) {
     case DataType::kUInt8: return "uint8";
     case DataType::kInt8: return "int8";
     case DataType::kInt16: return "int16";
+    case DataType::kUInt16: return "uint16";
     case DataType::kInt32: return "int32";
     case DataType::kInt64: return "int64";
     case DataType::kFloat16: return "float16";

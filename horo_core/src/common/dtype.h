@@ -20,6 +20,7 @@ enum class DataType : int32_t {
   kFloat32 = HORO_FLOAT32,
   kFloat64 = HORO_FLOAT64,
   kBool = HORO_BOOL,
+  kUInt16 = HORO_UINT16,
 };
 
 enum class ReduceOp : int32_t {

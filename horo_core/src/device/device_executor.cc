@@ -39,7 +39,7 @@ bool NcclTypeOf(DataType dtype, int* out) {
     case DataType::kBFloat16: *out = kNcclBfloat16; return true;
     case DataType::kFloat32: *out = kNcclFloat32; return true;
     case DataType::kFloat64: *out = kNcclFloat64; return true;
-    default: return false;  // int16
+    default: return false;  // int16, uint16
   }
 }
 

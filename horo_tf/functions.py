@@ -33,7 +33,8 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
     if not var_list:
         return []
     name = _bridge.auto_name("broadcast_variables", process_set.process_set_id or 0, var_list)
-    return mpi_ops.broadcast_(var_list, root_rank, name=name, process_set=process_set)
+    mpi_ops.broadcast_(var_list, root_rank, name=name, process_set=process_set)
+    return var_list
 
 
 def _bytes_tensor(obj):

@@ -297,7 +297,7 @@ def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
         name: operation name.
         process_set: the ranks taking part.
     Returns:
-        The variables (a list if a list was given).
+        The variables' new values as tensors, a list as Horovod's (one tensor for one variable).
     Raises:
         ValueError: invalid arguments. HorovodInternalError: the collective failed.
     """
@@ -307,7 +307,8 @@ def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
         base = _bridge.op_name("broadcast_", name, process_set, True, var_list)
         for var, value in zip(var_list, _broadcast(var_list, root_rank, base, process_set)):
             var.assign(value)
-    return var_list[0] if single else var_list
+    values = [var.read_value() if hasattr(var, "read_value") else tf.convert_to_tensor(var) for var in var_list]
+    return values[0] if single else values
 
 
 # Alltoall ----------------------------------------------------------------------------------------

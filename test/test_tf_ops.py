@@ -118,9 +118,13 @@ def check_allgather_broadcast(c, hvd, tf, env):
     for mode, got in both_modes(lambda: hvd.broadcast(big, root)):
         c.equal(f"broadcast uint16 {mode}", got, [60000 - root, root], tf.uint16)
     variables = [tf.Variable(contribution(r, (2,), tf.float32)), tf.Variable(tf.constant([r, r], tf.int64))]
-    hvd.broadcast_(variables, root)
+    values = hvd.broadcast_(variables, root)
     c.equal("broadcast_ float variable", variables[0], contribution(root, (2,), tf.float32))
     c.equal("broadcast_ int variable", variables[1], [root, root])
+    # As Horovod's: a list of the new values as tensors.
+    c.same("broadcast_ returns tensors", [type(values).__name__] + [isinstance(v, tf.Tensor) for v in values],
+           ["list", True, True])
+    c.equal("broadcast_ returns the new values", values[1], [root, root])
     variables = [tf.Variable(float(r)), tf.Variable([r, r + 1])]
     hvd.broadcast_variables(variables, root_rank=0)
     c.same("broadcast_variables", [float(variables[0].numpy()), variables[1].numpy().tolist()], [0.0, [0, 1]])

@@ -6,6 +6,7 @@ allgathers of values and indices (or densified with ``sparse_as_dense``). ``None
 ``None``, so every rank must have the same set of missing gradients, as in Horovod.
 """
 import dataclasses
+import warnings
 from typing import Any, Optional, Sequence
 
 import tensorflow as tf
@@ -112,6 +113,13 @@ def reduce_gradients(grads: Sequence, options: ReductionOptions, variables: Opti
         for i, r in zip(present, reduced):
             out[i] = r
     return out
+
+
+def groups_option(groups, num_groups):
+    """The groups option given Horovod's deprecated num_groups (which warns, as Horovod's does)."""
+    if num_groups:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups`.", DeprecationWarning, stacklevel=3)
+    return groups if groups is not None else (num_groups or None)
 
 
 def reduce_gradients_keeping_local(grads: Sequence, options: ReductionOptions, variables: Sequence,

@@ -15,7 +15,7 @@ import tensorflow as tf
 from horo_core.process_sets import global_process_set
 from horo_tf import mpi_ops
 from horo_tf.compression import Compression
-from horo_tf.gradient_reduction import ReductionOptions, reduce_gradients_keeping_local
+from horo_tf.gradient_reduction import ReductionOptions, groups_option, reduce_gradients_keeping_local
 
 
 class _DistributedGradientTape(tf.GradientTape):
@@ -82,7 +82,7 @@ class _DistributedGradientTape(tf.GradientTape):
 def _options(compression, sparse_as_dense, op, gradient_predivide_factor, num_groups, groups, process_set, name):
     return ReductionOptions(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
                             gradient_predivide_factor=gradient_predivide_factor,
-                            groups=groups if groups is not None else (num_groups or None), process_set=process_set,
+                            groups=groups_option(groups, num_groups), process_set=process_set,
                             name=name)
 
 

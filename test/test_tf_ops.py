@@ -4,6 +4,8 @@ processes over TCP, 2 and 3 ranks.
 One ``horo_runner.run`` per world size runs every group of checks on every rank, eagerly and inside
 ``tf.function``. A rank contributes values derived from its rank, so every expected value is exact.
 """
+import warnings
+
 import numpy as np
 import pytest
 
@@ -253,6 +255,14 @@ def check_tape(c, hvd, tf, env):
     for bad in (0, -2, True):
         c.raises(f"groups={bad!r}", [ValueError], "groups should be a positive integer",
                  lambda: hvd.DistributedGradientTape(tf.GradientTape(), groups=bad))
+    import keras
+    for what, make in (("tape", lambda: hvd.DistributedGradientTape(tf.GradientTape(), num_groups=2)),
+                       ("Keras optimizer", lambda: hvd.DistributedOptimizer(keras.optimizers.SGD(), num_groups=2))):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            make()
+        c.same(f"{what}: num_groups is deprecated, as in Horovod",
+               [w.category.__name__ for w in caught if "num_groups" in str(w.message)], ["DeprecationWarning"])
     # tf.GradientTape's fourth positional argument, an UnconnectedGradients, still means that.
     v, unused = tf.Variable(float(r + 1)), tf.Variable(5.0)
     with tf.GradientTape() as tape:

@@ -33,7 +33,7 @@ import keras
 import tensorflow as tf
 
 from horo_core.errors import HoroInvalidArgument, HoroUnsupportedError
-from horo_tf.gradient_reduction import ReductionOptions, reduce_gradients_keeping_local
+from horo_tf.gradient_reduction import ReductionOptions, groups_option, reduce_gradients_keeping_local
 
 
 class _AccumulationState:
@@ -239,7 +239,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     options = ReductionOptions(op=op,
                                compression=compression or Compression.none, sparse_as_dense=sparse_as_dense,
                                gradient_predivide_factor=gradient_predivide_factor,
-                               groups=groups if groups is not None else (num_groups or None),
+                               groups=groups_option(groups, num_groups),
                                process_set=process_set or global_process_set,
                                name=f"DistributedOptimizer.{config['name']}")
     cls = distributed_class(type(optimizer), options, backward_passes_per_step, average_aggregated_gradients,

@@ -419,6 +419,50 @@ def test_cached_tensor_submitted_just_before_a_join_runs_with_the_joined_ranks()
     np.testing.assert_array_equal(results[0][1], np.full(3, 10.0, np.float32))
 
 
+@pytest.mark.parametrize("count", [4, 2000], ids=["announced with its data", "on the data plane"])
+def test_a_join_right_after_a_cached_submission_keeps_the_ranks_in_step(monkeypatch, count):
+    """Rank 1 submits a cached allreduce without waiting and joins while the round carrying its
+    announcement may still be open. That round can complete the step on every rank: rank 1 must run
+    it too (it used to take its sent announcement back, so the others ran the step without it: a
+    hang on the data plane, a wrong value for small tensors, or a stale request at the coordinator
+    that later failed the others' smaller batch as a mismatch)."""
+    monkeypatch.setenv("HORO_PEER_TIMEOUT_SECONDS", "10")
+    iterations = 30
+
+    def body(rt):
+        rng = np.random.default_rng(rt.rank)
+        got, errors = [], []
+        for it in range(iterations):
+            name = f"w{it}"
+            for _ in range(3):
+                ops.allreduce(rt, np.ones(count, np.float32), name)
+            if rt.rank == 1:
+                a, o = np.ones(count, np.float32), np.empty(count, np.float32)
+                (handle,) = rt.enqueue(lib.HORO_ALLREDUCE, [TensorSpec(name, a.ctypes.data, o.ctypes.data,
+                                                                       lib.HORO_FLOAT32, a.shape)])
+                until = time.perf_counter() + rng.random() * 0.0005  # let its announcement go out
+                while time.perf_counter() < until:
+                    pass
+                ops.join(rt)
+                rt.wait_release(handle)
+                got.append(float(o[0]))
+                continue
+            got.append(float(ops.allreduce(rt, np.ones(count, np.float32), name)[0]))
+            try:  # rank 1 has joined: a smaller last batch
+                out = ops.allreduce(rt, np.full(3, rt.rank + 1.0, np.float32), name)
+                if not np.all(out == 4.0):
+                    errors.append(f"iteration {it}: {out}")
+            except Exception as exc:  # noqa: BLE001 - reported below with the iteration
+                errors.append(f"iteration {it}: {type(exc).__name__}: {exc}")
+            ops.join(rt)
+        return got, errors
+
+    with World(3) as world:
+        results = world.run(body, timeout=120)
+    assert [errors for _, errors in results] == [[], [], []]
+    assert [got for got, _ in results] == [[3.0] * iterations] * 3
+
+
 def _random_plan(seed, steps):
     """Per step: (name, kind, count) of a random subset of eight names; a tensor's kind is fixed,
     its count changes now and then (the same on every rank)."""

@@ -158,11 +158,32 @@ bool PeerAgreement::Offer(Request* offered) {
   if (request.op_type == OpType::kJoin) {
     // Tensors this rank announced in the set and that have not run go to the coordinator, which
     // runs them with the joined ranks; the ids are invalidated so that the others' announcements
-    // of them fall back too (the join announcement may be read after the join completed).
-    for (int64_t id : Withdraw(request.process_set_id)) next_.invalid.push_back(id);
-    next_.joined_sets.push_back(request.process_set_id);
-    next_.join_numbers.push_back(++my_joins_[request.process_set_id]);
-    return false;
+    // of them fall back too (the join announcement may be read after the join completed). Only
+    // the announcements not sent yet are taken back here: a sent one is read by every rank in the
+    // round still open, where it may complete a step that the others then run, so this rank
+    // keeps it, and if it does not run there, the invalidation drops it on every rank at once in
+    // the next round. The join waits for those (ReleaseJoins), so that the coordinator still gets
+    // this rank's tensors before its join.
+    const int32_t set = request.process_set_id;
+    bool sent_pending = false;
+    std::vector<int64_t> ids;
+    for (const auto& kv : mine_) {
+      if (kv.second.process_set_id == set) ids.push_back(kv.first);
+    }
+    for (int64_t id : ids) {
+      next_.invalid.push_back(id);
+      if (!mine_.count(id)) continue;  // dropped with its group
+      if (std::find(next_.hits.begin(), next_.hits.end(), id) != next_.hits.end()) {
+        Drop(id);
+      } else {
+        sent_pending = true;
+      }
+    }
+    next_.joined_sets.push_back(set);
+    next_.join_numbers.push_back(++my_joins_[set]);
+    if (!sent_pending) return false;
+    deferred_joins_.push_back(std::move(*offered));
+    return true;
   }
   // Tensors of a set that a rank is joining go to the coordinator; groups go through OfferGroup.
   if (!ResponseCache::Holds(request.op_type) || request.group_size > 1 || joining_.count(request.process_set_id)) {
@@ -465,6 +486,7 @@ void PeerAgreement::CompleteRound(std::vector<AgreedStep>* run) {
     my_units_.erase(id);
     ++responses_run_;
   }
+  if (!deferred_joins_.empty()) ReleaseJoins();
 }
 
 void PeerAgreement::Drop(int64_t id) {
@@ -498,7 +520,23 @@ void PeerAgreement::Drop(int64_t id) {
   }
 }
 
-void PeerAgreement::Forget(int64_t id) { Drop(id); }
+void PeerAgreement::Forget(int64_t id) {
+  Drop(id);
+  ReleaseJoins();
+}
+
+void PeerAgreement::ReleaseJoins() {
+  for (auto it = deferred_joins_.begin(); it != deferred_joins_.end();) {
+    bool waits = false;
+    for (const auto& kv : mine_) waits = waits || kv.second.process_set_id == it->process_set_id;
+    if (waits) {
+      ++it;
+      continue;
+    }
+    fallbacks_.push_back(std::move(*it));  // after the tensors that fell back before it
+    it = deferred_joins_.erase(it);
+  }
+}
 
 std::vector<int64_t> PeerAgreement::Withdraw(int32_t process_set_id) {
   std::vector<int64_t> ids;

@@ -93,7 +93,8 @@ class PeerAgreement {
 
   // A request taken from the tensor queue: true when it is announced (a cached step; *request is
   // moved from), false when it goes to the coordinator (perhaps with an invalidation or a join
-  // announced).
+  // announced). A join while this rank's sent announcements in its set are pending is held back
+  // (true as well) and comes out of TakeFallbacks once they ran or fell back.
   bool Offer(Request* request);
   // The requests of one grouped call (consecutive in the queue): announced together, or (false)
   // all sent to the coordinator, which emits a group only once every member is in.
@@ -162,6 +163,9 @@ class PeerAgreement {
   // This rank's announcements in a set, sent or not (the unsent ones are taken out of next_),
   // become fallbacks; returns their ids.
   std::vector<int64_t> Withdraw(int32_t process_set_id);
+  // Joins of this rank held back while announcements it sent in their set are pending become
+  // fallbacks once none is.
+  void ReleaseJoins();
 
   int rank_;
   int size_;
@@ -182,6 +186,7 @@ class PeerAgreement {
   std::map<int32_t, int64_t> joins_done_;
   std::map<int32_t, int64_t> my_joins_;
   std::vector<Request> fallbacks_;
+  std::vector<Request> deferred_joins_;  // see Offer
   int64_t responses_run_ = 0;
   // Scratch of CompleteRound and Matches, kept for its capacity.
   std::vector<int64_t> scratch_ready_;

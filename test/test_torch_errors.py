@@ -415,24 +415,24 @@ def test_stall_warning_names_the_missing_rank_and_tensor(tmp_path):
         assert reports(out) == [{"what": "warmup", "value": [3.0]}, {"what": "stalled", "value": [6.0, 6.0]}]
 
 
-@pytest.mark.parametrize("variable, settings", [
-    ("HORO_STALL_SHUTDOWN_TIME_SECONDS", {"HORO_STALL_CHECK_TIME_SECONDS": "1"}),
+@pytest.mark.parametrize("variable, seconds, settings", [
+    ("HORO_STALL_SHUTDOWN_TIME_SECONDS", "2", {"HORO_STALL_CHECK_TIME_SECONDS": "1"}),
     # The shutdown applies below the warning time and with warnings off too: Horovod ignored it
     # there, and the job waited for ever (the default warning time is 60 s).
-    ("HORO_STALL_SHUTDOWN_TIME_SECONDS", {}),
-    ("HORO_STALL_SHUTDOWN_TIME_SECONDS", {"HORO_STALL_CHECK_DISABLE": "1"}),
-    # Set under Horovod's name, the message names that variable.
-    ("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", {"HOROVOD_STALL_CHECK_TIME_SECONDS": "1"}),
+    ("HORO_STALL_SHUTDOWN_TIME_SECONDS", "2", {}),
+    ("HORO_STALL_SHUTDOWN_TIME_SECONDS", "2", {"HORO_STALL_CHECK_DISABLE": "1"}),
+    # Set under Horovod's name, the message names that variable (and its value as set).
+    ("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "2.5", {"HOROVOD_STALL_CHECK_TIME_SECONDS": "1"}),
 ], ids=["warning first", "before the warning", "warnings disabled", "HOROVOD_ names"])
-def test_stall_shutdown_errors_instead_of_hanging(tmp_path, variable, settings):
+def test_stall_shutdown_errors_instead_of_hanging(tmp_path, variable, seconds, settings):
     script = write_script(tmp_path, STALL_WORKER)
-    procs = spawn_ranks(script, N, **{variable: 2}, **settings)
+    procs = spawn_ranks(script, N, **{variable: seconds}, **settings)
     waiting = [finish(p) for p in procs[:-1]]  # these fail while the last rank still holds back
     procs[-1].stdin.write("go\n")
     procs[-1].stdin.flush()
     late = finish(procs[-1])
     message = re.compile(r"shutting down after tensors stalled for ([\d.]+) seconds "
-                         rf"\({variable}=2\)\. Missing ranks: (.*)")
+                         rf"\({variable}={re.escape(seconds)}\)\. Missing ranks: (.*)")
     for rank, (code, out, err) in enumerate(waiting):
         assert code == 0, err
         got = reports(out)

@@ -53,7 +53,7 @@ bool StallInspector::Inspect(const std::vector<StalledTensor>& waiting, std::str
   if (!past_shutdown.empty()) {
     std::ostringstream os;
     os << "shutting down after tensors stalled for " << std::fixed << std::setprecision(1) << longest
-       << std::defaultfloat << " seconds (" << shutdown_variable_ << "=" << shutdown_seconds_
+       << std::defaultfloat << std::setprecision(6) << " seconds (" << shutdown_variable_ << "=" << shutdown_seconds_
        << "). Missing ranks: " << DescribeMissing(past_shutdown);
     *message = os.str();
     return true;

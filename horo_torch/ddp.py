@@ -2,8 +2,9 @@
 
 How one synchronised iteration goes:
 
-* ``forward`` broadcasts the module's buffers from the set's first rank (unless
-  ``broadcast_buffers=False``, as in DDP), then runs the module.
+* ``forward`` broadcasts the module's buffers from the set's first rank when the forward before
+  it was a synchronising training forward (torch DDP's rule; ``forward_sync_buffers=False`` turns
+  it off), then runs the module.
 * During backward, a post-accumulate-grad hook on each parameter marks it ready. Parameters are
   grouped into buckets (at most ``bucket_cap_mb`` each, the first at most 1 MiB so that
   communication starts early, one dtype and device per bucket). When every parameter of a bucket is
@@ -47,10 +48,11 @@ from torch.autograd import Variable
 
 from horo_core import basics
 from horo_core.errors import HoroInvalidArgument
-from horo_core.process_sets import global_process_set
+from horo_core.process_sets import ProcessSet, global_process_set
 from horo_torch import mpi_ops
 from horo_torch._weak_hooks import remove_when_collected, weak_hook
-from horo_torch.comm_hooks import GradBucket, allreduce_hook
+from horo_torch.comm_hooks import GradBucket, allreduce_hook, bf16_compress_hook, fp16_compress_hook
+from horo_torch.functions import sparse_allreduce_async
 
 _MIB = 1024 * 1024
 FIRST_BUCKET_BYTES = _MIB
@@ -92,6 +94,52 @@ def _to_device(value, device):
     if isinstance(value, dict):
         return type(value)((k, _to_device(v, device)) for k, v in value.items())
     return value
+
+
+def _adopt_torch_sync_batch_norms(module, process_set):
+    """module with every torch.nn.SyncBatchNorm replaced by horo_torch's over process_set (the module
+    itself when it is one). torch's layer synchronises through torch.distributed, which Horo does not
+    initialise; it would then normalise each rank's batch alone without a word."""
+    from horo_torch.sync_batch_norm import SyncBatchNorm
+
+    def adopt(layer):
+        return SyncBatchNorm.convert_sync_batchnorm(layer, process_set)
+
+    if isinstance(module, torch.nn.SyncBatchNorm):
+        return adopt(module)
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, torch.nn.SyncBatchNorm):
+                setattr(parent, name, adopt(child))
+    return module
+
+
+def _horo_hook_for(hook, state):
+    """hook, or Horo's equivalent of one of torch's default DDP hooks, which would communicate
+    through torch.distributed (not initialised under Horo).
+
+    Raises:
+        NotImplementedError: a torch hook that communicates and has no Horo equivalent.
+        ValueError: a torch default hook with a torch process group as state.
+    """
+    module = getattr(hook, "__module__", None) or ""
+    if not module.startswith("torch.distributed.algorithms.ddp_comm_hooks"):
+        return hook
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    equivalents = {default_hooks.allreduce_hook: allreduce_hook, default_hooks.fp16_compress_hook: fp16_compress_hook,
+                   default_hooks.bf16_compress_hook: bf16_compress_hook}
+    name = getattr(hook, "__qualname__", repr(hook))
+    if hook in equivalents:
+        if state is not None and not isinstance(state, ProcessSet):
+            raise ValueError(f"register_comm_hook({name}): state is a torch.distributed process group; with Horo "
+                             "pass None (the wrapper's process set) or a horo_torch.ProcessSet")
+        return equivalents[hook]
+    if module.endswith(".debugging_hooks") or "compress_wrapper" in name:
+        return hook  # noop_hook communicates nothing; the wrappers cast around the hook they wrap
+    raise NotImplementedError(f"register_comm_hook: {module}.{name} communicates through torch.distributed, which "
+                              "horo_torch.DistributedDataParallel does not use. Horo provides "
+                              "horo_torch.comm_hooks.allreduce_hook, fp16_compress_hook and bf16_compress_hook "
+                              "(PowerSGD, quantisation and local SGD hooks are not available)")
 
 
 def root_rank(process_set):
@@ -137,12 +185,20 @@ def assign_buckets(params, order, bucket_cap_bytes, first_bucket_bytes=FIRST_BUC
 
 
 class _Bucket:
-    """The parameters of one bucket and the name its collective carries."""
+    """The parameters of one bucket and the name its collective carries; a sparse bucket holds the
+    one parameter of an Embedding(sparse=True), whose gradient is reduced as a sparse tensor."""
 
-    __slots__ = ("indices", "params", "name")
+    __slots__ = ("indices", "params", "name", "sparse")
 
-    def __init__(self, indices, params, name):
-        self.indices, self.params, self.name = indices, params, name
+    def __init__(self, indices, params, name, sparse=False):
+        self.indices, self.params, self.name, self.sparse = indices, params, name, sparse
+
+
+class _SparseFuture:
+    """wait() returns the reduced sparse gradient of a sparse bucket."""
+
+    def __init__(self, wait):
+        self.wait = wait
 
 
 class DistributedDataParallel(torch.nn.Module):
@@ -158,50 +214,98 @@ class DistributedDataParallel(torch.nn.Module):
             inputs of forward are moved there, as torch DDP does.
         output_device: None, or that same device (outputs stay where the module puts them).
         dim: accepted for torch DDP compatibility (it applies to multi-device modules only).
-        broadcast_buffers: broadcast the buffers from the set's first rank at every forward; None: True.
+        broadcast_buffers: torch's deprecated form of forward_sync_buffers; False also leaves the
+            buffers alone at construction.
         init_sync: broadcast parameters and buffers at construction.
-        process_group: must be None; Horo's ranks are chosen with process_set.
+        process_group, device_mesh: must be None; Horo's ranks are chosen with process_set.
         bucket_cap_mb: the size limit of a gradient bucket in MiB (the first bucket is at most 1 MiB);
             None: 25.
         find_unused_parameters: mark parameters that got no gradient as ready at the end of backward
             (see the module docstring).
-        check_reduction, gradient_as_bucket_view, static_graph: accepted for torch DDP
-            compatibility; memory and tracing hints there, with no effect on the gradients. Here
-            gradients are always copied out of the buckets, and no graph is assumed static.
+        check_reduction, gradient_as_bucket_view, static_graph, delay_all_reduce_named_params,
+            param_to_hook_all_reduce, skip_all_reduce_unused_params, bucket_cap_mb_list,
+            batched_grad_copy: accepted for torch DDP compatibility; memory, scheduling and tracing
+            hints there, with no effect on the gradients. Here gradients are always copied out of
+            the buckets, every parameter travels in the buckets, and no graph is assumed static.
+        mixed_precision: must be None (use torch.autocast).
+        forward_sync_buffers: broadcast the buffers from the set's first rank at the start of a
+            forward that follows a synchronising training forward (torch DDP's rule; so an
+            evaluation loop broadcasts once); None: True.
         process_set: the ranks that train together; this rank must be a member.
+
+    Parameters and buffers named in the module's ``_ddp_params_and_buffers_to_ignore`` (torch's
+    ``_set_params_and_buffers_to_ignore_for_model``) are neither broadcast nor reduced. Layers of
+    ``torch.nn.SyncBatchNorm``, which would synchronise through torch.distributed (not initialised
+    under Horo, so they would silently normalise each rank's batch alone), are replaced by
+    ``horo_torch.SyncBatchNorm`` over process_set, keeping their parameters and statistics.
     Raises:
         ValueError: bucket_cap_mb is not positive, device_ids or output_device name a device the
-            module is not on, process_group is given, the set is not registered or this rank is not
-            in it.
+            module is not on, process_group or device_mesh is given, the set is not registered or
+            this rank is not in it.
+        NotImplementedError: mixed_precision is given.
         RuntimeError: from ``backward``, when find_unused_parameters is False and parameters got no
             gradient (after their buckets were reduced, so that the other ranks do not wait).
     """
 
     def __init__(self, module, device_ids=None, output_device=None, dim=0, broadcast_buffers=None, init_sync=True,
                  process_group=None, bucket_cap_mb=None, find_unused_parameters=False, check_reduction=False,
-                 gradient_as_bucket_view=False, static_graph=False, process_set=global_process_set):
+                 gradient_as_bucket_view=False, static_graph=False, delay_all_reduce_named_params=None,
+                 param_to_hook_all_reduce=None, mixed_precision=None, device_mesh=None,
+                 skip_all_reduce_unused_params=False, bucket_cap_mb_list=None, batched_grad_copy=False,
+                 forward_sync_buffers=None, process_set=global_process_set):
         super().__init__()
         if bucket_cap_mb is None:
             bucket_cap_mb = 25
         if not bucket_cap_mb > 0:
             raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
-        if process_group is not None:
-            raise ValueError("process_group is torch.distributed's; pass process_set=hvd.ProcessSet(...) to train "
+        if process_group is not None or device_mesh is not None:
+            what = "process_group" if process_group is not None else "device_mesh"
+            raise ValueError(f"{what} is torch.distributed's; pass process_set=hvd.ProcessSet(...) to train "
                              "on a subset of the ranks")
+        if (delay_all_reduce_named_params is None) != (param_to_hook_all_reduce is None):
+            raise ValueError("delay_all_reduce_named_params and param_to_hook_all_reduce need to be set at the same "
+                             "time.")
+        if mixed_precision is not None:
+            raise NotImplementedError("DistributedDataParallel(mixed_precision=...) is not supported by Horo; run the "
+                                      "forward under torch.autocast instead")
         self._input_device = _check_devices(module, device_ids, output_device)
         if process_set.process_set_id is None:
             raise HoroInvalidArgument(f"{process_set} is not registered: pass it to hvd.init(process_sets=[...]) "
                                       "or hvd.add_process_set() first")
         if not process_set.included():
             raise HoroInvalidArgument(f"rank {basics.rank()} is not a member of {process_set}")
+        module = _adopt_torch_sync_batch_norms(module, process_set)
         self.module = module
         self.process_set = process_set
+        self.process_group = None
+        self.device_mesh = None
+        self.device_ids = None if device_ids is None else [self._input_device]
+        self.output_device = output_device
+        self.dim = dim
+        self.device = next(iter(module.parameters()), torch.empty(0)).device
+        self.mixed_precision = None
+        self.static_graph = bool(static_graph)
+        self.gradient_as_bucket_view = bool(gradient_as_bucket_view)
         self.find_unused_parameters = bool(find_unused_parameters)
         self.require_backward_grad_sync = True
-        self.broadcast_buffers = True if broadcast_buffers is None else bool(broadcast_buffers)
+        # torch DDP's rule: buffers are synchronised at a forward only when the forward before it
+        # was a synchronising training forward, so that an evaluation loop (no_grad) broadcasts once,
+        # not per batch: ranks may then evaluate different numbers of batches.
+        self.require_forward_param_sync = True
+        if forward_sync_buffers is not None:
+            self.forward_sync_buffers = bool(forward_sync_buffers)
+            init_sync_buffers = True
+        else:
+            # broadcast_buffers=False (deprecated in torch 2.13) keeps buffers rank-local at
+            # construction too; forward_sync_buffers=False does not.
+            self.forward_sync_buffers = True if broadcast_buffers is None else bool(broadcast_buffers)
+            init_sync_buffers = self.forward_sync_buffers
+        # Parameters and buffers left alone (torch's _ddp_params_and_buffers_to_ignore): neither
+        # broadcast nor reduced.
+        self._ignored = set(getattr(module, "_ddp_params_and_buffers_to_ignore", ()))
         self._join = None  # the options of the join() context this rank is in, or None
         self._grad_scale = 1.0  # join(divide_by_initial_world_size=False): size / ranks still training
-        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad and n not in self._ignored]
         self._param_names = [n for n, _ in named]
         self._params = [p for _, p in named]
         self._bucket_cap_bytes = max(1, int(bucket_cap_mb * _MIB))
@@ -211,15 +315,23 @@ class DistributedDataParallel(torch.nn.Module):
         self._generation = 0
         self._rebuilt = False
         self._buckets, self._bucket_of = [], {}
-        self._set_buckets(assign_buckets(self._params, list(reversed(range(len(self._params)))),
-                                         self._bucket_cap_bytes))
+        # Embedding layers with sparse=True give sparse gradients, reduced apart (as torch DDP does).
+        sparse_weights = {id(m.weight) for m in module.modules()
+                          if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse}
+        self._sparse = {i for i, p in enumerate(self._params) if id(p) in sparse_weights}
+        self._set_buckets(self._layout(list(reversed(range(len(self._params))))))
         self._sync_this_backward = True
+        # A backward reduces only after a forward of this wrapper (with gradients on) armed it, and
+        # only once: a second backward through the same graph, or one through the module alone,
+        # accumulates locally, as with torch DDP (a rank-local extra backward would otherwise send
+        # collectives the other ranks never match).
+        self._armed = False
         self._used_since_sync = set()
         self._callback_queued = False
         self._lock = threading.Lock()  # hooks of parameters on different devices run on different threads
         self._reset_iteration()
         if init_sync:
-            self._broadcast_state()
+            self._broadcast_state(init_sync_buffers)
         self._hook_handles = [p.register_post_accumulate_grad_hook(self._make_hook(i))
                               for i, p in enumerate(self._params)]
         remove_when_collected(self, self._hook_handles)  # the module may be wrapped again
@@ -227,22 +339,36 @@ class DistributedDataParallel(torch.nn.Module):
     # Public interface ----------------------------------------------------------------------------
 
     def forward(self, *inputs, **kwargs):
-        """Broadcasts buffers from the set's first rank, then runs the wrapped module.
+        """Broadcasts buffers from the set's first rank (see will_sync_module_buffers), then runs the
+        wrapped module.
 
         Returns:
             Whatever the module returns.
         """
-        if self._callback_queued:  # a previous backward failed before its end-of-backward callback ran
-            self._abandon_iteration()
-        if torch.is_grad_enabled():
-            self._sync_this_backward = self.require_backward_grad_sync
-        if self._join is not None:
-            self._sync_while_joining()
-        elif self.broadcast_buffers:
-            self._broadcast_buffers()
+        self._pre_forward()
         if self._input_device is not None:
             inputs, kwargs = _to_device(inputs, self._input_device), _to_device(kwargs, self._input_device)
-        return self.module(*inputs, **kwargs)
+        output = self.module(*inputs, **kwargs)
+        self._post_forward()
+        return output
+
+    @property
+    def broadcast_buffers(self):
+        """torch DDP's (deprecated) name for forward_sync_buffers."""
+        return self.forward_sync_buffers
+
+    @broadcast_buffers.setter
+    def broadcast_buffers(self, value):
+        self.forward_sync_buffers = bool(value)
+
+    def will_sync_module_buffers(self):
+        """Whether the next forward broadcasts the buffers: they are synchronised, and the forward
+        before was a training forward outside no_sync() (torch DDP's rule)."""
+        return self.require_forward_param_sync and self.forward_sync_buffers and bool(self._buffers_to_sync())
+
+    def _set_static_graph(self):
+        """torch DDP's hint that the graph is the same every iteration; no effect here."""
+        self.static_graph = True
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -302,8 +428,8 @@ class DistributedDataParallel(torch.nn.Module):
                 early = int(flag) > 0
             else:
                 early = False
-            tensors = [("final.param", i, p) for i, p in enumerate(self.module.parameters())]
-            tensors += [("final.buffer", i, b) for i, b in enumerate(self.module.buffers())]
+            tensors = [("final.param", i, p) for i, p in enumerate(self._params_to_sync())]
+            tensors += [("final.buffer", i, b) for i, b in enumerate(self._buffers_to_sync())]
             self._broadcast(tensors, root=last)
             if early and not failed:
                 raise _EarlyTermination("DistributedDataParallel.join(throw_on_early_termination=True): a rank ran "
@@ -317,15 +443,20 @@ class DistributedDataParallel(torch.nn.Module):
             hook: ``hook(state, bucket: GradBucket) -> future``; the future's ``wait()`` returns a flat
                 tensor with the bucket's number of elements, written back into the gradients.
                 ``horo_torch.comm_hooks`` provides allreduce_hook, fp16_compress_hook and
-                bf16_compress_hook.
+                bf16_compress_hook; torch's default hooks of those names (with state None) are
+                replaced by them, and torch's fp16/bf16_compress_wrapper and noop_hook work as they
+                are. Sparse gradients (Embedding(sparse=True)) do not pass through the hook.
         Raises:
             TypeError: hook is not callable.
             RuntimeError: a hook was already registered.
+            NotImplementedError: hook is one of torch's hooks that communicate through
+                torch.distributed (PowerSGD, quantisation, local SGD).
         """
         if not callable(hook):
             raise TypeError(f"hook must be callable, got {type(hook).__name__}")
         if self._hook_registered:
             raise RuntimeError("register_comm_hook can only be called once per DistributedDataParallel")
+        hook = _horo_hook_for(hook, state)
         self._comm_state, self._comm_hook, self._hook_registered = state, hook, True
 
     @property
@@ -338,21 +469,75 @@ class DistributedDataParallel(torch.nn.Module):
         """Whether the buckets were rebuilt from the observed gradient order."""
         return self._rebuilt
 
+    # Copies (copy.deepcopy, pickle, torch.save) -----------------------------------------------------
+
+    def __getstate__(self):
+        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
+        state = dict(state)
+        for key in ("_lock", "_hook_handles"):
+            state.pop(key, None)
+        state["_futures"] = [None] * len(state.get("_buckets", ()))
+        state["_callback_queued"] = False
+        state["_armed"] = False
+        return state
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self._lock = threading.Lock()
+        # The copy's parameters are new tensors without the original's hooks: hook them here.
+        self._hook_handles = [p.register_post_accumulate_grad_hook(self._make_hook(i))
+                              for i, p in enumerate(self._params)]
+        remove_when_collected(self, self._hook_handles)
+
+    # Forward helpers (run eagerly when torch.compile traces the wrapper: they talk to Horo) ------
+
+    @torch.compiler.disable
+    def _pre_forward(self):
+        if self._callback_queued:  # a previous backward failed before its end-of-backward callback ran
+            self._abandon_iteration()
+        if torch.is_grad_enabled():
+            self._sync_this_backward = self.require_backward_grad_sync
+        if self._join is not None:
+            self._sync_while_joining()
+        elif self.will_sync_module_buffers():
+            self._broadcast_buffers()
+
+    @torch.compiler.disable
+    def _post_forward(self):
+        synchronising = torch.is_grad_enabled() and self.require_backward_grad_sync
+        self.require_forward_param_sync = synchronising
+        if torch.is_grad_enabled():
+            self._armed = True
+
     # Construction helpers ------------------------------------------------------------------------
 
+    def _layout(self, order):
+        """Buckets for the parameter indices in order: the dense ones by assign_buckets, then one
+        bucket per parameter with sparse gradients."""
+        dense = [i for i in order if i not in self._sparse]
+        return assign_buckets(self._params, dense, self._bucket_cap_bytes) + [[i] for i in order if i in self._sparse]
+
     def _set_buckets(self, groups):
-        self._buckets = [_Bucket(g, [self._params[i] for i in g], f"{self._prefix}.g{self._generation}.bucket.{k}")
+        self._buckets = [_Bucket(g, [self._params[i] for i in g], f"{self._prefix}.g{self._generation}.bucket.{k}",
+                                 sparse=g[0] in self._sparse)
                          for k, g in enumerate(groups)]
         self._bucket_of = {i: k for k, g in enumerate(groups) for i in g}
 
-    def _broadcast_state(self):
-        """Copies parameters and buffers from the set's first rank."""
-        tensors = [("param", i, p) for i, p in enumerate(self.module.parameters())]
-        tensors += [("buffer", i, b) for i, b in enumerate(self.module.buffers())]
+    def _params_to_sync(self):
+        return [p for n, p in self.module.named_parameters() if n not in self._ignored]
+
+    def _buffers_to_sync(self):
+        return [b for n, b in self.module.named_buffers() if n not in self._ignored]
+
+    def _broadcast_state(self, buffers=True):
+        """Copies parameters (and buffers) from the set's first rank."""
+        tensors = [("param", i, p) for i, p in enumerate(self._params_to_sync())]
+        if buffers:
+            tensors += [("buffer", i, b) for i, b in enumerate(self._buffers_to_sync())]
         self._broadcast(tensors)
 
     def _broadcast_buffers(self):
-        self._broadcast([("buffer", i, b) for i, b in enumerate(self.module.buffers())])
+        self._broadcast([("buffer", i, b) for i, b in enumerate(self._buffers_to_sync())])
 
     def _broadcast(self, tensors, root=None):
         if self.process_set.size() == 1 or not tensors:
@@ -375,7 +560,7 @@ class DistributedDataParallel(torch.nn.Module):
         mpi_ops.broadcast_(layout, last, name=f"{self._prefix}.join.buckets", process_set=self.process_set)
         if not self._rebuilt:
             self._generation = int(layout[0])
-            self._set_buckets(assign_buckets(self._params, layout[1:].tolist(), self._bucket_cap_bytes))
+            self._set_buckets(self._layout(layout[1:].tolist()))
             self._rebuilt = True
             self._reset_iteration()
 
@@ -395,11 +580,9 @@ class DistributedDataParallel(torch.nn.Module):
                                     "before the others")
         self._grad_scale = 1.0 if self._join["divide_by_initial_world_size"] else len(members) / count
         source = self._join["source"] = members[training.tolist().index(1)]
-        if not self.broadcast_buffers:
+        if not self.will_sync_module_buffers():
             return
-        buffers = list(self.module.buffers())
-        if not buffers:
-            return
+        buffers = self._buffers_to_sync()
         with torch.no_grad():
             if basics.rank() != source:
                 for b in buffers:
@@ -426,6 +609,8 @@ class DistributedDataParallel(torch.nn.Module):
 
     def _mark_ready(self, index):
         if not self._callback_queued:
+            if not self._armed:
+                return  # no forward of this wrapper since the last backward: accumulate locally
             self._reset_iteration()
             self._callback_queued = True
             Variable._execution_engine.queue_callback(self._finish_backward)
@@ -442,13 +627,28 @@ class DistributedDataParallel(torch.nn.Module):
         while self._next_launch < len(self._buckets) and self._pending[self._next_launch] == 0:
             k = self._next_launch
             bucket = self._buckets[k]
+            if bucket.sparse and self._join is None:
+                # Ranks that left join() answer allreduces only: inside it the bucket goes dense.
+                self._futures[k] = self._launch_sparse(bucket)
+                self._next_launch += 1
+                continue
             with torch.no_grad():
-                buffer = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                                    for p in bucket.params])
+                buffer = torch.cat([_dense_grad(p).reshape(-1) for p in bucket.params])
             grad_bucket = GradBucket(k, bucket.name, buffer, bucket.params, k == len(self._buckets) - 1,
                                      self.process_set)
             self._futures[k] = self._comm_hook(self._comm_state, grad_bucket)
             self._next_launch += 1
+
+    def _launch_sparse(self, bucket):
+        (p,) = bucket.params
+        grad = p.grad
+        if grad is None:  # unused here: an empty sparse gradient keeps the ranks' collectives alike
+            grad = torch.sparse_coo_tensor(torch.zeros((1, 0), dtype=torch.long),
+                                           torch.zeros((0,) + tuple(p.shape[1:]), dtype=p.dtype), p.shape,
+                                           device=p.device)
+        elif not grad.is_sparse:
+            grad = grad.to_sparse(1)
+        return _SparseFuture(sparse_allreduce_async(grad, bucket.name, mpi_ops.Average, self.process_set))
 
     def _finish_backward(self):
         """Runs once at the end of a backward pass: completes and waits for the communication."""
@@ -457,6 +657,7 @@ class DistributedDataParallel(torch.nn.Module):
                 self._synchronize_gradients()
         finally:
             self._callback_queued = False
+            self._armed = False
 
     def _synchronize_gradients(self):
         missing = [i for i, ready in enumerate(self._ready) if not ready]
@@ -487,6 +688,11 @@ class DistributedDataParallel(torch.nn.Module):
     def _write_back(self, results, usage):
         with torch.no_grad():
             for bucket, flat in zip(self._buckets, results):
+                if isinstance(flat, torch.Tensor) and flat.is_sparse:
+                    (i,), (p,) = bucket.indices, bucket.params
+                    if usage is None or int(usage[i]) != 0:
+                        p.grad = flat * self._grad_scale if self._grad_scale != 1.0 else flat
+                    continue
                 expected = sum(p.numel() for p in bucket.params)
                 if not isinstance(flat, torch.Tensor) or flat.numel() != expected:
                     got = flat.numel() if isinstance(flat, torch.Tensor) else type(flat).__name__
@@ -505,7 +711,7 @@ class DistributedDataParallel(torch.nn.Module):
                         chunk = chunk * scale
                     if usage is not None and int(usage[i]) == 0:
                         continue  # no rank used it: leave its gradient untouched, as DDP does
-                    if p.grad is None:
+                    if p.grad is None or p.grad.is_sparse:
                         p.grad = chunk.to(device=p.device, dtype=p.dtype).clone()
                     else:
                         p.grad.copy_(chunk)
@@ -523,7 +729,7 @@ class DistributedDataParallel(torch.nn.Module):
         elif self.process_set.size() > 1:
             mpi_ops.broadcast_(agreed, self._root, name=f"{self._prefix}.rebuild", process_set=self.process_set)
         self._generation += 1
-        self._set_buckets(assign_buckets(self._params, agreed.tolist(), self._bucket_cap_bytes))
+        self._set_buckets(self._layout(agreed.tolist()))
         self._rebuilt = True
         self._reset_iteration()
 
@@ -540,6 +746,13 @@ class DistributedDataParallel(torch.nn.Module):
 
 class _EarlyTermination(RuntimeError):
     """join(throw_on_early_termination=True) found a rank that ran out of inputs first."""
+
+
+def _dense_grad(p):
+    """p's gradient as a dense tensor (zeros when it has none)."""
+    if p.grad is None:
+        return torch.zeros_like(p)
+    return p.grad.to_dense() if p.grad.is_sparse else p.grad
 
 
 def _wait_all(waitables):

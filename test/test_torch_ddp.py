@@ -545,6 +545,150 @@ def check_join(hvd, c):
     c.same("join(enable=False) does nothing", ddp.module.fc1.weight.grad is not None, True)
 
 
+class Embedded(torch.nn.Module):
+    """An Mlp fed through an Embedding with sparse gradients (ids drawn from the inputs)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(10, 5, sparse=True)
+        self.fc = torch.nn.Linear(5, 3)
+
+    def forward(self, x, rank=None):
+        ids = (x.abs() * 3).long().clamp(max=9)
+        return self.fc(self.emb(ids).mean(1))
+
+
+def sparse_sgd(params):
+    return torch.optim.SGD(params, lr=0.1)  # momentum-free: SGD takes sparse gradients then
+
+
+def check_torch_ddp_behaviour(hvd, c, size):
+    """What a torch DDP script relies on beyond the gradients: when buffers are synchronised, which
+    backward passes communicate, torch's hooks and SyncBatchNorm, sparse embeddings, ignored
+    parameters, copies, the constructor's arguments and torch.compile."""
+    import copy
+
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    from horo_torch.ddp import DistributedDataParallel
+    from horo_torch.sync_batch_norm import SyncBatchNorm
+    rank, n = hvd.rank(), hvd.size()
+    x, y = batch(0, n * BATCH, torch.float64)
+    mine = (rows(x, rank), rows(y, rank))
+
+    # Evaluation under no_grad with a different number of batches per rank: the buffers are
+    # broadcast at the first forward after training only (it hung when every forward broadcast).
+    torch.manual_seed(0)
+    ddp = DistributedDataParallel(Normed().double())
+    local_loss(ddp, *mine, rank).backward()
+    ddp.eval()
+    with torch.no_grad():
+        for b in range(rank + 1):
+            ddp(batch(b, BATCH, torch.float64)[0])
+    ddp.train()
+    local_loss(ddp, *mine, rank).backward()
+    total = hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum, name="ddp.after_uneven_eval")
+    c.same("uneven no_grad evaluation, then training: no hang", total.item(), float(n))
+
+    # A backward that no forward of the wrapper armed stays local: a second one through the same
+    # graph, and one through the module alone on rank 0 only.
+    torch.manual_seed(0)
+    solo = Mlp().double()
+    torch.manual_seed(0)
+    ddp = DistributedDataParallel(Mlp().double())
+    loss = local_loss(ddp, *mine, rank)
+    loss.backward(retain_graph=True)
+    averaged = [p.grad.clone() for p in ddp.parameters()]
+    loss.backward()
+    local_loss(solo, *mine, rank).backward()
+    for p, a, q in zip(ddp.parameters(), averaged, solo.parameters()):
+        c.close("a second backward through one forward adds the local gradient", p.grad, a + q.grad, 1e-12)
+    ddp.zero_grad()
+    if rank == 0:
+        local_loss(ddp.module, *mine, rank).backward()
+        solo.zero_grad()
+        local_loss(solo, *mine, rank).backward()
+        for p, q in zip(ddp.parameters(), solo.parameters()):
+            c.close("a backward through the module alone is local", p.grad, q.grad, 1e-12)
+    train_and_compare(hvd, c, "training after a rank-0-only backward", Mlp, sgd, steps=2)
+
+    # torch's own hooks and SyncBatchNorm would talk through torch.distributed, which Horo does not
+    # initialise: the default hooks map to Horo's, SyncBatchNorm layers become Horo's.
+    train_and_compare(hvd, c, "torch's allreduce_hook", Mlp, sgd, hook=default_hooks.allreduce_hook)
+    train_and_compare(hvd, c, "torch's fp16_compress_hook", Mlp, sgd, hook=default_hooks.fp16_compress_hook,
+                      tol=2e-3, dtype=torch.float32)
+    c.raises("torch's PowerSGD hook", NotImplementedError, "PowerSGD",
+             lambda: DistributedDataParallel(Mlp()).register_comm_hook(None, powerSGD_hook.powerSGD_hook))
+    torch.manual_seed(0)
+    model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(Normed().double())
+    ddp = DistributedDataParallel(model)
+    c.same("torch.nn.SyncBatchNorm becomes Horo's", type(ddp.module.norm), SyncBatchNorm)
+    hidden = ddp.module.fc1(mine[0])
+    whole = torch.nn.functional.batch_norm(ddp.module.fc1(x), None, None, training=True)
+    c.close("... and normalises over every rank's batch", ddp.module.norm(hidden), rows(whole, rank), 1e-10)
+
+    # Embedding(sparse=True): the gradient stays sparse and is averaged.
+    ddp = train_and_compare(hvd, c, "sparse embedding", Embedded, sparse_sgd, steps=2)
+    local_loss(ddp, *mine, rank).backward()
+    c.same("the embedding's gradient is sparse", ddp.module.emb.weight.grad.is_sparse, True)
+
+    # Buffers at construction: broadcast_buffers=False leaves them rank-local, forward_sync_buffers
+    # =False still takes root's (torch 2.13's rule); parameters named in
+    # _ddp_params_and_buffers_to_ignore are neither broadcast nor reduced.
+    for kwargs, want in (({"broadcast_buffers": False}, float(rank)), ({"forward_sync_buffers": False}, 0.0)):
+        model = Mlp().double()
+        model.register_buffer("mark", torch.tensor([float(rank)]))
+        ddp = DistributedDataParallel(model, **kwargs)
+        ddp(mine[0])
+        c.same(f"{kwargs}: buffer after construction and a forward", ddp.module.mark.item(), want)
+    model = Mlp().double()
+    with torch.no_grad():
+        model.fc2.bias.fill_(rank)
+    model._ddp_params_and_buffers_to_ignore = ["fc2.bias"]
+    ddp = DistributedDataParallel(model)
+    c.same("an ignored parameter is not broadcast", ddp.module.fc2.bias.tolist(), [float(rank)] * 3)
+    local_loss(ddp, *mine, rank).backward()
+    solo = copy.deepcopy(ddp.module)
+    solo.zero_grad()
+    local_loss(solo, *mine, rank).backward()
+    c.close("an ignored parameter's gradient stays local", ddp.module.fc2.bias.grad, solo.fc2.bias.grad, 1e-12)
+
+    # A deep copy (as for an EMA or evaluation copy) is a working wrapper of its own.
+    torch.manual_seed(0)
+    ref = Mlp().double()
+    torch.manual_seed(0)
+    twin = copy.deepcopy(DistributedDataParallel(Mlp().double()))
+    local_loss(twin, *mine, rank).backward()
+    torch.nn.functional.mse_loss(ref(x), y).backward()
+    for p, q in zip(twin.parameters(), ref.parameters()):
+        c.close("a deep-copied wrapper averages its gradients", p.grad, q.grad, 1e-10)
+
+    # torch 2.13's other constructor arguments.
+    ddp = DistributedDataParallel(Mlp(), static_graph=True, skip_all_reduce_unused_params=True,
+                                  bucket_cap_mb_list=[1], batched_grad_copy=True, forward_sync_buffers=True)
+    c.same("torch's attributes", (ddp.device, ddp.process_group, ddp.static_graph, ddp.broadcast_buffers),
+           (torch.device("cpu"), None, True, True))
+    c.raises("mixed_precision", NotImplementedError, "autocast",
+             lambda: DistributedDataParallel(Mlp(), mixed_precision=object()))
+    c.raises("device_mesh", ValueError, "process_set", lambda: DistributedDataParallel(Mlp(), device_mesh=object()))
+    c.raises("delay_all_reduce_named_params alone", ValueError, "same time",
+             lambda: DistributedDataParallel(Mlp(), delay_all_reduce_named_params=[]))
+
+    if size == 2:  # compiling takes seconds; once is enough
+        # torch.compile of the wrapper: the buffer broadcast runs outside the graph.
+        torch.manual_seed(0)
+        ref = Mlp().double()
+        torch.manual_seed(0)
+        model = Mlp().double()
+        model.register_buffer("mark", torch.tensor([float(rank)]))
+        compiled = torch.compile(DistributedDataParallel(model))
+        local_loss(compiled, *mine, rank).backward()
+        torch.nn.functional.mse_loss(ref(x), y).backward()
+        for p, q in zip(compiled.parameters(), ref.parameters()):
+            c.close("torch.compile(wrapper) with buffers", p.grad, q.grad, 1e-10)
+        c.same("... whose buffers are broadcast", model.mark.item(), 0.0)
+
+
 RUN_ENV = {"HORO_PEER_TIMEOUT_SECONDS": "60", "HORO_STALL_SHUTDOWN_TIME_SECONDS": "60"}
 
 
@@ -565,6 +709,7 @@ def run_checks(size):
         "hook_api": lambda c: check_hook_api(hvd, c),
         "process_set": lambda c: check_process_set(hvd, c, pair),
         "join": lambda c: check_join(hvd, c),
+        "torch_ddp_behaviour": lambda c: check_torch_ddp_behaviour(hvd, c, size),
     })
     hvd.barrier()
     hvd.shutdown()

@@ -13,7 +13,9 @@ How one synchronised iteration goes:
   communication overlaps the rest of backward. Launching in bucket order makes every rank issue
   the same collectives in the same order, whatever order its hooks fire in.
 * When the backward pass ends, a callback queued on the autograd engine with
-  ``Variable._execution_engine.queue_callback`` launches what is left, waits for every bucket and
+  ``Variable._execution_engine.queue_callback`` (by an identity node on the outputs, whose backward
+  runs first, so that the callback belongs to the outermost backward even under reentrant
+  checkpointing) launches what is left, waits for every bucket and
   writes the averaged gradients into ``.grad``. So when ``loss.backward()`` returns, gradients are
   final on every rank (as with DDP): clipping or inspecting them needs no extra call.
 
@@ -42,9 +44,11 @@ last (torch DDP's rule).
 """
 import contextlib
 import threading
+import weakref
 
 import torch
 from torch.autograd import Variable
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from horo_core import basics
 from horo_core.errors import HoroInvalidArgument
@@ -192,6 +196,23 @@ class _Bucket:
 
     def __init__(self, indices, params, name, sparse=False):
         self.indices, self.params, self.name, self.sparse = indices, params, name, sparse
+
+
+class _Sink(torch.autograd.Function):
+    """Identity on the wrapper's outputs; its backward queues the wrapper's end-of-backward callback."""
+
+    @staticmethod
+    def forward(ctx, owner, *tensors):
+        ctx.owner = owner
+        return tuple(t.clone() for t in tensors)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        owner = ctx.owner()
+        if owner is not None:
+            with owner._lock:
+                owner._queue_finish()
+        return (None, *grads)
 
 
 class _SparseFuture:
@@ -349,8 +370,7 @@ class DistributedDataParallel(torch.nn.Module):
         if self._input_device is not None:
             inputs, kwargs = _to_device(inputs, self._input_device), _to_device(kwargs, self._input_device)
         output = self.module(*inputs, **kwargs)
-        self._post_forward()
-        return output
+        return self._post_forward(output)
 
     @property
     def broadcast_buffers(self):
@@ -503,11 +523,30 @@ class DistributedDataParallel(torch.nn.Module):
             self._broadcast_buffers()
 
     @torch.compiler.disable
-    def _post_forward(self):
+    def _post_forward(self, output):
         synchronising = torch.is_grad_enabled() and self.require_backward_grad_sync
         self.require_forward_param_sync = synchronising
-        if torch.is_grad_enabled():
-            self._armed = True
+        if not torch.is_grad_enabled():
+            return output
+        self._armed = True
+        # The outputs pass through a node whose backward runs first in the backward pass and there
+        # queues the end-of-backward callback, on the outermost backward (torch's _DDPSink). A
+        # callback queued by the first parameter hook instead would end with the inner backward of
+        # a reentrant checkpoint. Outputs that are not lists, tuples or dicts of tensors keep that.
+        leaves, spec = tree_flatten(output)
+        positions = [i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor) and t.requires_grad]
+        if not positions:
+            return output
+        passed = _Sink.apply(weakref.ref(self), *[leaves[i] for i in positions])
+        for i, t in zip(positions, passed):
+            leaves[i] = t
+        return tree_unflatten(leaves, spec)
+
+    def _queue_finish(self):
+        if not self._callback_queued and self._armed:
+            self._reset_iteration()
+            self._callback_queued = True
+            Variable._execution_engine.queue_callback(self._finish_backward)
 
     # Construction helpers ------------------------------------------------------------------------
 
@@ -602,6 +641,7 @@ class DistributedDataParallel(torch.nn.Module):
         self._futures = [None] * len(self._buckets)
         self._next_launch = 0
         self._observed = []
+        self._late = set()
 
     def _on_grad_ready(self, index):
         with self._lock:
@@ -611,10 +651,12 @@ class DistributedDataParallel(torch.nn.Module):
         if not self._callback_queued:
             if not self._armed:
                 return  # no forward of this wrapper since the last backward: accumulate locally
-            self._reset_iteration()
-            self._callback_queued = True
-            Variable._execution_engine.queue_callback(self._finish_backward)
+            self._queue_finish()
         if self._ready[index]:
+            # A second accumulation in one backward (reentrant checkpointing runs one backward per
+            # segment): fine while its bucket waits, stale once the bucket went out.
+            if self._sync_this_backward and self._bucket_of[index] < self._next_launch:
+                self._late.add(index)
             return
         self._ready[index] = True
         self._observed.append(index)
@@ -652,6 +694,11 @@ class DistributedDataParallel(torch.nn.Module):
 
     def _finish_backward(self):
         """Runs once at the end of a backward pass: completes and waits for the communication."""
+        if not self._observed:
+            # No parameter got a gradient: not the training backward (torch.autograd.grad through
+            # the outputs, e.g. for a gradient penalty). The forward stays armed for that one.
+            self._callback_queued = False
+            return
         try:
             if self._sync_this_backward:
                 self._synchronize_gradients()
@@ -674,8 +721,16 @@ class DistributedDataParallel(torch.nn.Module):
         self._futures = [None] * len(self._buckets)
         self._used_since_sync = set()
         self._write_back(results, usage)
+        late = sorted(self._late)
         if not self._rebuilt:  # before raising: every rank must take part in the rebuild's broadcast
             self._rebuild_buckets()
+        if late:
+            names = ", ".join(self._param_names[i] for i in late[:10])
+            raise RuntimeError(
+                f"DistributedDataParallel: on rank {basics.rank()}, parameters [{names}] received gradient again in "
+                "this backward pass after their bucket was reduced (a module run more than once under reentrant "
+                "activation checkpointing, torch.utils.checkpoint(use_reentrant=True)); their gradients would be "
+                "wrong. Use use_reentrant=False.")
         if missing and not self.find_unused_parameters:
             names = ", ".join(self._param_names[i] for i in missing[:10])
             more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""

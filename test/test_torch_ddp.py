@@ -663,6 +663,51 @@ def check_torch_ddp_behaviour(hvd, c, size):
     for p, q in zip(twin.parameters(), ref.parameters()):
         c.close("a deep-copied wrapper averages its gradients", p.grad, q.grad, 1e-10)
 
+    # Reentrant activation checkpointing runs a backward per checkpointed segment: the end of
+    # backward is the outermost one's, a segment first in backward included; a module run twice
+    # under it gets a clear error instead of a stale gradient. A gradient penalty
+    # (torch.autograd.grad through the outputs) leaves the training backward armed.
+    from torch.utils.checkpoint import checkpoint
+
+    class Checkpointed(torch.nn.Module):
+        def __init__(self, twice=False):
+            super().__init__()
+            self.fc1, self.fc2, self.twice = torch.nn.Linear(5, 5), torch.nn.Linear(5, 3), twice
+
+        def forward(self, x, rank=None):
+            x = torch.tanh(self.fc1(x))
+            for _ in range(2 if self.twice else 1):
+                x = checkpoint(lambda t: torch.tanh(self.fc2(t) if t.shape[1] == 5 else t), x, use_reentrant=True)
+            return x
+
+    train_and_compare(hvd, c, "reentrant checkpoint as the last layer", Checkpointed, sgd, steps=2)
+    torch.manual_seed(0)
+    model = Checkpointed()
+    model.fc3 = torch.nn.Linear(3, 3)
+    model.forward = lambda x, rank=None: checkpoint(lambda t: model.fc3(t), checkpoint(
+        lambda t: model.fc3(t), torch.tanh(model.fc2(torch.tanh(model.fc1(x)))), use_reentrant=True),
+        use_reentrant=True)
+    ddp = DistributedDataParallel(model.double(), bucket_cap_mb=TINY_BUCKETS_MB)
+    c.raises("a module run twice under reentrant checkpointing", RuntimeError, "use_reentrant=False",
+             lambda: local_loss(ddp, *mine, rank).backward())
+    torch.manual_seed(0)
+    ref = Mlp().double()
+    torch.manual_seed(0)
+    ddp = DistributedDataParallel(Mlp().double())
+    inputs = mine[0].clone().requires_grad_()
+    loss = local_loss(ddp, inputs, mine[1], rank)
+    (penalty,) = torch.autograd.grad(loss, inputs, create_graph=True)
+    (loss + penalty.pow(2).sum()).backward()
+    ref_inputs = [rows(x, r).clone().requires_grad_() for r in range(n)]
+    total = 0
+    for r, xi in enumerate(ref_inputs):
+        ref_loss = local_loss(ref, xi, rows(y, r), r)
+        (g,) = torch.autograd.grad(ref_loss, xi, create_graph=True)
+        total = total + (ref_loss + g.pow(2).sum()) / n
+    total.backward()
+    for p, q in zip(ddp.parameters(), ref.parameters()):
+        c.close("a gradient penalty through autograd.grad", p.grad, q.grad, 1e-10)
+
     # torch 2.13's other constructor arguments.
     ddp = DistributedDataParallel(Mlp(), static_graph=True, skip_all_reduce_unused_params=True,
                                   bucket_cap_mb_list=[1], batched_grad_copy=True, forward_sync_buffers=True)

@@ -504,6 +504,10 @@ class DistributedDataParallel(torch.nn.Module):
     def __setstate__(self, state):
         super().__setstate__(state)
         self._lock = threading.Lock()
+        # A name of its own, so that the copy and the original may both reduce in one backward
+        # (ranks copy in the same order, so they agree on it).
+        self._prefix = basics.auto_name("ddp", self.process_set.process_set_id or 0)
+        self._set_buckets([b.indices for b in self._buckets])
         # The copy's parameters are new tensors without the original's hooks: hook them here.
         self._hook_handles = [p.register_post_accumulate_grad_hook(self._make_hook(i))
                               for i, p in enumerate(self._params)]
@@ -511,8 +515,16 @@ class DistributedDataParallel(torch.nn.Module):
 
     # Forward helpers (run eagerly when torch.compile traces the wrapper: they talk to Horo) ------
 
+    @staticmethod
+    def _in_backward():
+        """True while autograd runs a backward on this thread: a forward run then is a recompute
+        (activation checkpointing), which must leave the iteration's state alone."""
+        return torch._C._current_graph_task_id() != -1
+
     @torch.compiler.disable
     def _pre_forward(self):
+        if self._in_backward():
+            return
         if self._callback_queued:  # a previous backward failed before its end-of-backward callback ran
             self._abandon_iteration()
         if torch.is_grad_enabled():
@@ -524,6 +536,8 @@ class DistributedDataParallel(torch.nn.Module):
 
     @torch.compiler.disable
     def _post_forward(self, output):
+        if self._in_backward():
+            return output
         synchronising = torch.is_grad_enabled() and self.require_backward_grad_sync
         self.require_forward_param_sync = synchronising
         if not torch.is_grad_enabled():

@@ -708,6 +708,28 @@ def check_torch_ddp_behaviour(hvd, c, size):
     for p, q in zip(ddp.parameters(), ref.parameters()):
         c.close("a gradient penalty through autograd.grad", p.grad, q.grad, 1e-10)
 
+    # The wrapper itself under non-reentrant checkpointing: its forward runs again inside backward
+    # (a recompute, which must not touch the iteration), step after step.
+    torch.manual_seed(0)
+    ref = Mlp().double()
+    torch.manual_seed(0)
+    ddp = DistributedDataParallel(Mlp().double())
+    for step in range(2):
+        ddp.zero_grad()
+        ref.zero_grad()
+        xs, ys = batch(step, n * BATCH, torch.float64)
+        torch.nn.functional.mse_loss(checkpoint(ddp, rows(xs, rank), use_reentrant=False), rows(ys, rank)).backward()
+        torch.nn.functional.mse_loss(ref(xs), ys).backward()
+        for p, q in zip(ddp.parameters(), ref.parameters()):
+            c.close(f"checkpoint(wrapper) step {step}", p.grad, q.grad, 1e-10)
+    # A copy and its original in one backward: each has names of its own.
+    twin = copy.deepcopy(ddp)
+    ddp.zero_grad()
+    twin.zero_grad()
+    (local_loss(ddp, *mine, rank) + local_loss(twin, *mine, rank)).backward()
+    for p, q in zip(ddp.parameters(), twin.parameters()):
+        c.close("a copy and its original reduce side by side", p.grad, q.grad, 1e-12)
+
     # torch 2.13's other constructor arguments.
     ddp = DistributedDataParallel(Mlp(), static_graph=True, skip_all_reduce_unused_params=True,
                                   bucket_cap_mb_list=[1], batched_grad_copy=True, forward_sync_buffers=True)

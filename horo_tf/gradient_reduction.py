@@ -115,6 +115,24 @@ def reduce_gradients(grads: Sequence, options: ReductionOptions, variables: Opti
     return out
 
 
+def local_layer_variables(local_layers):
+    """The trainable variables of Horovod's local_layers argument (a layer, a list of them, or None).
+
+    Raises:
+        ValueError: an entry is not a Keras layer.
+    """
+    if local_layers is None:
+        local_layers = []
+    elif not isinstance(local_layers, (list, tuple)):
+        local_layers = [local_layers]
+    variables = []
+    for layer in local_layers:
+        if not hasattr(layer, "trainable_weights"):
+            raise HoroInvalidArgument(f"local_layers must hold Keras layers (keras.layers.Layer), got {layer!r}")
+        variables.extend(layer.trainable_weights)
+    return variables
+
+
 def groups_option(groups, num_groups):
     """The groups option given Horovod's deprecated num_groups (which warns, as Horovod's does)."""
     if num_groups:

@@ -15,7 +15,8 @@ import tensorflow as tf
 from horo_core.process_sets import global_process_set
 from horo_tf import mpi_ops
 from horo_tf.compression import Compression
-from horo_tf.gradient_reduction import ReductionOptions, groups_option, reduce_gradients_keeping_local
+from horo_tf.gradient_reduction import (ReductionOptions, groups_option, local_layer_variables,
+                                        reduce_gradients_keeping_local)
 
 
 class _DistributedGradientTape(tf.GradientTape):
@@ -131,15 +132,7 @@ def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="", 
     Raises:
         ValueError: invalid options or local_layers.
     """
-    if local_layers is None:
-        local_layers = []
-    elif not isinstance(local_layers, (list, tuple)):
-        local_layers = [local_layers]
-    local_sources = []
-    for layer in local_layers:
-        if not hasattr(layer, "trainable_weights"):
-            raise ValueError(f"local_layers must hold Keras layers, got {layer!r}")
-        local_sources.extend(layer.trainable_weights)
+    local_sources = local_layer_variables(local_layers)
     options = _options(compression, sparse_as_dense, op, gradient_predivide_factor, num_groups, groups,
                        process_set, "PartialDistributedGradientTape")
     cls = type(gradtape.__class__.__name__, (_DistributedGradientTape, gradtape.__class__), {})

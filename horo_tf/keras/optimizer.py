@@ -33,7 +33,8 @@ import keras
 import tensorflow as tf
 
 from horo_core.errors import HoroInvalidArgument, HoroUnsupportedError
-from horo_tf.gradient_reduction import ReductionOptions, groups_option, reduce_gradients_keeping_local
+from horo_tf.gradient_reduction import (ReductionOptions, groups_option, local_layer_variables,
+                                        reduce_gradients_keeping_local)
 
 
 class _AccumulationState:
@@ -262,21 +263,15 @@ def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sp
     Raises:
         ValueError: invalid options or local_layers.
     """
-    if local_layers is None:
-        local_layers = []
-    elif not isinstance(local_layers, (list, tuple)):
-        local_layers = [local_layers]
-    if not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
-        raise HoroInvalidArgument("local_layers must hold keras.layers.Layer objects")
+    local_variables = local_layer_variables(local_layers)
     distributed = DistributedOptimizer(optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
                                        compression=compression, sparse_as_dense=sparse_as_dense,
                                        gradient_predivide_factor=gradient_predivide_factor, op=op,
                                        backward_passes_per_step=backward_passes_per_step,
                                        average_aggregated_gradients=average_aggregated_gradients, groups=groups,
                                        process_set=process_set, scale_local_gradients=scale_local_gradients)
-    for layer in local_layers:
-        for var in layer.trainable_weights:
-            distributed.register_local_var(var)
+    for var in local_variables:
+        distributed.register_local_var(var)
     return distributed
 
 

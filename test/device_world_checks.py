@@ -102,6 +102,35 @@ def collectives(ordinal_of, enable_nccl, tag):
         return [a - b for a, b in zip(after, before)]
 
 
+def staged_large():
+    """Staged collectives of several MB: a fused allreduce of tensors of odd lengths, out of place
+    for one of them (each tensor's copies land at its own offset of the pinned buffer), and a
+    broadcast from the last rank."""
+    import numpy as np
+    sizes = [1_500_000, 750_001, 2_000_000]  # 17 MB of float32
+    with World(2) as world:
+        def body(rt):
+            r = rt.rank
+            rt.enable_cuda(NCCL_PATH)
+            ins = [(np.arange(n, dtype=np.float32) % 1000) + r for n in sizes]
+            outs = [x if i != 1 else np.full_like(x, -1.0) for i, x in enumerate(ins)]
+            specs = [TensorSpec(f"big{i}", x.ctypes.data, o.ctypes.data, lib.HORO_FLOAT32, x.shape,
+                                lib.HORO_DEVICE_CUDA_BASE) for i, (x, o) in enumerate(zip(ins, outs))]
+            run_op(rt, lib.HORO_ALLREDUCE, specs, reduce_op=lib.HORO_OP_SUM)
+            for i, (n, o) in enumerate(zip(sizes, outs)):
+                want = 2 * (np.arange(n, dtype=np.float32) % 1000) + 1
+                expect(f"large staged allreduce [{i}] (first wrong index)",
+                       int(np.argmax(o != want)) if not np.array_equal(o, want) else None, None)
+            expect("large staged allreduce: input of the out-of-place tensor untouched", bool((ins[1] == (np.arange(
+                sizes[1], dtype=np.float32) % 1000) + r).all()), True)
+            b = np.arange(786_433, dtype=np.int64) * (r + 1)
+            run_op(rt, lib.HORO_BROADCAST, [TensorSpec("bigbc", b.ctypes.data, b.ctypes.data, lib.HORO_INT64,
+                                                       b.shape, lib.HORO_DEVICE_CUDA_BASE)], root_rank=1)
+            expect("large staged broadcast from rank 1", bool((b == np.arange(b.size, dtype=np.int64) * 2).all()), True)
+            return True
+        world.run(body, timeout=60)
+
+
 def staged_when_versions_say_so():
     """bfloat16 needs NCCL 2.10; members whose NCCL versions differ must not share a communicator.
     Either way every member stages, and the sum is still right."""
@@ -201,6 +230,7 @@ def main():
                                             "rank 0 has CPU, rank 1 has GPU" in str(exc), True)
             return True
         world.run(errors, timeout=60)
+    staged_large()
     staged_when_versions_say_so()
     communicator_aborted_on_failure()
     print(f"device world checks passed: {checks}")

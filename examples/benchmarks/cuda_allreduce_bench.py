@@ -8,11 +8,22 @@
 * ``nccl``         torch.distributed.all_reduce on an NCCL group; when it cannot be created (two
                    ranks on one GPU) the error is printed instead of a row.
 
+Three more rows take a staged allreduce apart (none is an allreduce of the CUDA tensor):
+
+* ``copy``         the tensor to a pinned host buffer and back (non_blocking copies on the current
+                   stream), no communication: what moving the data costs, every rank at once;
+* ``copy-wait``    the same copies, waiting for each to finish before going on (as a staged
+                   collective must: the host reduces only what has arrived);
+* ``host``         horo_torch.allreduce_ of a CPU tensor of the same size: the host collective alone.
+
     python examples/benchmarks/cuda_allreduce_bench.py --np 2
 
-Per (peer, size) every rank times each iteration alone (the tensor is refilled and the device
-synchronised outside the timed region; the timed region ends with torch.cuda.synchronize()) and
-keeps the median; the job's value is the slowest rank's. algbw = bytes / time, busbw = algbw *
+Per (peer, size) every rank times blocks of ``--iters`` calls back to back (each block starts at a
+barrier and ends with torch.cuda.synchronize()) and keeps the median block's time per call over
+``--blocks`` blocks, after one block of warm-up; the job's value is the slowest rank's. (Timing
+single calls instead, with a synchronize between them, measures mostly how far apart the ranks
+start: two processes sharing a GPU take turns on it, so every wait for the GPU can take a few
+hundred microseconds, see the copy-wait row.) algbw = bytes / time, busbw = algbw *
 2(n-1)/n (nccl-tests' definition; 0 for one rank). Each peer's result is checked against the exact
 sum once per size before timing.
 """
@@ -28,7 +39,7 @@ import torch
 SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20, 256 << 20]
 
 
-def rank_main(sizes, iters, peers):
+def rank_main(sizes, iters, blocks, peers):
     import torch.distributed as dist
 
     import horo_torch as hvd
@@ -56,8 +67,24 @@ def rank_main(sizes, iters, peers):
         except Exception as exc:  # e.g. "Duplicate GPU detected" with two ranks on one GPU
             notes.append(f"torch nccl group failed on rank {rank}: {type(exc).__name__}: {str(exc)[:400]}")
 
+    pinned, host = {}, {}
+
     def run_once(peer, x, size):
-        if peer in ("horo", "horo-staged"):
+        if peer in ("copy", "copy-wait"):
+            if size not in pinned:
+                pinned[size] = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+            pinned[size].copy_(x, non_blocking=True)
+            if peer == "copy-wait":
+                torch.cuda.current_stream().synchronize()
+            x.copy_(pinned[size], non_blocking=True)
+            if peer == "copy-wait":
+                torch.cuda.current_stream().synchronize()
+        elif peer == "host":
+            if size not in host:  # filled once: later sums grow, which costs nothing extra
+                host[size] = torch.ones(x.shape, dtype=x.dtype)
+            hvd.allreduce_(host[size], op=hvd.Sum, name=f"host.{size}")
+            x.fill_(n)
+        elif peer in ("horo", "horo-staged"):
             hdevice.CORE_TAKES_CUDA = peer == "horo"
             hvd.allreduce_(x, op=hvd.Sum, name=f"{peer}.{size}")
         else:
@@ -72,17 +99,20 @@ def rank_main(sizes, iters, peers):
             x.fill_(rank + 1)
             run_once(peer, x, size)
             torch.cuda.synchronize()
-            if not torch.equal(x[:1024].cpu(), torch.full((min(1024, x.numel()),), n * (n + 1) / 2)):
+            want = {"copy": rank + 1.0, "copy-wait": rank + 1.0, "host": float(n)}.get(peer, n * (n + 1) / 2)
+            if not torch.equal(x, torch.full_like(x, want)):
                 raise AssertionError(f"{peer} {size} B: wrong result {x[:4].tolist()}")
             times = []
-            for i in range(iters + 2):
+            for block in range(blocks + 1):  # the first block warms up
                 x.fill_(1.0)
                 torch.cuda.synchronize()
+                hvd.barrier()  # every rank starts the block together
                 start = time.perf_counter()
-                run_once(peer, x, size)
+                for _ in range(iters):
+                    run_once(peer, x, size)
                 torch.cuda.synchronize()
-                if i >= 2:
-                    times.append(time.perf_counter() - start)
+                if block > 0:
+                    times.append((time.perf_counter() - start) / iters)
             mine = torch.tensor([statistics.median(times)], dtype=torch.float64)
             slowest = hvd.allreduce(mine, op=hvd.Max, name=f"time.{peer}.{size}").item()
             rows.append((peer, size, slowest))
@@ -96,17 +126,21 @@ def rank_main(sizes, iters, peers):
 def main():
     parser = argparse.ArgumentParser(description="Allreduce of CUDA tensors: Horo vs torch.distributed")
     parser.add_argument("--np", type=int, default=2)
-    parser.add_argument("--iters", type=int, default=10)
-    parser.add_argument("--peers", default="horo,horo-staged,gloo,nccl")
+    parser.add_argument("--iters", type=int, default=10, help="calls per timed block")
+    parser.add_argument("--blocks", type=int, default=5, help="timed blocks per (peer, size); the median counts")
+    parser.add_argument("--peers", default="horo,horo-staged,gloo,nccl,copy,copy-wait,host")
+    parser.add_argument("--sizes", default=",".join(f"{s >> 10}K" for s in SIZES),
+                        help="comma-separated sizes in bytes, with K or M suffixes")
     args = parser.parse_args()
+    sizes = [int(v[:-1]) << {"K": 10, "M": 20}[v[-1]] if v[-1] in "KM" else int(v) for v in args.sizes.split(",")]
     import horo_runner
-    results = horo_runner.run(rank_main, args=(SIZES, args.iters, args.peers.split(",")), np=args.np)
+    results = horo_runner.run(rank_main, args=(sizes, args.iters, args.blocks, args.peers.split(",")), np=args.np)
     n = results[0]["n"]
     for r in results:
         for note in r["notes"]:
             print(note)
     print(f"np={n}, {torch.cuda.get_device_name(0) if torch.cuda.is_available() else '?'}, "
-          f"NCCL {results[0]['nccl_built']}, median of {args.iters} iterations, slowest rank")
+          f"NCCL {results[0]['nccl_built']}, median of {args.blocks} blocks of {args.iters} calls, slowest rank")
     print("| peer | size | time (us) | algbw (GB/s) | busbw (GB/s) |")
     print("| --- | ---: | ---: | ---: | ---: |")
     for peer, size, seconds in results[0]["rows"]:

@@ -112,6 +112,22 @@ def rank_main():
                 torch.arange(12, dtype=torch.float32, device=dev).reshape(3, 4)[:, ::2] * n * (n + 1) / 2)
     c.run("grouped and scaled", grouped_and_scaled)
 
+    def large():
+        # Tens of MB, alone and fused, of odd lengths: through NCCL or staged in one pinned buffer.
+        sizes = (3_000_001, 1_500_000, 2_500_003)
+        base = [torch.arange(k, dtype=torch.float32, device=dev) % 1000 for k in sizes]
+        want = [b * n + n * (n - 1) / 2 for b in base]
+        c.equal("allreduce 12 MB", hvd.allreduce(base[0] + rank, op=hvd.Sum, name="big.alone"), want[0])
+        outs = hvd.grouped_allreduce([b + rank for b in base[1:]], op=hvd.Sum, name="big.fused")
+        for i, o in enumerate(outs):
+            c.equal(f"grouped allreduce of 16 MB [{i}]", o, want[i + 1])
+        sevens = (torch.arange(5_000_000, device=dev) % 7).to(torch.float16)
+        c.equal("allreduce float16 10 MB", hvd.allreduce(sevens + rank, op=hvd.Max, name="big.half"), sevens + n - 1)
+        b = torch.arange(3_000_000, dtype=torch.int64, device=dev) * (rank + 1)
+        c.equal("broadcast 24 MB", hvd.broadcast(b, n - 1, name="big.bcast"),
+                torch.arange(3_000_000, dtype=torch.int64, device=dev) * n)
+    c.run("large tensors", large)
+
     def stream_ordering():
         # The input is written on a side stream after a long sleep kernel; the collective must see
         # the final value, and its result must be what later work on that stream reads.

@@ -3,6 +3,10 @@ same model, data and ranks, plus the compute-only ceiling (the same steps with n
 
     hororun -np 2 python examples/pytorch/pytorch_synthetic_benchmark.py --peer ddp
 
+Like Horovod's benchmark it trains on the GPU when PyTorch sees one (``--no-cuda`` to stay on the
+CPU), rank i on GPU ``local_rank % device_count``; DDP then uses NCCL when every rank of the host
+has its own GPU and gloo when ranks share one (NCCL refuses two ranks on one GPU).
+
 The model is a stack of square Linear layers (default 48 x 720: about 25M parameters in 96
 tensors). Every mode runs the same number of timed steps after warm-up; the modes take turns in
 each repeat so that drift on a shared machine hits them alike. Reported: samples/s of the whole job
@@ -41,6 +45,7 @@ def parse_args():
     p.add_argument("--threads", type=int, default=0,
                    help="torch intra-op threads per rank (0: cores / local ranks, at least 1)")
     p.add_argument("--fp16-allreduce", action="store_true", help="Horo: compress gradients to float16")
+    p.add_argument("--no-cuda", action="store_true", help="train on the CPU even when a GPU is available")
     return p.parse_args()
 
 
@@ -51,7 +56,7 @@ class Mode:
         self.name, self.model, self.step = name, model, step
 
 
-def make_modes(args, data, target):
+def make_modes(args, data, target, device):
     loss_fn = nn.CrossEntropyLoss()
     modes = []
 
@@ -63,12 +68,12 @@ def make_modes(args, data, target):
         return step
 
     torch.manual_seed(0)
-    model = build_model(args.width, args.layers)
+    model = build_model(args.width, args.layers).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size(), momentum=0.9)
     modes.append(Mode("compute only", model, plain_step(model, opt)))
 
     torch.manual_seed(0)
-    model = build_model(args.width, args.layers)
+    model = build_model(args.width, args.layers).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size(), momentum=0.9)
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=compression)
@@ -80,12 +85,14 @@ def make_modes(args, data, target):
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel as DDP
         port = hvd.broadcast_object(_free_port() if hvd.rank() == 0 else None, root_rank=0, name="ddp.port")
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=hvd.rank(),
+        own_gpu = device.type == "cuda" and hvd.local_size() <= torch.cuda.device_count()
+        backend = "nccl" if own_gpu else "gloo"
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=hvd.rank(),
                                 world_size=hvd.size())
         torch.manual_seed(0)
-        model = DDP(build_model(args.width, args.layers))
+        model = DDP(build_model(args.width, args.layers).to(device))
         opt = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size(), momentum=0.9)
-        modes.append(Mode("ddp (gloo)", model, plain_step(model, opt)))
+        modes.append(Mode(f"ddp ({backend})", model, plain_step(model, opt)))
     return modes
 
 
@@ -96,13 +103,19 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def measure(mode, args):
+def measure(mode, args, device):
+    def synchronize():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
     for _ in range(args.num_warmup):
         mode.step()
+    synchronize()
     hvd.barrier()
     start = time.perf_counter()
     for _ in range(args.num_iters):
         mode.step()
+    synchronize()
     elapsed = time.perf_counter() - start
     # The job's throughput is set by its slowest rank.
     slowest = hvd.allreduce(torch.tensor([elapsed]), op=hvd.Max, name=f"elapsed.{mode.name}").item()
@@ -114,20 +127,25 @@ def main():
     hvd.init()
     threads = args.threads or max(1, (os.cpu_count() or 1) // hvd.local_size())
     torch.set_num_threads(threads)
+    device = torch.device("cpu")
+    if not args.no_cuda and torch.cuda.is_available():
+        device = torch.device("cuda", hvd.local_rank() % torch.cuda.device_count())
+        torch.cuda.set_device(device)
     torch.manual_seed(1234 + hvd.rank())
-    data = torch.randn(args.batch_size, args.width)
-    target = torch.randint(0, 10, (args.batch_size,))
-    modes = make_modes(args, data, target)
+    data = torch.randn(args.batch_size, args.width).to(device)
+    target = torch.randint(0, 10, (args.batch_size,)).to(device)
+    modes = make_modes(args, data, target, device)
     params = sum(p.numel() for p in modes[0].model.parameters())
     tensors = len(list(modes[0].model.parameters()))
     if hvd.rank() == 0:
+        where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{threads} torch thread(s) per rank"
         print(f"model: {params / 1e6:.1f}M parameters in {tensors} tensors; batch {args.batch_size} per rank; "
-              f"{hvd.size()} ranks; {threads} torch thread(s) per rank", flush=True)
+              f"{hvd.size()} ranks; {device.type}: {where}", flush=True)
     results = {m.name: [] for m in modes}
     for r in range(args.repeats):
         order = modes[r % len(modes):] + modes[:r % len(modes)]
         for mode in order:
-            results[mode.name].append(measure(mode, args))
+            results[mode.name].append(measure(mode, args, device))
     if hvd.rank() == 0:
         median = {name: statistics.median(v) for name, v in results.items()}
         print(f"{'mode':<14} {'samples/s (median)':>19}   runs")
@@ -138,8 +156,9 @@ def main():
         paired = [h / c for h, c in zip(results["horo"], results["compute only"])]
         print(f"horo / ceiling per repeat: {' '.join(f'{x:.2f}' for x in paired)} "
               f"(median {statistics.median(paired):.2f})")
-        if "ddp (gloo)" in median:
-            print(f"horo / ddp: {horo / median['ddp (gloo)']:.2f}")
+        for name in median:
+            if name.startswith("ddp"):
+                print(f"horo / {name}: {horo / median[name]:.2f}")
     for mode in modes[1:]:
         check_replicas_agree(mode)
     if hvd.rank() == 0:

@@ -47,7 +47,7 @@ setup(
     package_dir={"horo_runner": "runner"},
     package_data={"horo_core": ["include/horo/horo.h"]},
     cffi_modules=["horo_core/_build_ffi.py:ffibuilder"],
-    install_requires=["cffi>=1.15", "numpy>=1.21", "cloudpickle>=2.0"],
+    install_requires=["cffi>=1.15", "numpy>=1.21", "cloudpickle>=2.0", "pyyaml>=5.1"],
     extras_require={
         "torch": ["torch>=2.0"],
         "tensorflow": ["tensorflow-cpu>=2.16", "keras>=3"],

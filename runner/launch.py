@@ -2,8 +2,8 @@
 
 Flags keep Horovod's names and meanings. Tuning flags become ``HORO_*`` variables in every worker's
 environment (:data:`SETTINGS_FLAGS`). Horovod flags that do not apply to hororun are accepted with
-a warning; those whose absence would change what the job does (elastic mode, ``--config-file``)
-are refused.
+a warning; those whose absence would change what the job does (elastic mode) are refused.
+``--config-file`` reads horovodrun's YAML file of the same settings (:mod:`.config_file`).
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import sys
 import textwrap
 from typing import Callable, Optional, Sequence
 
+from . import config_file
 from .binding import BIND_MODES
 
 DEFAULT_START_TIMEOUT = 30.0  # seconds, as horovodrun
@@ -72,7 +73,6 @@ _REFUSED_FLAGS = (
     (("--min-np", "--min-num-proc"), 1), (("--max-np", "--max-num-proc"), 1),
     (("--slots-per-host",), 1), (("--elastic-timeout",), 1), (("--reset-limit",), 1),
     (("--blacklist-cooldown-range",), 2), (("--host-discovery-script",), 1),
-    (("--config-file",), 1),
 )
 
 
@@ -134,6 +134,10 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-filename", metavar="DIR",
                    help="also write each rank's output to DIR/rank.<rank>/{stdout,stderr}")
     p.add_argument("--verbose", action="store_true", help="describe the launch on stderr")
+    p.add_argument("--config-file", metavar="FILE",
+                   help="horovodrun's YAML file of settings (sections params, autotune, timeline, "
+                        "stall_check, logging); it overrides the flags before it, the flags after "
+                        "it override it")
     p.add_argument("--bind-to", choices=BIND_MODES, default="auto",
                    help="CPUs of each rank: 'auto' gives every rank its own share of this host's "
                         "cores when there are at least as many cores as ranks (2 or more), 'core' "
@@ -235,6 +239,7 @@ def _build_parser() -> argparse.ArgumentParser:
     refused.description = ", ".join(o[-1] for o, _ in _REFUSED_FLAGS)
 
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs")
+    config_file.record_order(p)
     return p
 
 
@@ -255,6 +260,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     for options, _ in _REFUSED_FLAGS:
         if getattr(args, "refused_" + _dest(options)) is not None:
             parser.error(f"{options[-1]} is not supported by hororun yet")
+    if args.config_file is not None:
+        try:
+            config_file.apply(args, parser)
+        except config_file.ConfigFileError as e:
+            parser.error(str(e))
     if args.version or args.check_build:
         return args
     if args.num_proc is None:

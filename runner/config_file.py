@@ -14,7 +14,9 @@ The file has horovodrun's sections and keys::
                       gloo_timeout_seconds}   (accepted and ignored, as the matching flags)
 
 As horovodrun documents it, the file overrides the flags given before ``--config-file`` and is
-overridden by those given after it. A value is checked as the matching flag's argument would be; a
+overridden by those given after it (horovodrun's code lets every flag win, wherever it stands;
+the hidden negations ``--no-autotune``, ``--stall-check``, ``--no-timeline-mark-cycles`` and
+``--log-with-timestamp`` undo a value from the file). A key with no value sets nothing. A value is checked as the matching flag's argument would be; a
 wrong type or value is a usage error naming the file and the key. Keys hororun does not know get a
 warning (horovodrun ignores them silently, which hides typos).
 """
@@ -74,6 +76,7 @@ _KEYS: Dict[Tuple[str, str], Tuple[str, _Converter]] = {
 _IGNORED_KEYS = {("library_options", k) for k in ("mpi_threads_disable", "num_nccl_streams",
                                                  "ccl_bgt_affinity", "gloo_timeout_seconds")}
 _CONTROLLERS = ("gloo", "mpi")
+_SECTIONS = {section for section, _ in list(_KEYS) + list(_TOGGLES) + list(_IGNORED_KEYS)}
 
 
 class ConfigFileError(ValueError):
@@ -95,6 +98,8 @@ def load(path: str) -> Dict[str, Any]:
             config = yaml.safe_load(f)
     except OSError as e:
         raise ConfigFileError(f"--config-file {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigFileError(f"--config-file {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except yaml.YAMLError as e:
         raise ConfigFileError(f"--config-file {path}: not valid YAML: {e}") from None
     if config is None:
@@ -102,7 +107,7 @@ def load(path: str) -> Dict[str, Any]:
     if not isinstance(config, dict):
         raise ConfigFileError(f"--config-file {path}: expected a mapping of sections, got {type(config).__name__}")
     for section, body in config.items():
-        if section != "controller" and body is not None and not isinstance(body, dict):
+        if section in _SECTIONS and body is not None and not isinstance(body, dict):
             raise ConfigFileError(f"--config-file {path}: section {section!r} must be a mapping of keys, "
                                   f"got {body!r}")
     return config
@@ -160,8 +165,13 @@ def apply(args: argparse.Namespace, parser: argparse.ArgumentParser,
     for section, body in config.items():
         if section == "controller":
             continue
+        if section not in _SECTIONS:
+            warn(f"ignoring unknown section {section} in {path}")
+            continue
         for key, value in (body or {}).items():
             where = f"--config-file {path}: {section}.{key}"
+            if value is None:  # "key:" with nothing after it sets nothing, as in horovodrun
+                continue
             if (section, key) in _IGNORED_KEYS:
                 warn(f"ignoring {section}.{key} from {path}, which does not apply to hororun")
                 continue

@@ -61,7 +61,7 @@ SETTINGS_FLAGS: tuple[tuple[str, str, Callable[[object], Optional[str]]], ...] =
 # Horovod flags that do not apply here: (option strings, takes a value).
 _IGNORED_FLAGS = (
     (("--gloo",), False), (("--mpi",), False), (("--jsrun",), False),
-    (("--disable-cache",), False), (("--mpi-threads-disable",), False),
+    (("--disable-cache",), False), (("--mpi-threads-disable",), False), (("--no-mpi-threads-disable",), False),
     (("--torus-allreduce",), False), (("--no-torus-allreduce",), False),
     (("--network-interfaces",), True), (("--network-interface",), True),
     (("-p", "--ssh-port"), True), (("-i", "--ssh-identity-file"), True),
@@ -102,6 +102,13 @@ def _positive_int(text: str) -> int:
     value = _parsed(text, int, "an integer")
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative_number(text: str) -> float:
+    value = _parsed(text, float, "a number")
+    if not 0.0 <= value < float("inf"):  # NaN fails too
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
     return value
 
 
@@ -154,9 +161,9 @@ def _build_parser() -> argparse.ArgumentParser:
                        help='file with "host slots=N" or "host:N" lines')
 
     tuning = p.add_argument_group("tuning")
-    tuning.add_argument("--fusion-threshold-mb", type=float, metavar="MB",
+    tuning.add_argument("--fusion-threshold-mb", type=_non_negative_number, metavar="MB",
                         help="fusion buffer size in MiB; 0 disables fusion (HORO_FUSION_THRESHOLD)")
-    tuning.add_argument("--cycle-time-ms", type=float, metavar="MS",
+    tuning.add_argument("--cycle-time-ms", type=_non_negative_number, metavar="MS",
                         help="background cycle time in milliseconds (HORO_CYCLE_TIME)")
     tuning.add_argument("--cache-capacity", type=int, metavar="N",
                         help="response cache entries; 0 disables it (HORO_CACHE_CAPACITY)")
@@ -184,11 +191,16 @@ def _build_parser() -> argparse.ArgumentParser:
     timeline.add_argument("--timeline-mark-cycles", action="store_true",
                           help="mark the start of every negotiation round in the timeline "
                                "(HORO_TIMELINE_MARK_CYCLES=1)")
+    # horovodrun's hidden negations (here and below): after --config-file they undo the file's value.
+    timeline.add_argument("--no-timeline-mark-cycles", dest="timeline_mark_cycles", action="store_false",
+                          default=False, help=argparse.SUPPRESS)
 
     autotune = p.add_argument_group("autotune")
     autotune.add_argument("--autotune", action="store_true",
                           help="tune the fusion threshold, cycle time and allreduce crossover during "
                                "the first steps; settings given explicitly stay fixed (HORO_AUTOTUNE=1)")
+    autotune.add_argument("--no-autotune", dest="autotune", action="store_false", default=False,
+                          help=argparse.SUPPRESS)
     autotune.add_argument("--autotune-log-file", metavar="FILE",
                           help="CSV that rank 0 writes with every autotune sample and the chosen "
                                "setting (HORO_AUTOTUNE_LOG)")
@@ -208,6 +220,8 @@ def _build_parser() -> argparse.ArgumentParser:
     stall = p.add_argument_group("stall check")
     stall.add_argument("--no-stall-check", action="store_true",
                        help="disable the stall check (HORO_STALL_CHECK_DISABLE=1)")
+    stall.add_argument("--stall-check", dest="no_stall_check", action="store_false", default=False,
+                       help=argparse.SUPPRESS)
     stall.add_argument("--stall-check-warning-time-seconds", type=int, metavar="SECONDS",
                        help="warn about a stall after this long (HORO_STALL_CHECK_TIME_SECONDS)")
     stall.add_argument("--stall-check-shutdown-time-seconds", type=int, metavar="SECONDS",
@@ -219,6 +233,8 @@ def _build_parser() -> argparse.ArgumentParser:
                                help="core log level (HORO_LOG_LEVEL)")
     logging_group.add_argument("--log-without-timestamp", action="store_true",
                                help="omit timestamps from core logs (HORO_LOG_HIDE_TIME=1)")
+    logging_group.add_argument("--log-with-timestamp", dest="log_without_timestamp", action="store_false",
+                               default=False, help=argparse.SUPPRESS)
     logging_group.add_argument("-prefix-timestamp", "--prefix-output-with-timestamp",
                                dest="prefix_timestamp", action="store_true",
                                help="precede each output line's prefix with a timestamp")

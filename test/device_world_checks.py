@@ -128,7 +128,10 @@ def staged_large():
                                                        b.shape, lib.HORO_DEVICE_CUDA_BASE)], root_rank=1)
             expect("large staged broadcast from rank 1", bool((b == np.arange(b.size, dtype=np.int64) * 2).all()), True)
             return True
+        before = (fake_nccl.fake_nccl_allreduce_calls(), fake_nccl.fake_nccl_broadcast_calls())
         world.run(body, timeout=60)
+        after = (fake_nccl.fake_nccl_allreduce_calls(), fake_nccl.fake_nccl_broadcast_calls())
+    expect("large staged collectives: nothing through NCCL (one GPU shared)", after, before)
 
 
 def staged_when_versions_say_so():

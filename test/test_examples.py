@@ -103,7 +103,8 @@ def test_pytorch_synthetic_benchmark_reports_ratios_and_checks_replicas():
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HORO_", "HOROVOD_"))}
     bench = os.path.join(ROOT, "examples", "pytorch", "pytorch_synthetic_benchmark.py")
     proc = subprocess.run([sys.executable, "-m", "horo_runner.launch", "-np", "2", sys.executable, bench,
-                           "--width", "32", "--layers", "3", "--num-warmup", "1", "--num-iters", "2", "--repeats", "2"],
+                           "--width", "32", "--layers", "3", "--num-warmup", "1", "--num-iters", "2", "--repeats", "2",
+                           "--no-cuda"],
                           env=env, text=True, capture_output=True, stdin=subprocess.DEVNULL, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = [line.split(":", 1)[1] for line in proc.stdout.splitlines() if line.startswith("[0]<stdout>:")]

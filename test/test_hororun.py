@@ -458,14 +458,24 @@ def test_config_file_sets_horovods_settings_and_later_flags_win(runner_path, mon
         "HORO_LOG_LEVEL": "DEBUG", "HORO_LOG_HIDE_TIME": "1"}
     err = capsys.readouterr().err
     assert "ignoring controller: gloo" in err and "ignoring library_options.num_nccl_streams" in err
-    cfg.write_text("params:\n  hierarchical_allreduce: true\n  cycel_time_ms: 3\n")
+    cfg.write_text("version: 1\nparams:\n  hierarchical_allreduce: true\n  cycel_time_ms: 3\n"
+                   "timeline:\n  filename:\n")
     env = settings_env(parse_args(["-np", "2", "--config-file", str(cfg), "true"]))
     assert env["HORO_HIERARCHICAL_ALLREDUCE"] == "1" and "HORO_CYCLE_TIME" not in env
-    assert f"ignoring unknown key params.cycel_time_ms in {cfg}" in capsys.readouterr().err
+    assert "HORO_TIMELINE" not in env  # a key with no value sets nothing
+    err = capsys.readouterr().err
+    assert f"ignoring unknown key params.cycel_time_ms in {cfg}" in err
+    assert f"ignoring unknown section version in {cfg}" in err
+    # horovodrun's hidden negations, after the file, undo what it switched on.
+    cfg.write_text(HOROVOD_CONFIG)
+    env = settings_env(parse_args(["-np", "2", "--config-file", str(cfg), "--no-autotune", "--stall-check",
+                                   "--no-timeline-mark-cycles", "--log-with-timestamp", "true"]))
+    for name in ("HORO_AUTOTUNE", "HORO_STALL_CHECK_DISABLE", "HORO_TIMELINE_MARK_CYCLES", "HORO_LOG_HIDE_TIME"):
+        assert name not in env, name
 
 
 @pytest.mark.parametrize("text, message", [
-    ("params:\n  cycle_time_ms: fast\n", "params.cycle_time_ms: could not convert string to float: 'fast'"),
+    ("params:\n  cycle_time_ms: fast\n", "params.cycle_time_ms: expected a number, got 'fast'"),
     ("params:\n  cache_capacity: true\n", "params.cache_capacity: expected a number or a string, got True"),
     ("params:\n  hierarchical_allreduce: 1\n", "params.hierarchical_allreduce: expected true or false, got 1"),
     ("autotune:\n  gaussian_process_noise: 2\n", "autotune.gaussian_process_noise:"),
@@ -475,11 +485,14 @@ def test_config_file_sets_horovods_settings_and_later_flags_win(runner_path, mon
     ("params: 3\n", "section 'params' must be a mapping of keys, got 3"),
     ("- params\n", "expected a mapping of sections, got list"),
     ("params: [\n", "not valid YAML"),
+    ("params:\n  fusion_threshold_mb: .inf\n", "params.fusion_threshold_mb: must be a finite number >= 0, got inf"),
+    ("params:\n  cycle_time_ms: -1\n", "params.cycle_time_ms: must be a finite number >= 0, got -1"),
+    (b"params:\n  cycle_time_ms: 2 # caf\xe9\n", "not UTF-8 text"),
 ])
 def test_config_file_errors_name_the_key(runner_path, tmp_path, capsys, text, message):
     from horo_runner.launch import parse_args
     cfg = tmp_path / "bad.yaml"
-    cfg.write_text(text)
+    cfg.write_bytes(text if isinstance(text, bytes) else text.encode())
     with pytest.raises(SystemExit) as exc:
         parse_args(["-np", "2", "--config-file", str(cfg), "true"])
     assert exc.value.code == 2

@@ -22,8 +22,8 @@ Per (peer, size) every rank times blocks of ``--iters`` calls back to back (each
 barrier and ends with torch.cuda.synchronize()) and keeps the median block's time per call over
 ``--blocks`` blocks, after one block of warm-up; the job's value is the slowest rank's. (Timing
 single calls instead, with a synchronize between them, measures mostly how far apart the ranks
-start: two processes sharing a GPU take turns on it, so every wait for the GPU can take a few
-hundred microseconds, see the copy-wait row.) algbw = bytes / time, busbw = algbw *
+start: with two processes sharing a GPU, waiting for a small copy can take a few hundred
+microseconds, see the copy-wait row.) algbw = bytes / time, busbw = algbw *
 2(n-1)/n (nccl-tests' definition; 0 for one rank). Each peer's result is checked against the exact
 sum once per size before timing.
 """
@@ -83,7 +83,6 @@ def rank_main(sizes, iters, blocks, peers):
             if size not in host:  # filled once: later sums grow, which costs nothing extra
                 host[size] = torch.ones(x.shape, dtype=x.dtype)
             hvd.allreduce_(host[size], op=hvd.Sum, name=f"host.{size}")
-            x.fill_(n)
         elif peer in ("horo", "horo-staged"):
             hdevice.CORE_TAKES_CUDA = peer == "horo"
             hvd.allreduce_(x, op=hvd.Sum, name=f"{peer}.{size}")
@@ -97,11 +96,13 @@ def rank_main(sizes, iters, blocks, peers):
             if peer in ("gloo", "nccl") and peer not in groups:
                 continue
             x.fill_(rank + 1)
+            host.pop(size, None)  # the check call starts the host row from ones
             run_once(peer, x, size)
             torch.cuda.synchronize()
+            got = host[size] if peer == "host" else x  # the host row reduces a CPU tensor of ones
             want = {"copy": rank + 1.0, "copy-wait": rank + 1.0, "host": float(n)}.get(peer, n * (n + 1) / 2)
-            if not torch.equal(x, torch.full_like(x, want)):
-                raise AssertionError(f"{peer} {size} B: wrong result {x[:4].tolist()}")
+            if not torch.equal(got, torch.full_like(got, want)):
+                raise AssertionError(f"{peer} {size} B: wrong result {got[:4].tolist()}")
             times = []
             for block in range(blocks + 1):  # the first block warms up
                 x.fill_(1.0)

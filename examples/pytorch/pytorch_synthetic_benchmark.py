@@ -1,5 +1,5 @@
-"""Synthetic training throughput: Horo's DistributedOptimizer against PyTorch DDP (gloo) on the
-same model, data and ranks, plus the compute-only ceiling (the same steps with no communication).
+"""Synthetic training throughput: Horo's DistributedOptimizer against PyTorch DDP on the same
+model, data and ranks, plus the compute-only ceiling (the same steps with no communication).
 
     hororun -np 2 python examples/pytorch/pytorch_synthetic_benchmark.py --peer ddp
 
@@ -7,7 +7,7 @@ Like Horovod's benchmark it trains on the GPU when PyTorch sees one (``--no-cuda
 CPU), rank i on GPU ``local_rank % device_count``; DDP then uses NCCL when every rank of the host
 has its own GPU and gloo when ranks share one (NCCL refuses two ranks on one GPU).
 
-The model is a stack of square Linear layers (default 48 x 720: about 25M parameters in 96
+The model is a stack of square Linear layers (default 48 x 720: about 25M parameters in 98
 tensors). Every mode runs the same number of timed steps after warm-up; the modes take turns in
 each repeat so that drift on a shared machine hits them alike. Reported: samples/s of the whole job
 (median over repeats), the ratios Horo/DDP and Horo/ceiling of those medians, and Horo/ceiling per
@@ -41,7 +41,7 @@ def parse_args():
     p.add_argument("--num-warmup", type=int, default=3, help="untimed steps before each measurement")
     p.add_argument("--num-iters", type=int, default=10, help="timed steps per measurement")
     p.add_argument("--repeats", type=int, default=3, help="measurements per mode (median reported)")
-    p.add_argument("--peer", choices=["ddp", "none"], default="ddp", help="also run PyTorch DDP over gloo")
+    p.add_argument("--peer", choices=["ddp", "none"], default="ddp", help="also run PyTorch DDP (gloo, or NCCL when every rank has its own GPU)")
     p.add_argument("--threads", type=int, default=0,
                    help="torch intra-op threads per rank (0: cores / local ranks, at least 1)")
     p.add_argument("--fp16-allreduce", action="store_true", help="Horo: compress gradients to float16")

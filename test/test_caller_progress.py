@@ -1,5 +1,5 @@
 """Who makes progress: a caller waiting on a handle runs the negotiation and the collectives itself
-(HORO_CALLER_PROGRESS, runtime/runtime.cc), the background thread otherwise. Results must not
+(HORO_CALLER_PROGRESS, runtime/runtime_progress.cc), the background thread otherwise. Results must not
 depend on which thread ran a pass, however many threads wait at once."""
 import os
 import threading

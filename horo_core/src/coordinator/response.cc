@@ -151,4 +151,15 @@ Status ParseResponseList(const std::string& bytes, ResponseList* out) {
   return Status::OK();
 }
 
+bool ShutdownIn(const ResponseList& list, Status* reason) {
+  for (const auto& parts : list.fused) {
+    const ResponsePart& first = parts.front();
+    if (first.cache_id < 0 && first.response.kind == ResponseKind::kShutdown) {
+      *reason = Status(first.response.error_code, first.response.error_message);
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace horo

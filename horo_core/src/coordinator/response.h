@@ -90,4 +90,7 @@ struct ResponseList {
 std::string SerializeResponseList(const ResponseList& list);
 Status ParseResponseList(const std::string& bytes, ResponseList* out);
 
+// Whether list carries the coordinator's last word, a shutdown (never cached); *reason gets why.
+bool ShutdownIn(const ResponseList& list, Status* reason);
+
 }  // namespace horo

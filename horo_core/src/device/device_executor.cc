@@ -170,8 +170,8 @@ Status DeviceExecutor::Run(const CommGroup& group, const Response& head, const s
                                      std::to_string(device) + "; one rank must use one GPU");
     }
   }
-  // Device work may run in a user thread that waits on a handle (runtime.cc, "Who makes
-  // progress"): give that thread its own current context back afterwards.
+  // Device work may run in a user thread that waits on a handle (runtime/runtime_progress.cc):
+  // give that thread its own current context back afterwards.
   CuContext callers_context = nullptr;
   const bool saved = cuda_.cuCtxGetCurrent(&callers_context) == kCudaSuccess;
   struct Restore {

@@ -1,5 +1,5 @@
 // HandleManager: integer handles for asynchronous operations. A user thread waits until the
-// runtime's loop (the background thread or a driving caller, runtime.cc) completes the handle with
+// runtime's loop (the background thread or a driving caller, runtime_progress.cc) completes the handle with
 // a Status and, for outputs the core allocates, the result bytes and shape: it spins for
 // spin_microseconds first (yielding its core, common/spin.h), because a small collective often
 // completes within that, then sleeps on a condition variable.

@@ -72,7 +72,7 @@ class Runtime {
                  horo_handle_t* handles);
   // Blocks until the handle completes or timeout_seconds (< 0: forever) passes, as
   // HandleManager::Wait; meanwhile the calling thread may run the negotiation and the collectives
-  // itself (see "Who makes progress" in runtime.cc).
+  // itself (see runtime_progress.cc).
   Status Wait(int64_t handle, double timeout_seconds);
   // Starts adding (ranks) or removing (id) a process set; the handle's result value is the id.
   Status ChangeProcessSet(bool add, const std::vector<int32_t>& ranks, int32_t id, horo_handle_t* handle);
@@ -101,10 +101,10 @@ class Runtime {
   // executes the responses it has. *progress tells whether anything happened. Returns false when
   // the runtime stopped. caller_done: the handle of the caller that runs the pass (Drive), if any.
   bool Pass(int poll_ms, bool* progress, const std::atomic<bool>* caller_done = nullptr);
-  // A caller waiting on done runs passes while they make progress (see runtime.cc), starting none
+  // A caller waiting on done runs passes while they make progress (see runtime_progress.cc), starting none
   // after deadline.
   void Drive(const std::atomic<bool>& done, std::chrono::steady_clock::time_point deadline);
-  // Drive's busy poll before it yields, while it pays off (see runtime.cc): whether this drive may
+  // Drive's busy poll before it yields, while it pays off (see runtime_progress.cc): whether this drive may
   // poll; then one poll, true when a control message came or done was set within limit.
   bool PollAllowed();
   bool PollForMessage(const std::atomic<bool>& done, std::chrono::steady_clock::duration limit);
@@ -123,7 +123,7 @@ class Runtime {
   // every message and runs what they agreed on, applying held response lists in their place.
   // Returns false when the loop must end.
   // Once caller_done is set, a message that would only answer a peer's round is left to the next
-  // pass (answer_owed_): see "Who makes progress" in runtime.cc.
+  // pass (answer_owed_): see runtime_progress.cc.
   Status DecidePeerAgreement();
   bool AdvanceRounds(bool* progress, const std::atomic<bool>* caller_done);
   // Rank 0: builds the coordinator's response lists, sends them and applies them, until none is
@@ -177,7 +177,7 @@ class Runtime {
   std::atomic<int64_t> coordinator_responses_{0};
   double cycle_time_ms_;                     // HORO_CYCLE_TIME, or what the autotuner chose
 
-  // Who makes progress (runtime.cc).
+  // Who makes progress (runtime_progress.cc).
   bool callers_drive_ = false;     // set by Connect: the transport can wait without reading
   std::mutex progress_mutex_;      // one Pass at a time
   std::atomic<bool> loop_ended_{false};

@@ -77,7 +77,7 @@ class Transport {
   virtual void RecycleControl(std::vector<ControlMessage>* messages) { messages->clear(); }
 
   // Waiting without reading, so that the thread that waits need not be the one that reads (see
-  // "Who makes progress" in runtime/runtime.cc). True when WaitControl is available; valid once
+  // runtime/runtime_progress.cc). True when WaitControl is available; valid once
   // connected.
   virtual bool CanWaitControl() const { return false; }
   // Thread-safe: sleeps until a control message may be available, Wake() is called, the transport

@@ -28,9 +28,18 @@ class LogMessage {
   std::ostringstream stream_;
 };
 
-#define HORO_LOG(level, rank)                                               \
-  if (::horo::LogLevel::level < ::horo::GetLogLevel()) {                    \
-  } else                                                                    \
-    ::horo::LogMessage(::horo::LogLevel::level, (rank)).stream()
+// Turns the streamed expression into void, so that HORO_LOG is one expression: an `if` inside the
+// macro would capture the `else` of an unbraced `if (...) HORO_LOG(...) << ...; else ...` around
+// it. `&` binds looser than `<<`, so the whole line is streamed first.
+struct LogVoidify {
+  void operator&(std::ostream&) {}
+};
+
+// HORO_LOG(kWarning, rank) << "text": one line at that level, unless the level is filtered out (then
+// nothing after it is evaluated).
+#define HORO_LOG(level, rank)                                  \
+  (::horo::LogLevel::level < ::horo::GetLogLevel())            \
+      ? (void)0                                                \
+      : ::horo::LogVoidify() & ::horo::LogMessage(::horo::LogLevel::level, (rank)).stream()
 
 }  // namespace horo

@@ -56,6 +56,16 @@ class HostsUpdatedInterrupt(RuntimeError):
         self.skip_sync = skip_sync
 
 
+def missing_attribute(module_name, name):
+    """The AttributeError of a module-level __getattr__ of horo_torch, horo_tf and horo_tf.keras:
+    ``hvd.elastic`` names what is missing (Horovod's elastic training) instead of a bare miss."""
+    if name == "elastic":
+        return AttributeError(f"{module_name}.elastic: elastic training (hvd.elastic.run, its State classes, "
+                              "hororun --min-np/--max-np/--host-discovery-script) is not implemented in Horo; "
+                              "run a fixed number of ranks (README, 'Not supported yet')")
+    return AttributeError(f"module {module_name!r} has no attribute {name!r}")
+
+
 def error_for(lib, code, message):
     """Returns the exception instance for a non-OK status code of the C ABI."""
     classes = {

@@ -77,3 +77,8 @@ def broadcast_global_variables(root_rank):
     name = basics.auto_name("broadcast_global_variables", 0)
     return tf.group(*[v.assign(broadcast(v, root_rank, name=f"{name}.{i}", ignore_name_scope=True))
                       for i, v in enumerate(tf.compat.v1.global_variables())])
+
+
+def __getattr__(name):
+    from horo_core.errors import missing_attribute
+    raise missing_attribute(__name__, name)

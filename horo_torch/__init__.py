@@ -25,3 +25,8 @@ from horo_torch.functions import (allgather_object, broadcast_object, broadcast_
 from horo_torch.optimizer import DistributedOptimizer
 from horo_torch.ddp import DistributedDataParallel
 from horo_torch.sync_batch_norm import SyncBatchNorm
+
+
+def __getattr__(name):
+    from horo_core.errors import missing_attribute
+    raise missing_attribute(__name__, name)

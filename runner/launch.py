@@ -275,7 +275,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     for options, _ in _REFUSED_FLAGS:
         if getattr(args, "refused_" + _dest(options)) is not None:
-            parser.error(f"{options[-1]} is not supported by hororun yet")
+            parser.error(f"{'/'.join(options)} is for elastic training, which Horo does not implement; "
+                         "run a fixed number of ranks with -np")
     if args.config_file is not None:
         try:
             config_file.apply(args, parser)

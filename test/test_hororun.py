@@ -503,7 +503,10 @@ def test_ignored_and_refused_horovod_flags(child_env):
     assert proc.stdout.decode() == "[0]<stdout>:ran\n"
     refused = hororun(child_env, "-np", "1", "--host-discovery-script", "x.sh", "true")
     assert refused.returncode == 2
-    assert "--host-discovery-script is not supported by hororun yet" in refused.stderr.decode()
+    assert "--host-discovery-script is for elastic training, which Horo does not implement" in refused.stderr.decode()
+    refused = hororun(child_env, "-np", "1", "--min-np", "1", "true")
+    assert refused.returncode == 2
+    assert "--min-np/--min-num-proc is for elastic training" in refused.stderr.decode()
 
 
 @pytest.mark.parametrize("args, message", [

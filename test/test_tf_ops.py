@@ -606,6 +606,15 @@ def test_broadcast_global_variables_in_a_tf1_graph():
         assert (v, w) == ([1.0, 1.0, 1.0], 10.0), f"rank {r}: {v}, {w}"
 
 
+def test_elastic_is_refused_by_name():
+    """hvd.elastic of horo_tf and horo_tf.keras (not implemented) names what is missing."""
+    import horo_tf
+    import horo_tf.keras
+    for module in (horo_tf, horo_tf.keras):
+        with pytest.raises(AttributeError, match=rf"{module.__name__}\.elastic: elastic training .* not implemented"):
+            module.elastic.run
+
+
 def _retrace_and_wrap_inside():
     """Two cases that once failed: a tf.function that only one rank traces again (a shorter last
     batch there) with unnamed collectives in it (the ranks' call-order names then differed and

@@ -799,3 +799,12 @@ def test_mpi_ops_carries_horovods_basics_too():
     assert mpi_ops.handle_average_backwards_compatibility(mpi_ops.Max, None) is mpi_ops.Max
     with pytest.raises(ValueError, match="supersedes average"):
         mpi_ops.handle_average_backwards_compatibility(mpi_ops.Sum, True)
+
+
+def test_elastic_is_refused_by_name():
+    """Horovod's hvd.elastic (not implemented here) fails with a message that says so, not a bare miss."""
+    import horo_torch
+    with pytest.raises(AttributeError, match=r"horo_torch\.elastic: elastic training .* is not implemented"):
+        horo_torch.elastic.run
+    with pytest.raises(AttributeError, match="module 'horo_torch' has no attribute 'no_such_name'"):
+        horo_torch.no_such_name

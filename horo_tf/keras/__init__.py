@@ -121,3 +121,8 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
         objects[keras.saving.get_registered_name(cls)] = wrapped
     objects.update(custom_objects or {})
     return keras.models.load_model(filepath, custom_objects=objects)
+
+
+def __getattr__(name):
+    from horo_core.errors import missing_attribute
+    raise missing_attribute(__name__, name)

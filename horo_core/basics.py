@@ -382,6 +382,11 @@ def rocm_built():
     return False
 
 
+def sycl_built():
+    """Intel GPUs (Horovod's SYCL/oneCCL build): not supported."""
+    return False
+
+
 def tcp_built():
     """Horo's own TCP transport is always built."""
     return True

@@ -22,7 +22,7 @@ from horo_core.errors import HoroInvalidArgument
 from horo_core.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built,  # noqa: F401
                               gloo_enabled, init, is_homogeneous, is_initialized, local_rank, local_size, mpi_built,
                               mpi_enabled, mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size,
-                              start_timeline, stop_timeline)
+                              start_timeline, stop_timeline, sycl_built)
 from horo_core.errors import HorovodInternalError  # noqa: F401 (re-exported)
 from horo_core.process_sets import ProcessSet, add_process_set, remove_process_set  # noqa: F401 (re-exported)
 from horo_core.process_sets import global_process_set

@@ -606,6 +606,18 @@ def test_broadcast_global_variables_in_a_tf1_graph():
         assert (v, w) == ([1.0, 1.0, 1.0], 10.0), f"rank {r}: {v}, {w}"
 
 
+def test_build_queries_of_both_modules():
+    """Horovod's scripts ask these before init (tensorflow2_keras_synthetic_benchmark.py picks its
+    device with sycl_built()); each answers a bool from horo_tf and horo_tf.keras alike."""
+    import horo_tf
+    import horo_tf.keras
+    for name in ("mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built", "ddl_built",
+                 "ccl_built", "cuda_built", "rocm_built", "sycl_built", "tcp_built"):
+        assert getattr(horo_tf, name) is getattr(horo_tf.keras, name), name
+        assert type(getattr(horo_tf, name)()) is bool, name
+    assert horo_tf.sycl_built() is False and horo_tf.rocm_built() is False
+
+
 def test_elastic_is_refused_by_name():
     """hvd.elastic of horo_tf and horo_tf.keras (not implemented) names what is missing."""
     import horo_tf

@@ -104,7 +104,7 @@ def check_topology(hvd, c, env):
            (hvd.rank(), n, 0, 1))
     c.same("is_homogeneous", hvd.is_homogeneous(), True)
     for name in ["mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built", "ddl_built",
-                 "ccl_built", "cuda_built", "rocm_built"]:
+                 "ccl_built", "cuda_built", "rocm_built", "sycl_built"]:
         c.same(f"{name}() is a bool", type(getattr(hvd, name)()), bool)
     c.same("nccl_built() is an int", type(hvd.nccl_built()), int)
     c.same("reduce op constants", (hvd.Average, hvd.Sum, hvd.Adasum, hvd.Min, hvd.Max, hvd.Product),
@@ -791,7 +791,8 @@ def test_mpi_ops_carries_horovods_basics_too():
                  "cross_size", "start_timeline", "stop_timeline", "ProcessSet", "global_process_set",
                  "add_process_set", "remove_process_set", "HorovodInternalError", "allreduce", "synchronize",
                  "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built",
-                 "ddl_built", "ccl_built", "cuda_built", "rocm_built", "is_homogeneous", "sparse_allreduce_async"):
+                 "ddl_built", "ccl_built", "cuda_built", "rocm_built", "sycl_built", "is_homogeneous",
+                 "sparse_allreduce_async"):
         assert getattr(mpi_ops, name) is getattr(horo_torch, name), name
     from horo_torch.mpi_ops import sparse_allreduce_async  # noqa: F401 (the from-import form works too)
     assert mpi_ops.handle_average_backwards_compatibility(None, None) is mpi_ops.Average

@@ -13,7 +13,7 @@ import tensorflow as tf
 from horo_core import __version__
 from horo_core.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled,
                               init, is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
-                              mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size,
+                              mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size, sycl_built,
                               start_timeline, stop_timeline, tcp_built)
 from horo_core.errors import HoroInternalError, HorovodInternalError
 from horo_core.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
@@ -99,7 +99,7 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
     included).
 
     Args:
-        filepath: a ``.keras`` file.
+        filepath: a ``.keras`` file, or a legacy ``.h5`` one.
         custom_optimizers: optimizer classes beyond keras.optimizers' that the model may use.
         custom_objects: passed to keras.models.load_model.
         compression: the compression of the restored DistributedOptimizer.
@@ -119,6 +119,9 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
         wrapped = distributed_class(cls, options)
         objects[cls.__name__] = wrapped
         objects[keras.saving.get_registered_name(cls)] = wrapped
+        # A legacy .h5 file's loader looks built-in optimizers up by the lower-cased class name
+        # ("adadelta"); without this key it silently builds the plain optimizer.
+        objects[cls.__name__.lower()] = wrapped
     objects.update(custom_objects or {})
     return keras.models.load_model(filepath, custom_objects=objects)
 

@@ -56,10 +56,8 @@ from horo_core.process_sets import ProcessSet, global_process_set
 from horo_torch import mpi_ops
 from horo_torch._weak_hooks import remove_when_collected, weak_hook
 from horo_torch.comm_hooks import GradBucket, allreduce_hook, bf16_compress_hook, fp16_compress_hook
+from horo_torch.ddp_buckets import MIB, Bucket, assign_buckets
 from horo_torch.functions import sparse_allreduce_async
-
-_MIB = 1024 * 1024
-FIRST_BUCKET_BYTES = _MIB
 
 
 def _check_devices(module, device_ids, output_device):
@@ -151,51 +149,6 @@ def root_rank(process_set):
     if process_set.process_set_id == 0 or not process_set.ranks:
         return 0
     return process_set.ranks[0]
-
-
-def assign_buckets(params, order, bucket_cap_bytes, first_bucket_bytes=FIRST_BUCKET_BYTES):
-    """Groups parameters into buckets, filling them in the given order.
-
-    Parameters of different dtypes or devices never share a bucket. A bucket is closed as soon as it
-    holds at least its limit: ``min(first_bucket_bytes, bucket_cap_bytes)`` for the first bucket of
-    each (dtype, device), ``bucket_cap_bytes`` after that. Buckets are returned in the order of their
-    first parameter in ``order``.
-
-    Args:
-        params: the parameters (tensors), indexed by the entries of order.
-        order: a permutation of ``range(len(params))``.
-        bucket_cap_bytes: the size limit of a bucket in bytes.
-        first_bucket_bytes: the limit of the first bucket of each (dtype, device).
-    Returns:
-        A list of buckets, each a list of parameter indices.
-    """
-    position = {index: pos for pos, index in enumerate(order)}
-    open_buckets, closed_count, buckets = {}, {}, []
-    for index in order:
-        p = params[index]
-        key = (p.device, p.dtype)
-        indices, size = open_buckets.get(key, ([], 0))
-        indices.append(index)
-        size += p.numel() * p.element_size()
-        limit = bucket_cap_bytes if closed_count.get(key, 0) else min(first_bucket_bytes, bucket_cap_bytes)
-        if size >= limit:
-            buckets.append(indices)
-            closed_count[key] = closed_count.get(key, 0) + 1
-            open_buckets.pop(key, None)
-        else:
-            open_buckets[key] = (indices, size)
-    buckets.extend(indices for indices, _ in open_buckets.values())
-    return sorted(buckets, key=lambda b: position[b[0]])
-
-
-class _Bucket:
-    """The parameters of one bucket and the name its collective carries; a sparse bucket holds the
-    one parameter of an Embedding(sparse=True), whose gradient is reduced as a sparse tensor."""
-
-    __slots__ = ("indices", "params", "name", "sparse")
-
-    def __init__(self, indices, params, name, sparse=False):
-        self.indices, self.params, self.name, self.sparse = indices, params, name, sparse
 
 
 class _Sink(torch.autograd.Function):
@@ -329,7 +282,7 @@ class DistributedDataParallel(torch.nn.Module):
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad and n not in self._ignored]
         self._param_names = [n for n, _ in named]
         self._params = [p for _, p in named]
-        self._bucket_cap_bytes = max(1, int(bucket_cap_mb * _MIB))
+        self._bucket_cap_bytes = max(1, int(bucket_cap_mb * MIB))
         self._prefix = basics.auto_name("ddp", process_set.process_set_id)
         self._root = root_rank(process_set)
         self._comm_state, self._comm_hook, self._hook_registered = None, allreduce_hook, False
@@ -571,7 +524,7 @@ class DistributedDataParallel(torch.nn.Module):
         return assign_buckets(self._params, dense, self._bucket_cap_bytes) + [[i] for i in order if i in self._sparse]
 
     def _set_buckets(self, groups):
-        self._buckets = [_Bucket(g, [self._params[i] for i in g], f"{self._prefix}.g{self._generation}.bucket.{k}",
+        self._buckets = [Bucket(g, [self._params[i] for i in g], f"{self._prefix}.g{self._generation}.bucket.{k}",
                                  sparse=g[0] in self._sparse)
                          for k, g in enumerate(groups)]
         self._bucket_of = {i: k for k, g in enumerate(groups) for i in g}

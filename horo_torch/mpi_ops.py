@@ -8,8 +8,6 @@ allreduce is an allreduce, of an allgather an averaged allreduce sliced to this 
 broadcast an averaged allreduce kept on the root, of an alltoall the reverse alltoall, and of a
 reducescatter an allgather.
 """
-import collections
-import itertools
 import threading
 
 import torch
@@ -29,6 +27,7 @@ from horo_core.process_sets import global_process_set
 from horo_core.reduce_ops import Adasum, Average, Max, Min, Product, Sum, resolve_op  # noqa: F401 (re-exported)
 from horo_core.runtime import TensorSpec, prepare_run
 from horo_torch import device
+from horo_torch._handles import _register, abandon, poll, synchronize  # noqa: F401 (abandon, poll re-exported)
 from horo_torch.compression import Compression
 
 
@@ -38,76 +37,6 @@ _TORCH_DTYPES = {
     torch.float32: dtypes.FLOAT32, torch.float64: dtypes.FLOAT64, torch.bool: dtypes.BOOL,
     torch.uint16: dtypes.UINT16,
 }
-
-
-class _Pending:
-    """What synchronize() needs: the core handles, the tensors (and CUDA event) to keep alive, how
-    to finish, the staging buffers to give back however it ends, and whether finishing reads
-    core-owned results (else each handle is waited on and released at once)."""
-
-    __slots__ = ("runtime", "core_handles", "keep", "finish", "staging", "needs_result")
-
-    def __init__(self, runtime, core_handles, keep, finish, staging=None, needs_result=True):
-        self.runtime, self.core_handles, self.keep, self.finish = runtime, core_handles, keep, finish
-        self.staging = staging
-        self.needs_result = needs_result
-
-
-_handle_map = {}
-_handle_ids = itertools.count(1)
-_handle_lock = threading.Lock()
-# Handles that nobody will synchronize (their owner was collected; see abandon), discarded by a later
-# _register or synchronize once their operations complete. A deque: appending takes no lock, so a
-# finalizer may do it while this thread holds _handle_lock.
-_abandoned = collections.deque()
-
-
-def abandon(handles):
-    """Lets go of handles that will never be synchronized, e.g. those of a DistributedOptimizer
-    collected between backward() and step(). Their entries (and the tensors they keep) stay until the
-    operations complete, since the core may still write into those tensors; they are then discarded,
-    without finishing, when a later asynchronous operation starts or a handle is synchronized (every
-    training step does both). Safe to call from a finalizer."""
-    _abandoned.extend(handles)
-
-
-def _release_abandoned():
-    """Discards the abandoned handles whose operations have completed; never raises (it runs beside
-    other operations, which must not fail for it)."""
-    for _ in range(len(_abandoned)):
-        try:
-            handle = _abandoned.popleft()
-        except IndexError:  # another thread took the rest
-            return
-        pending = _handle_map.get(handle)
-        if pending is None:
-            continue
-        try:
-            done = all(pending.runtime.poll(h) for h in pending.core_handles)
-        except Exception:  # noqa: BLE001 - the runtime is gone: only the entry is left to drop
-            done = True
-        if not done:
-            _abandoned.append(handle)
-            continue
-        with _handle_lock:
-            pending = _handle_map.pop(handle, None)
-        if pending is not None:
-            _discard(pending)
-
-
-def _discard(pending):
-    """Releases a completed operation's core handles and staging buffers; its results, and its
-    error if it failed, are nobody's."""
-    for h in pending.core_handles:
-        try:
-            pending.runtime.release(h)
-        except Exception:  # noqa: BLE001 - after shutdown the handles are gone already
-            pass
-    if pending.staging is not None:
-        try:
-            pending.staging.done()
-        except Exception:  # noqa: BLE001
-            pass
 
 
 def _dtype_code(tensor, name):
@@ -236,15 +165,6 @@ def _records_graph(tensors):
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
-def _register(runtime, core_handles, keep, finish, staging=None, needs_result=True):
-    with _handle_lock:
-        handle = next(_handle_ids)
-        _handle_map[handle] = _Pending(runtime, core_handles, keep, finish, staging, needs_result)
-    if _abandoned:  # after the new entry is safe in the map
-        _release_abandoned()
-    return handle
-
-
 def _enqueue(op_type, kind, name, inputs, outputs, process_set, finish, staging=None, event=None, **options):
     """Enqueues one operation over inputs (contiguous host tensors, or CUDA tensors on the core
     path, whose producers event follows); returns a Python-level handle."""
@@ -268,69 +188,6 @@ def _enqueue(op_type, kind, name, inputs, outputs, process_set, finish, staging=
         raise
     needs_result = any(dst is None for dst in outputs)
     return _register(runtime, core_handles, (inputs, outputs, event), finish, staging, needs_result)
-
-
-def poll(handle):
-    """Returns True once the operation behind handle has completed (synchronize will not block).
-
-    Args:
-        handle: a handle returned by an ``*_async`` function.
-    Returns:
-        bool.
-    Raises:
-        ValueError: the handle is unknown.
-    """
-    pending = _handle_map.get(handle)
-    if pending is None:
-        raise ValueError(f"unknown handle {handle}")
-    return all(pending.runtime.poll(h) for h in pending.core_handles)
-
-
-def synchronize(handle):
-    """Waits (GIL released; a brief spin, then asleep) for an asynchronous operation and returns its result.
-
-    Args:
-        handle: a handle returned by an ``*_async`` function.
-    Returns:
-        The output tensor, a list of tensors for grouped operations, or (output, received_splits)
-        for alltoall with splits. None for an unknown handle, as in Horovod.
-    Raises:
-        HorovodInternalError (or a subclass such as HoroMismatchError): the collective failed.
-    """
-    with _handle_lock:
-        pending = _handle_map.pop(handle, None)
-    if _abandoned:
-        _release_abandoned()
-    if pending is None:
-        return None
-    rt = pending.runtime
-    # Outputs the caller gave need no result: each handle is waited on and released in one call.
-    results = [] if pending.needs_result else None
-    error = None
-    for h in pending.core_handles:
-        try:
-            if results is None:
-                rt.wait_release(h)
-            else:
-                rt.wait(h)
-                results.append(rt.result(h))
-        except Exception as exc:  # keep waiting so that no buffer is freed while still in use
-            error = error or exc
-    try:
-        if error is not None:
-            raise error
-        return pending.finish(rt, results)
-    finally:
-        try:
-            if pending.staging is not None:
-                pending.staging.done()
-        finally:
-            if results is not None:
-                for h in pending.core_handles:
-                    try:
-                        rt.release(h)
-                    except Exception:  # never mask the operation's own error; after shutdown handles are gone
-                        pass
 
 
 def _copy_back(target, computed, staging=None):

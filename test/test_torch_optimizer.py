@@ -295,8 +295,8 @@ def run_behaviour(size, rank):
     # with the gradient it holds. Rank 1 computes its gradient only after rank 0 has dropped its
     # optimizer and looked: until then the reduction cannot complete, and nothing may be released.
     import weakref
-    from horo_torch import mpi_ops
-    before = set(mpi_ops._handle_map)
+    from horo_torch import _handles as handles
+    before = set(handles._handle_map)
     dropped = torch.nn.Linear(2, 1, bias=False)
     opt_dropped = hvd.DistributedOptimizer(torch.optim.SGD(dropped.parameters(), lr=1.0),
                                            named_parameters=dropped.named_parameters(), op=hvd.Sum)
@@ -308,23 +308,23 @@ def run_behaviour(size, rank):
         opt_dropped = None
         gc.collect()
         dropped.weight.grad = None
-        return set(mpi_ops._handle_map) - before, grad
+        return set(handles._handle_map) - before, grad
 
     held = None
     if rank == 0:
         in_flight, grad = backward_and_drop()
-        mpi_ops._release_abandoned()  # what the next operation's start or synchronize does
-        held = (bool(in_flight <= set(mpi_ops._handle_map)), grad() is not None)
+        handles._release_abandoned()  # what the next operation's start or synchronize does
+        held = (bool(in_flight <= set(handles._handle_map)), grad() is not None)
     hvd.broadcast_object(None, root_rank=0, name="dropped.go")
     if rank != 0:
         in_flight, grad = backward_and_drop()
     for handle in in_flight:  # wait for the core's operations themselves (raises after 60 s)
-        pending = mpi_ops._handle_map[handle]
+        pending = handles._handle_map[handle]
         for core_handle in pending.core_handles:
             pending.runtime.wait(core_handle, timeout=60)
         del pending  # it holds the gradient
     hvd.synchronize(hvd.allreduce_async(torch.ones(1), name="after.dropped"))
-    report["dropped in flight"] = (len(in_flight), held, bool(in_flight & set(mpi_ops._handle_map)), grad() is None)
+    report["dropped in flight"] = (len(in_flight), held, bool(in_flight & set(handles._handle_map)), grad() is None)
 
     # A parameter no rank uses still gets a (zero) gradient and nobody waits for it.
     model = Net(branches=True)

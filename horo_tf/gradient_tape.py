@@ -79,6 +79,24 @@ class _DistributedGradientTape(tf.GradientTape):
         # Horovod returns a list for a list or tuple of sources; other structures keep their shape.
         return list(result) if isinstance(sources, tuple) else result
 
+    def get_local_and_global_gradients(self, target, sources, output_gradients=None, use_generic_names=False):
+        """gradient(), split into the variables registered as local and the others.
+
+        Args:
+            target, sources, output_gradients, use_generic_names: as for gradient().
+        Returns:
+            (local, global): two lists of (variable, gradient) pairs in the order of the flattened
+            sources; local gradients are this rank's own (scaled by 1/size when
+            scale_local_gradients), global ones are reduced across the ranks.
+        Raises:
+            HorovodInternalError: a reduction failed.
+        """
+        grads = self.gradient(target, sources, output_gradients, use_generic_names)
+        local, shared = [], []
+        for source, grad in zip(tf.nest.flatten(sources), tf.nest.flatten(grads, expand_composites=False)):
+            (local if id(source) in self._local_sources else shared).append((source, grad))
+        return local, shared
+
 
 def _options(compression, sparse_as_dense, op, gradient_predivide_factor, num_groups, groups, process_set, name):
     return ReductionOptions(op=op, compression=compression, sparse_as_dense=sparse_as_dense,

@@ -78,19 +78,29 @@ SPARSE_JOIN_HINT = ("IndexedSlices (e.g. embedding gradients) are reduced by all
                     "DistributedOptimizer / DistributedGradientTape, or tf.convert_to_tensor before allreduce")
 
 
-def _allreduce_sparse(slices, base, op, prescale_factor, postscale_factor, process_set):
-    """Allreduce of IndexedSlices as one grouped allgather of values and indices."""
+def _check_sparse_op(op):
     if op not in (Sum, Average):
         raise HoroUnsupportedError("IndexedSlices can only be summed or averaged; pass sparse_as_dense=True to "
                                    "reduce them with another op")
+
+
+def _allreduce_sparse(slices, base, op, prescale_factor, postscale_factor, process_set):
+    """Allreduce of IndexedSlices as one grouped allgather of values and indices. Average divides
+    the values by the set's size as Horovod does (a true division: integer values become floats)."""
+    _check_sparse_op(op)
+    factor = prescale_factor * postscale_factor
+    if factor != 1.0 and not all(s.values.dtype.is_floating for s in slices):
+        raise HoroUnsupportedError(f"IndexedSlices of an integer dtype cannot be scaled (prescale_factor * "
+                                   f"postscale_factor = {factor:g}); Horovod scales no IndexedSlices")
     gathered = _allgather([s.values for s in slices] + [s.indices for s in slices], base, process_set,
                           differentiable=False, join_hint=SPARSE_JOIN_HINT)
-    scale = prescale_factor * postscale_factor / (process_set.size() if op == Average else 1)
     out = []
     for i, s in enumerate(slices):
         values = gathered[i]
-        if scale != 1.0:
-            values = values * tf.cast(scale, values.dtype)
+        if factor != 1.0:
+            values = values * tf.cast(factor, values.dtype)
+        if op == Average:
+            values = values / tf.cast(process_set.size(), values.dtype)
         out.append(tf.IndexedSlices(values, gathered[len(slices) + i], s.dense_shape))
     return out
 
@@ -98,6 +108,8 @@ def _allreduce_sparse(slices, base, op, prescale_factor, postscale_factor, proce
 def _grouped_allreduce(tensors, base, op, compression, prescale_factor, postscale_factor, process_set):
     dense = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
     sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
+    if sparse:
+        _check_sparse_op(op)  # before the dense members move
     pairs = [compression.compress(t if isinstance(t, tf.IndexedSlices) else _as_tensor(t)) for t in tensors]
     out = [None] * len(tensors)
     if dense:

@@ -99,6 +99,16 @@ def check_indexed_slices(c, hvd, tf, env):
     c.equal("grouped mixed dense", mixed[1], [float(sum(range(n)))])
     c.raises("IndexedSlices with Max", [NotImplementedError, hvd.HoroError], "sparse_as_dense",
              lambda: hvd.allreduce(slices, op=hvd.Max))
+    # Refused before the dense members move, so that no rank runs a collective the others skip.
+    c.raises("grouped IndexedSlices and dense with Max", [NotImplementedError], "sparse_as_dense",
+             lambda: hvd.grouped_allreduce([slices, tf.constant([1, 2])], op=hvd.Max))
+    # Integer values: Horovod's true division (3 and 5 averaged over 2 ranks are 1.5 and 2.5, not 0).
+    ints = tf.IndexedSlices(tf.fill([r + 1, 2], r + 1), tf.fill([r + 1], r), tf.constant([n, 2]))
+    for mode, got in both_modes(lambda: hvd.allreduce(ints, op=hvd.Average)):
+        c.equal(f"integer IndexedSlices Average values {mode}", got.values,
+                np.concatenate([np.full([s + 1, 2], (s + 1) / n) for s in range(n)]))
+    c.raises("integer IndexedSlices with a fractional scale", [NotImplementedError], "cannot be scaled",
+             lambda: hvd.allreduce(ints, op=hvd.Sum, prescale_factor=0.5))
 
 
 def check_allgather_broadcast(c, hvd, tf, env):
@@ -287,6 +297,17 @@ def check_tape(c, hvd, tf, env):
     g_local, g_shared = tape.gradient(loss, [local_layer.kernel, shared])
     c.equal("partial tape local gradient", g_local, [[(r + 1.0) / n]])
     c.close("partial tape shared gradient", g_shared, [sum(s + 1.0 for s in range(n)) / n])
+    # Horovod 0.28's split of the same: (variable, gradient) pairs, local ones first.
+    with tf.GradientTape() as tape:
+        out = local_layer(tf.constant([[float(r + 1)]])) * shared
+        loss = tf.reduce_sum(out)
+    tape = hvd.PartialDistributedGradientTape(tape, local_layers=[local_layer])
+    local_pairs, global_pairs = tape.get_local_and_global_gradients(loss, [local_layer.kernel, shared])
+    c.same("get_local_and_global_gradients: which variables",
+           ([v is local_layer.kernel for v, _ in local_pairs], [v is shared for v, _ in global_pairs]), ([True], [True]))
+    c.equal("get_local_and_global_gradients: the local gradient", local_pairs[0][1], [[(r + 1.0) / n]])
+    c.close("get_local_and_global_gradients: the reduced gradient", global_pairs[0][1],
+            [sum(s + 1.0 for s in range(n)) / n])
 
     check_tape_reduce_ops(c, hvd, tf, keras)
 

@@ -28,9 +28,11 @@ def _from_bytes_tensor(tensor):
     return cloudpickle.loads(tensor.numpy().tobytes())
 
 
-def _suffixed(name, suffix):
-    """The name of one of the two tensors an object helper sends; None stays None (named by call order)."""
-    return None if name is None else f"{name}.{suffix}"
+def _helper_name(kind, name, process_set):
+    """The name of an object helper's call: the given one, else the next of the helper's own call
+    order (as in horo_tf). Not the order of the unnamed collectives: a rank whose unnamed allgather
+    failed alone (a peer had joined) would otherwise name every later helper call differently."""
+    return name if name is not None else basics.auto_name(kind, process_set.process_set_id)
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
@@ -43,8 +45,8 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
     Args:
         obj: the object on root_rank; ignored on the other ranks (pass None there).
         root_rank: the global rank whose object is sent.
-        name: names the two broadcasts; when None they are named by call order, so every rank must
-            then call the unnamed object helpers in the same order.
+        name: names the two broadcasts; when None they are named by the order of unnamed
+            broadcast_object calls, which every rank must then make in the same order.
         process_set: the ranks taking part; root_rank must be one of them.
     Returns:
         root_rank's object (on root_rank, obj itself).
@@ -56,10 +58,11 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
         length = torch.tensor([payload.numel()], dtype=torch.int64)
     else:
         length = torch.zeros(1, dtype=torch.int64)
-    synchronize(broadcast_async_(length, root_rank, _suffixed(name, "sz"), process_set))
+    name = _helper_name("broadcast_object", name, process_set)
+    synchronize(broadcast_async_(length, root_rank, f"{name}.sz", process_set))
     if basics.rank() != root_rank:
         payload = torch.empty(int(length.item()), dtype=torch.uint8)
-    synchronize(broadcast_async_(payload, root_rank, _suffixed(name, "t"), process_set))
+    synchronize(broadcast_async_(payload, root_rank, f"{name}.t", process_set))
     if basics.rank() == root_rank:
         return obj
     return _from_bytes_tensor(payload)
@@ -74,7 +77,8 @@ def allgather_object(obj, name=None, process_set=global_process_set):
 
     Args:
         obj: this rank's object; objects may differ in type and size between ranks.
-        name: names the two allgathers; when None they are named by call order.
+        name: names the two allgathers; when None they are named by the order of unnamed
+            allgather_object calls.
         process_set: the ranks taking part (Horovod's version always uses every rank).
     Returns:
         A list with one object per rank of process_set, in rank order.
@@ -82,9 +86,9 @@ def allgather_object(obj, name=None, process_set=global_process_set):
         HorovodInternalError: an allgather failed.
     """
     payload = _to_bytes_tensor(obj)
-    sizes_handle = allgather_async(torch.tensor([payload.numel()], dtype=torch.int64), _suffixed(name, "sz"),
-                                   process_set)
-    payload_handle = allgather_async(payload, _suffixed(name, "t"), process_set)
+    name = _helper_name("allgather_object", name, process_set)
+    sizes_handle = allgather_async(torch.tensor([payload.numel()], dtype=torch.int64), f"{name}.sz", process_set)
+    payload_handle = allgather_async(payload, f"{name}.t", process_set)
     sizes = synchronize(sizes_handle).tolist()
     gathered = synchronize(payload_handle)
     objects, offset = [], 0
@@ -249,7 +253,8 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
 
     Args:
         tensor: a sparse COO tensor of the same dense shape on every rank.
-        name: names the two allgathers (``<name>.indices`` and ``<name>.values``).
+        name: names the two allgathers (``<name>.indices`` and ``<name>.values``); None names them
+            by the order of unnamed sparse_allreduce_async calls.
         op: Average or Sum.
         process_set: the ranks taking part.
     Returns:
@@ -264,8 +269,9 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
                          f"Sum (got op {op}); use sparse_as_dense=True for other ops")
     coalesced = tensor.coalesce()
     # Allgather concatenates along dimension 0, so indices travel as (nnz, sparse_dims).
-    indices_handle = allgather_async(coalesced.indices().t().contiguous(), _suffixed(name, "indices"), process_set)
-    values_handle = allgather_async(coalesced.values().contiguous(), _suffixed(name, "values"), process_set)
+    name = _helper_name("sparse_allreduce", name, process_set)
+    indices_handle = allgather_async(coalesced.indices().t().contiguous(), f"{name}.indices", process_set)
+    values_handle = allgather_async(coalesced.values().contiguous(), f"{name}.values", process_set)
 
     def wait():
         values = synchronize(values_handle)

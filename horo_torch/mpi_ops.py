@@ -6,7 +6,7 @@ and broadcast, and are staged through pooled pinned host buffers otherwise (horo
 other tensors that do not live in contiguous host memory are staged through a contiguous CPU copy. The synchronous forms are autograd functions: the gradient of an
 allreduce is an allreduce, of an allgather an averaged allreduce sliced to this rank's rows, of a
 broadcast an averaged allreduce kept on the root, of an alltoall the reverse alltoall, and of a
-reducescatter an allgather.
+reducescatter an allgather, times the set's size for Sum (Horovod's factors).
 """
 import threading
 
@@ -708,7 +708,9 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
 
 
 class HorovodReducescatter(torch.autograd.Function):
-    """Reducescatter; the gradient is the allgather of the gradient, scaled like the forward."""
+    """Reducescatter; the gradient is the allgather of the gradient times the scales, and times the
+    set's size for Sum: Horovod's factor (its tests assert it), which is the set's size times the
+    derivative of the sum, as in horo_tf."""
 
     @staticmethod
     def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
@@ -718,7 +720,7 @@ class HorovodReducescatter(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         grad = allgather(grad_output, process_set=ctx.process_set)
-        scale = ctx.scale / (ctx.process_set.size() if ctx.op == Average else 1)
+        scale = ctx.scale * (ctx.process_set.size() if ctx.op == Sum else 1)
         if scale != 1.0:
             grad = grad * scale
         return grad, None, None, None, None, None
@@ -757,8 +759,7 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
 
 
 class HorovodGroupedReducescatter(torch.autograd.Function):
-    """Grouped reducescatter; the gradients are the grouped allgather of the gradients, scaled like
-    the forward."""
+    """Grouped reducescatter; the gradients as reducescatter's (Horovod's factors)."""
 
     @staticmethod
     def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, *tensors):
@@ -769,7 +770,7 @@ class HorovodGroupedReducescatter(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grad_outputs):
         grads = grouped_allgather(list(grad_outputs), process_set=ctx.process_set)
-        scale = ctx.scale / (ctx.process_set.size() if ctx.op == Average else 1)
+        scale = ctx.scale * (ctx.process_set.size() if ctx.op == Sum else 1)
         if scale != 1.0:
             grads = [g * scale for g in grads]
         return (None, None, None, None, None, *grads)

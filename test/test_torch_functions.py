@@ -151,6 +151,19 @@ def check_objects(hvd, rank, pair):
     if rank in (1, 2):
         report["broadcast_object in {1, 2}"] = hvd.broadcast_object(f"from {rank}", root_rank=2, process_set=pair)
         report["allgather_object in {1, 2}"] = hvd.allgather_object(rank, process_set=pair)
+    # Horovod's test_horovod_join_allgather: an unnamed allgather that fails on the ranks still
+    # training (rank 0 joined first) must not shift the names of the unnamed object helpers after it.
+    if rank == 0:
+        hvd.join()
+    else:
+        try:
+            hvd.allgather(torch.ones(2, 3))
+            report["allgather beside a joined rank"] = "no error"
+        except RuntimeError:
+            report["allgather beside a joined rank"] = "error"
+        hvd.join()
+    report["allgather_object after a one-sided failure"] = hvd.allgather_object(rank)
+    report["broadcast_object after a one-sided failure"] = hvd.broadcast_object(rank, root_rank=2)
     return report
 
 
@@ -251,6 +264,9 @@ def test_broadcast_and_allgather_objects(reports):
             assert o["allgather_object in {1, 2}"] == [1, 2]
         else:
             assert "broadcast_object in {1, 2}" not in o
+        assert o.get("allgather beside a joined rank", "error") == "error"
+        assert o["allgather_object after a one-sided failure"] == [0, 1, 2]
+        assert o["broadcast_object after a one-sided failure"] == 2
 
 
 def test_sparse_allreduce(reports):

@@ -698,18 +698,19 @@ def check_autograd(hvd, c, env):
     c.equal("alltoall grad", got, torch.cat(want))
     got = grad_of(lambda t: hvd.alltoall(t), torch.zeros(2 * n, dtype=torch.float64))
     c.equal("alltoall without splits grad", got, torch.cat([weight(j, (2 * n,))[2 * r:2 * r + 2] for j in range(n)]))
-    # reducescatter: the allgather of the gradients, divided by the size for Average, times the scales.
+    # reducescatter: the allgather of the gradients times the scales, and times the set's size for Sum
+    # (Horovod's factors: its test_horovod_reducescatter_grad wants size for Sum, 1 for Average).
     for rows_total in (n, 2 * n + 1):
         xr = torch.ones(rows_total, 2, dtype=torch.float64)
         parts = [rows_of(rows_total, n, s)[1] for s in range(n)]
         cat_w = torch.cat([weight(s, (parts[s], 2)) for s in range(n)])
         c.equal(f"reducescatter Sum grad {rows_total}", grad_of(lambda t: hvd.reducescatter(t, op=hvd.Sum), xr),
-                cat_w)
+                cat_w * n)
         c.equal(f"reducescatter scaled grad {rows_total}",
                 grad_of(lambda t: hvd.reducescatter(t, op=hvd.Sum, prescale_factor=4.0, postscale_factor=0.5), xr),
-                cat_w * 2)
+                cat_w * (2 * n))
         got = grad_of(lambda t: hvd.reducescatter(t), xr * n)
-        c.equal(f"reducescatter Average grad {rows_total}", got, cat_w * (1.0 / n))
+        c.equal(f"reducescatter Average grad {rows_total}", got, cat_w)
     # grouped_reducescatter: each member as reducescatter alone.
     xrs = [torch.ones(n, 2, dtype=torch.float64, requires_grad=True),
            torch.ones(2 * n + 1, dtype=torch.float64, requires_grad=True)]
@@ -717,9 +718,12 @@ def check_autograd(hvd, c, env):
     sum(((y * weight(r, y.shape)).sum() for y in yrs)).backward()
     parts = [rows_of(2 * n + 1, n, s)[1] for s in range(n)]
     c.equal("grouped_reducescatter Average scaled grad [0]", xrs[0].grad,
-            torch.cat([weight(s, (1, 2)) for s in range(n)]) * (2.0 / n))
+            torch.cat([weight(s, (1, 2)) for s in range(n)]) * 2.0)
     c.equal("grouped_reducescatter Average scaled grad [1]", xrs[1].grad,
-            torch.cat([weight(s, (parts[s],)) for s in range(n)]) * (2.0 / n))
+            torch.cat([weight(s, (parts[s],)) for s in range(n)]) * 2.0)
+    xs_sum = torch.ones(2 * n, dtype=torch.float64, requires_grad=True)
+    hvd.grouped_reducescatter([xs_sum], op=hvd.Sum)[0].backward(torch.ones(2, dtype=torch.float64))
+    c.equal("grouped_reducescatter Sum grad", xs_sum.grad, torch.full((2 * n,), float(n), dtype=torch.float64))
 
 
 GROUPS = [check_topology, check_allreduce_matrix, check_noncontiguous, check_scales_and_compression,

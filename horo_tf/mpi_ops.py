@@ -6,8 +6,8 @@ as one ``tf.numpy_function`` inside a ``tf.function``. The results are different
 allreduce of the gradient with the same op, of an allgather the averaged allreduce of the gradient
 sliced to this rank's rows, of a broadcast the averaged allreduce kept on the root (zeros
 elsewhere), of an alltoall the reverse alltoall, and of a reducescatter the allgather of the
-gradient, times the set's size for Sum (Horovod's factors, not the derivative of the sum: they
-differ by the set's size).
+gradient times the pre- and postscale factors, and times the set's size for Sum (Horovod's factor,
+not the derivative of the sum: they differ by the set's size).
 
 ``device_dense``, ``device_sparse`` and ``ignore_name_scope`` are accepted for compatibility; the
 data always passes through host memory.
@@ -78,20 +78,24 @@ SPARSE_JOIN_HINT = ("IndexedSlices (e.g. embedding gradients) are reduced by all
                     "DistributedOptimizer / DistributedGradientTape, or tf.convert_to_tensor before allreduce")
 
 
-def _check_sparse_op(op):
+def _check_sparse(slices, op, prescale_factor, postscale_factor):
+    """Refuses what IndexedSlices cannot take, before any collective of the call moves."""
     if op not in (Sum, Average):
         raise HoroUnsupportedError("IndexedSlices can only be summed or averaged; pass sparse_as_dense=True to "
-                                   "reduce them with another op")
+                                   "the optimizer or tape, or tf.convert_to_tensor them, to reduce them with "
+                                   "another op")
+    factor = prescale_factor * postscale_factor
+    if factor != 1.0 and not all(s.values.dtype.is_floating for s in slices):
+        raise HoroUnsupportedError(f"IndexedSlices of an integer dtype cannot be scaled (prescale_factor * "
+                                   f"postscale_factor = {factor:g}): Horo scales their values in their own "
+                                   f"dtype; scale floating-point IndexedSlices, or the dense tensor")
 
 
 def _allreduce_sparse(slices, base, op, prescale_factor, postscale_factor, process_set):
     """Allreduce of IndexedSlices as one grouped allgather of values and indices. Average divides
     the values by the set's size as Horovod does (a true division: integer values become floats)."""
-    _check_sparse_op(op)
+    _check_sparse(slices, op, prescale_factor, postscale_factor)
     factor = prescale_factor * postscale_factor
-    if factor != 1.0 and not all(s.values.dtype.is_floating for s in slices):
-        raise HoroUnsupportedError(f"IndexedSlices of an integer dtype cannot be scaled (prescale_factor * "
-                                   f"postscale_factor = {factor:g}); Horovod scales no IndexedSlices")
     gathered = _allgather([s.values for s in slices] + [s.indices for s in slices], base, process_set,
                           differentiable=False, join_hint=SPARSE_JOIN_HINT)
     out = []
@@ -109,7 +113,7 @@ def _grouped_allreduce(tensors, base, op, compression, prescale_factor, postscal
     dense = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
     sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
     if sparse:
-        _check_sparse_op(op)  # before the dense members move
+        _check_sparse([tensors[i] for i in sparse], op, prescale_factor, postscale_factor)  # before dense ones move
     pairs = [compression.compress(t if isinstance(t, tf.IndexedSlices) else _as_tensor(t)) for t in tensors]
     out = [None] * len(tensors)
     if dense:
@@ -396,8 +400,11 @@ def _reducescatter(tensors, base, op, prescale_factor, postscale_factor, process
 
         def grad(*dys):
             grads = _grad_or_zeros(dys, ys)
-            if op == Sum:  # Horovod's scaling (not the prescale and postscale factors)
-                grads = [g * tf.cast(process_set.size(), g.dtype) for g in grads]
+            # Horovod's factor (the set's size for Sum), and the scales as the allreduce's gradient
+            # applies them; horo_torch's reducescatter gradient is the same.
+            scale = prescale_factor * postscale_factor * (process_set.size() if op == Sum else 1)
+            if scale != 1.0:
+                grads = [g * tf.cast(scale, g.dtype) for g in grads]
             return _allgather(grads, _bridge.auto_name("reducescatter.grad", set_id, grads), process_set,
                               differentiable=False)
 

@@ -709,8 +709,8 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
 
 class HorovodReducescatter(torch.autograd.Function):
     """Reducescatter; the gradient is the allgather of the gradient times the scales, and times the
-    set's size for Sum: Horovod's factor (its tests assert it), which is the set's size times the
-    derivative of the sum, as in horo_tf."""
+    set's size for Sum: Horovod's factor (its tests assert it), the set's size times the derivative
+    of the sum. horo_tf's reducescatter gradient is the same."""
 
     @staticmethod
     def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):

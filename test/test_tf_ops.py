@@ -99,9 +99,11 @@ def check_indexed_slices(c, hvd, tf, env):
     c.equal("grouped mixed dense", mixed[1], [float(sum(range(n)))])
     c.raises("IndexedSlices with Max", [NotImplementedError, hvd.HoroError], "sparse_as_dense",
              lambda: hvd.allreduce(slices, op=hvd.Max))
-    # Refused before the dense members move, so that no rank runs a collective the others skip.
+    # Refused before the dense members move: the dense member's shape differs between the ranks, so
+    # reducing it first would fail with a mismatch instead.
+    uneven = tf.ones([r + 1])
     c.raises("grouped IndexedSlices and dense with Max", [NotImplementedError], "sparse_as_dense",
-             lambda: hvd.grouped_allreduce([slices, tf.constant([1, 2])], op=hvd.Max))
+             lambda: hvd.grouped_allreduce([slices, uneven], op=hvd.Max))
     # Integer values: Horovod's true division (3 and 5 averaged over 2 ranks are 1.5 and 2.5, not 0).
     ints = tf.IndexedSlices(tf.fill([r + 1, 2], r + 1), tf.fill([r + 1], r), tf.constant([n, 2]))
     for mode, got in both_modes(lambda: hvd.allreduce(ints, op=hvd.Average)):
@@ -109,6 +111,8 @@ def check_indexed_slices(c, hvd, tf, env):
                 np.concatenate([np.full([s + 1, 2], (s + 1) / n) for s in range(n)]))
     c.raises("integer IndexedSlices with a fractional scale", [NotImplementedError], "cannot be scaled",
              lambda: hvd.allreduce(ints, op=hvd.Sum, prescale_factor=0.5))
+    c.raises("grouped integer IndexedSlices with a scale, refused before the dense member", [NotImplementedError],
+             "cannot be scaled", lambda: hvd.grouped_allreduce([ints, uneven], op=hvd.Sum, prescale_factor=0.5))
 
 
 def check_allgather_broadcast(c, hvd, tf, env):
@@ -203,6 +207,10 @@ def check_gradients(c, hvd, tf, env):
         c.equal(f"reducescatter Sum grad {mode}", g, np.concatenate([w.numpy() * (s + 1) * n for s in range(n)]))
     for mode, g in grad_of(lambda t: hvd.reducescatter(t, op=hvd.Average), xr):
         c.equal(f"reducescatter Average grad {mode}", g, np.concatenate([w.numpy() * (s + 1) for s in range(n)]))
+    # The scales apply to the gradient as to the allreduce's (and as horo_torch's reducescatter does).
+    for mode, g in grad_of(lambda t: hvd.reducescatter(t, op=hvd.Sum, prescale_factor=4.0, postscale_factor=0.5), xr):
+        c.equal(f"reducescatter scaled Sum grad {mode}", g,
+                np.concatenate([w.numpy() * (s + 1) * n * 2.0 for s in range(n)]))
     # Eagerly, a collective of tensors no tape watches runs without a gradient wrapper.
     with tf.GradientTape() as tape:
         tape.watch(x)

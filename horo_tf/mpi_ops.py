@@ -92,9 +92,9 @@ def _check_sparse(slices, op, prescale_factor, postscale_factor):
 
 
 def _allreduce_sparse(slices, base, op, prescale_factor, postscale_factor, process_set):
-    """Allreduce of IndexedSlices as one grouped allgather of values and indices. Average divides
-    the values by the set's size as Horovod does (a true division: integer values become floats)."""
-    _check_sparse(slices, op, prescale_factor, postscale_factor)
+    """Allreduce of IndexedSlices (checked by _check_sparse) as one grouped allgather of values and
+    indices. Average divides the values by the set's size as Horovod does (a true division: integer
+    values become floats)."""
     factor = prescale_factor * postscale_factor
     gathered = _allgather([s.values for s in slices] + [s.indices for s in slices], base, process_set,
                           differentiable=False, join_hint=SPARSE_JOIN_HINT)

@@ -279,6 +279,10 @@ def switch_job(paths, late_s):
     hvd.synchronize(pending)
     for _ in range(3):
         hvd.allreduce(torch.ones(4), name="x")
+    # The file is cut at rank 0's switch on the common clock. A repeated small allreduce can end on
+    # rank 0 before rank 1 even began it (the peers' data comes with their announcements), so
+    # without the barrier rank 1's third x would rightly belong to the new file.
+    hvd.barrier()
     hvd.start_timeline(paths["b"])  # a new file while recording
     for _ in range(3):
         hvd.allreduce(torch.ones(4), name="y")
@@ -287,8 +291,8 @@ def switch_job(paths, late_s):
 
 
 def test_switching_files_keeps_every_rank_and_pending_negotiations_show_the_wait(tmp_path):
-    """start_timeline(new path) while recording: the old file gets every rank's events up to the
-    switch (the workers' last ones once went missing) and the new one what follows. A negotiation
+    """start_timeline(new path) while recording: the old file gets every rank's events up to rank
+    0's switch (the workers' last ones once went missing) and the new one what follows. A negotiation
     under way when recording starts is drawn from the start, with the rank that was ready ticked
     there: the file shows rank 1 waiting for rank 0."""
     paths = {tag: str(tmp_path / f"{tag}.json") for tag in "ab"}

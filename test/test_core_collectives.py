@@ -288,6 +288,10 @@ def test_barrier_and_repeated_steps_use_the_cache(world):
         assert total == world.size * sum(range(50))
 
 
+# Below this squared norm a vector's Adasum coefficient stays 1 (Horovod's sqrt(DBL_MIN)).
+ADASUM_TINY = float(np.sqrt(np.finfo(np.float64).tiny))
+
+
 def adasum_reference(vectors):
     """Horovod's Adasum tree over float64 copies: level by level, (v0 + v1), (v2 + v3), then up."""
     v = [np.asarray(x, np.float64).copy() for x in vectors]
@@ -297,8 +301,8 @@ def adasum_reference(vectors):
             a, b = v[i], v[i + stride]
             # Summed in order, in float64, as the core sums (np.dot's blocked sum rounds differently).
             dot, aa, bb = (float(np.cumsum(x * y)[-1]) for x, y in ((a, b), (a, a), (b, b)))
-            ca = 1.0 - dot / aa * 0.5 if aa >= 1e-8 else 1.0
-            cb = 1.0 - dot / bb * 0.5 if bb >= 1e-8 else 1.0
+            ca = 1.0 - dot / aa * 0.5 if aa >= ADASUM_TINY else 1.0
+            cb = 1.0 - dot / bb * 0.5 if bb >= ADASUM_TINY else 1.0
             v[i] = ca * a + cb * b
         stride *= 2
     return v[0]
@@ -320,6 +324,9 @@ def test_adasum_combines_as_horovod_does(size):
                 outs.append(ops.grouped_allreduce(rt, [small[r].copy(), large[r].copy()], ["adasum.small",
                                                   "adasum.large"], op=lib.HORO_OP_ADASUM))
             parallel = ops.allreduce(rt, np.full(4, 2.0), "adasum.parallel", op=lib.HORO_OP_ADASUM)
+            # Small parallel gradients are averaged too (a 1e-8 cut-off once summed them).
+            small_parallel = ops.allreduce(rt, np.full(1024, 1e-6), "adasum.small_parallel", op=lib.HORO_OP_ADASUM)
+            assert np.array_equal(small_parallel, np.full(1024, 1e-6)), small_parallel[:4]
             basis = np.zeros(size)
             basis[r] = r + 1.0
             orthogonal = ops.allreduce(rt, basis, "adasum.orthogonal", op=lib.HORO_OP_ADASUM)

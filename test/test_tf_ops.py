@@ -320,6 +320,10 @@ def check_tape(c, hvd, tf, env):
     check_tape_reduce_ops(c, hvd, tf, keras)
 
 
+# Below this squared norm a vector's Adasum coefficient stays 1 (Horovod's sqrt(DBL_MIN)).
+ADASUM_TINY = float(np.sqrt(np.finfo(np.float64).tiny))
+
+
 def adasum_reference(vectors):
     """Horovod's Adasum tree in float64: pairs (v0, v1), (v2, v3), ..., then pairs of those."""
     v = [np.asarray(x, np.float64) for x in vectors]
@@ -328,7 +332,7 @@ def adasum_reference(vectors):
         for i in range(0, len(v) - stride, 2 * stride):
             a, b = v[i], v[i + stride]
             dot, aa, bb = float(a @ b), float(a @ a), float(b @ b)
-            v[i] = (1 - dot / aa / 2 if aa >= 1e-8 else 1) * a + (1 - dot / bb / 2 if bb >= 1e-8 else 1) * b
+            v[i] = (1 - dot / aa / 2 if aa >= ADASUM_TINY else 1) * a + (1 - dot / bb / 2 if bb >= ADASUM_TINY else 1) * b
         stride *= 2
     return v[0]
 
@@ -645,6 +649,10 @@ def test_build_queries_of_both_modules():
         assert getattr(horo_tf, name) is getattr(horo_tf.keras, name), name
         assert type(getattr(horo_tf, name)()) is bool, name
     assert horo_tf.sycl_built() is False and horo_tf.rocm_built() is False
+    # Horovod's hvd.gpu_available(framework): whether that framework sees a GPU (none here).
+    import tensorflow as tf
+    assert horo_tf.gpu_available("tensorflow") is bool(tf.config.list_physical_devices("GPU"))
+    assert horo_tf.gpu_available("mxnet") is False
 
 
 def test_elastic_is_refused_by_name():
@@ -654,6 +662,8 @@ def test_elastic_is_refused_by_name():
     for module in (horo_tf, horo_tf.keras):
         with pytest.raises(AttributeError, match=rf"{module.__name__}\.elastic: elastic training .* not implemented"):
             module.elastic.run
+        with pytest.raises(ImportError, match=rf"{module.__name__}\.elastic: elastic training .* not implemented"):
+            exec(f"from {module.__name__} import elastic", {})
 
 
 def _retrace_and_wrap_inside():

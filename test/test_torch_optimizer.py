@@ -489,6 +489,8 @@ def _adasum_training(steps=3):
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
 
+    tiny = torch.finfo(torch.float64).tiny ** 0.5  # below it a coefficient stays 1, as in Horovod
+
     def adasum(vectors):
         v = [x.double().clone() for x in vectors]
         stride = 1
@@ -496,7 +498,7 @@ def _adasum_training(steps=3):
             for i in range(0, len(v) - stride, 2 * stride):
                 a, b = v[i], v[i + stride]
                 dot, aa, bb = float((a * b).sum()), float((a * a).sum()), float((b * b).sum())
-                v[i] = (1 - dot / aa / 2 if aa >= 1e-8 else 1) * a + (1 - dot / bb / 2 if bb >= 1e-8 else 1) * b
+                v[i] = (1 - dot / aa / 2 if aa >= tiny else 1) * a + (1 - dot / bb / 2 if bb >= tiny else 1) * b
             stride *= 2
         return v[0]
 

@@ -1,11 +1,17 @@
 #include "collectives/adasum.h"
 
+#include <cmath>
+#include <limits>
+
 #include "common/half.h"
 
 namespace horo {
 namespace {
 
-constexpr double kTinyNormSquared = 1e-8;
+// A coefficient divides by its vector's squared norm; below this (zero, or so small that the
+// division would overflow) it stays 1. Horovod's threshold. A fixed 1e-8 summed every small
+// gradient parallel to its peer instead (two equal vectors of norm 1e-5 came out doubled).
+const double kTinyNormSquared = std::sqrt(std::numeric_limits<double>::min());
 
 // Element access in double for each floating type.
 struct Float16Io {

@@ -3,8 +3,8 @@
 //
 //   a (+) b = (1 - a.b / (2 |a|^2)) a + (1 - a.b / (2 |b|^2)) b
 //
-// (a coefficient stays 1 when its vector's squared norm is below 1e-8), which sums orthogonal
-// gradients and averages parallel ones. Ranks combine pairwise, level by level, as Horovod's
+// (a coefficient stays 1 when its vector's squared norm is below sqrt(DBL_MIN), about 1.5e-154,
+// as in Horovod), which sums orthogonal gradients and averages parallel ones. Ranks combine pairwise, level by level, as Horovod's
 // recursive halving does for a power-of-two number of ranks: ((v0 (+) v1) (+) (v2 (+) v3)) ...;
 // an unpaired vector at a level moves up unchanged. Dot products and norms accumulate in double.
 #pragma once

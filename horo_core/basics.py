@@ -80,6 +80,9 @@ def _rendezvous(info, mpi_comm):
             raise HoroInvalidArgument(
                 f"launched by {info.family} without a rendezvous address; install mpi4py (pip install "
                 "'horo[mpi]') so that rank 0 can share one, or launch with hororun") from None
+        if not MPI.Is_initialized():  # mpi4py.rc.initialize = False: Horovod initializes MPI then
+            MPI.Init_thread()
+            atexit.register(lambda: MPI.Is_finalized() or MPI.Finalize())
         comm = mpi_comm or MPI.COMM_WORLD
         server = None
         payload = None
@@ -197,6 +200,7 @@ def init(comm=None, process_sets=None):
         _state.names = {}
         _state.process_sets = {0: global_process_set}
         global_process_set.ranks = list(range(size))
+        global_process_set.mpi_comm = mpi_comm
         for ps in static_sets:
             register_process_set(ps)
         if not _state.atexit_registered:
@@ -380,6 +384,26 @@ def cuda_built():
 
 def rocm_built():
     return False
+
+
+def gpu_available(ext_base_name, verbose=False):
+    """Whether the framework sees a GPU (Horovod's ``horovod.common.util.gpu_available``, which its
+    scripts and tests call as ``hvd.gpu_available('tensorflow')`` or ``('torch')``).
+
+    Args:
+        ext_base_name: ``"tensorflow"`` or ``"torch"``; another framework has no GPU support here.
+        verbose: print the answer, as Horovod does.
+    """
+    available = False
+    if ext_base_name == "tensorflow":
+        import tensorflow as tf
+        available = bool(tf.config.list_physical_devices("GPU"))
+    elif ext_base_name == "torch":
+        import torch
+        available = torch.cuda.is_available()
+    if verbose:
+        print(f"Extension {ext_base_name} {'was' if available else 'was NOT'} built with GPU support.")
+    return available
 
 
 def sycl_built():

@@ -56,14 +56,24 @@ class HostsUpdatedInterrupt(RuntimeError):
         self.skip_sync = skip_sync
 
 
+def _elastic_message(module_name):
+    return (f"{module_name}: elastic training (hvd.elastic.run, its State classes, "
+            "hororun --min-np/--max-np/--host-discovery-script) is not implemented in Horo; "
+            "run a fixed number of ranks (README, 'Not supported yet')")
+
+
 def missing_attribute(module_name, name):
     """The AttributeError of a module-level __getattr__ of horo_torch, horo_tf and horo_tf.keras:
     ``hvd.elastic`` names what is missing (Horovod's elastic training) instead of a bare miss."""
     if name == "elastic":
-        return AttributeError(f"{module_name}.elastic: elastic training (hvd.elastic.run, its State classes, "
-                              "hororun --min-np/--max-np/--host-discovery-script) is not implemented in Horo; "
-                              "run a fixed number of ranks (README, 'Not supported yet')")
+        return AttributeError(_elastic_message(f"{module_name}.elastic"))
     return AttributeError(f"module {module_name!r} has no attribute {name!r}")
+
+
+def elastic_import_error(module_name):
+    """The ImportError of ``import horo_torch.elastic`` / ``from horo_tf.keras import elastic``
+    (Horovod's modules of elastic training), which names what is missing."""
+    return ImportError(_elastic_message(module_name), name=module_name)
 
 
 def error_for(lib, code, message):

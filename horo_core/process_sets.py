@@ -69,7 +69,7 @@ class ProcessSet:
         return hash((self.process_set_id, tuple(self.ranks)))
 
     def __repr__(self):
-        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks}, mpi_comm={self.mpi_comm})"
 
 
 def _ranks_of_comm(comm):

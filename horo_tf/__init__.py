@@ -9,9 +9,9 @@ model trained by a Horo optimizer (horo_tf.keras).
 """
 from horo_core import __version__
 from horo_core.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled,
-                              init, is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
-                              mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size, sycl_built,
-                              start_timeline, stop_timeline, tcp_built)
+                              gpu_available, init, is_homogeneous, is_initialized, local_rank, local_size, mpi_built,
+                              mpi_enabled, mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size,
+                              start_timeline, stop_timeline, sycl_built, tcp_built)
 from horo_core.errors import (HoroError, HoroInternalError, HoroInvalidArgument, HoroMismatchError,
                               HoroNotInitializedError, HoroPeerLostError, HoroShutdownError, HoroTimeoutError,
                               HoroUnsupportedError, HorovodInternalError, HostsUpdatedInterrupt)

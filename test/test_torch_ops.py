@@ -107,6 +107,9 @@ def check_topology(hvd, c, env):
                  "ccl_built", "cuda_built", "rocm_built", "sycl_built"]:
         c.same(f"{name}() is a bool", type(getattr(hvd, name)()), bool)
     c.same("nccl_built() is an int", type(hvd.nccl_built()), int)
+    c.same("gpu_available('torch')", hvd.gpu_available("torch"), torch.cuda.is_available())
+    c.same("global set as Horovod prints it", str(hvd.global_process_set),
+           f"ProcessSet(process_set_id=0, ranks={list(range(n))}, mpi_comm=None)")
     c.same("reduce op constants", (hvd.Average, hvd.Sum, hvd.Adasum, hvd.Min, hvd.Max, hvd.Product),
            (0, 1, 2, 3, 4, 5))
     c.same("global set", (hvd.global_process_set.process_set_id, hvd.global_process_set.size(),
@@ -811,5 +814,8 @@ def test_elastic_is_refused_by_name():
     import horo_torch
     with pytest.raises(AttributeError, match=r"horo_torch\.elastic: elastic training .* is not implemented"):
         horo_torch.elastic.run
+    for statement in ("import horo_torch.elastic", "from horo_torch import elastic", "from horo_torch.elastic import run"):
+        with pytest.raises(ImportError, match=r"horo_torch\.elastic: elastic training .* is not implemented"):
+            exec(statement, {})
     with pytest.raises(AttributeError, match="module 'horo_torch' has no attribute 'no_such_name'"):
         horo_torch.no_such_name

@@ -25,16 +25,17 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
         process_set: the ranks taking part.
         inplace: accepted for Horovod compatibility; variables are always assigned in place.
     Returns:
-        The list of variables.
+        The list of variables; in a TF1 graph, as Horovod's, the ``tf.group`` of the assignments,
+        for ``session.run``.
     Raises:
         ValueError: invalid arguments. HorovodInternalError: the broadcast failed.
     """
     var_list = list(variables)
     if not var_list:
-        return []
+        return tf.group() if mpi_ops.in_tf1_graph() else []
     name = _bridge.auto_name("broadcast_variables", process_set.process_set_id or 0, var_list)
-    mpi_ops.broadcast_(var_list, root_rank, name=name, process_set=process_set)
-    return var_list
+    assignments = mpi_ops.assign_broadcast(var_list, root_rank, name, process_set)
+    return tf.group(*assignments) if mpi_ops.in_tf1_graph() else var_list
 
 
 def _bytes_tensor(obj):

@@ -319,12 +319,26 @@ def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
     """
     single = not isinstance(variables, (list, tuple))
     var_list = [variables] if single else list(variables)
-    if var_list:
-        base = _bridge.op_name("broadcast_", name, process_set, True, var_list)
-        for var, value in zip(var_list, _broadcast(var_list, root_rank, base, process_set)):
-            var.assign(value)
-    values = [var.read_value() if hasattr(var, "read_value") else tf.convert_to_tensor(var) for var in var_list]
+    assignments = assign_broadcast(var_list, root_rank, name, process_set)
+    # In a TF1 graph nothing orders a read after an assignment unless told; elsewhere (eager, or a
+    # tf.function's automatic control dependencies) the reads come after the assignments anyway.
+    with tf.control_dependencies(assignments if in_tf1_graph() else None):
+        values = [var.read_value() if hasattr(var, "read_value") else tf.convert_to_tensor(var) for var in var_list]
     return values[0] if single else values
+
+
+def in_tf1_graph():
+    """Building a TF1 graph (for session.run), not executing eagerly nor tracing a tf.function."""
+    return not tf.executing_eagerly() and not tf.inside_function()
+
+
+def assign_broadcast(var_list, root_rank, name, process_set):
+    """Assigns root_rank's values to the variables of var_list as one group; returns the assignments
+    (ops to run in a TF1 graph)."""
+    if not var_list:
+        return []
+    base = _bridge.op_name("broadcast_", name, process_set, True, var_list)
+    return [var.assign(value) for var, value in zip(var_list, _broadcast(var_list, root_rank, base, process_set))]
 
 
 # Alltoall ----------------------------------------------------------------------------------------

@@ -451,7 +451,9 @@ class KVClient:
             except KVProtocolError as e:
                 self._break(f"connection to the rendezvous at {self._endpoint} is unusable: {e}")
                 raise KVProtocolError(f"rendezvous at {self._endpoint}: {e}") from None
-            except PeerClosed:
+            except (PeerClosed, ConnectionResetError, BrokenPipeError):
+                # A reset is a close too: a server that stops with this request unread resets the
+                # connection instead of ending it.
                 self._break(f"rendezvous at {self._endpoint} closed the connection")
                 raise KVConnectionError(self._broken) from None
             except socket.timeout:

@@ -21,6 +21,12 @@ mpi4py and mpirun are installed and ``mpi`` is among ``--peers`` (with ``mpi_yie
 otherwise under ``hororun``; either way every peer runs in the same processes, with the same
 binding (``--bind-to none`` unless the script is given ``--bind-to core``). Before timing, every
 peer's result is checked once per size against the exact sum ``n(n+1)/2``.
+
+``floor`` (``--peers horo,mpi,floor``) is a reference, not an allreduce: every rank at once reads
+its whole tensor and writes it back (negates it in place), the memory traffic that no in-place
+allreduce can avoid on any rank, timed like the peers. Where a peer's time is close to the floor,
+the host's memory sets the pace, not the peer's algorithm, and no algorithm can be much faster
+than that peer there.
 """
 import argparse
 import csv
@@ -34,7 +40,8 @@ import time
 
 _LAUNCHER_VARS = ("HORO_RANK", "HOROVOD_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK",
                   "MV2_COMM_WORLD_RANK", "SLURM_PROCID")
-_ALL_PEERS = ("horo", "gloo", "mpi")
+_ALL_PEERS = ("horo", "gloo", "mpi", "floor")
+_DEFAULT_PEERS = ("horo", "gloo", "mpi")
 
 
 def parse_size(text):
@@ -81,8 +88,9 @@ def parse_args(argv=None):
     p.add_argument("--min-iters", type=int, default=5)
     p.add_argument("--warmup", type=int, default=5, help="untimed iterations before each timing (max; default 5)")
     p.add_argument("--repeats", type=int, default=5, help="sweeps over all sizes (default 5)")
-    p.add_argument("--peers", default=",".join(_ALL_PEERS),
-                   help="comma-separated subset of horo,gloo,mpi (default: all; mpi only under an MPI launcher)")
+    p.add_argument("--peers", default=",".join(_DEFAULT_PEERS),
+                   help="comma-separated subset of horo,gloo,mpi,floor (default: horo,gloo,mpi; mpi only under "
+                        "an MPI launcher; floor is the memory reference described above)")
     p.add_argument("--csv", default=None, help="also write the table to this CSV file")
     p.add_argument("--master-addr", default="127.0.0.1", help="address of rank 0 for gloo's rendezvous")
     p.add_argument("-np", "--np", type=int, default=2, dest="np",
@@ -196,6 +204,22 @@ class GlooPeer:
         self.dist.barrier()
 
 
+class MemoryFloor:
+    """Every rank reads and rewrites its own tensor once, all at the same time: what each rank's
+    memory must carry in any in-place allreduce, before a byte moves between ranks."""
+    name = "floor"
+    is_allreduce = False
+
+    def __init__(self, hvd):
+        self.hvd = hvd
+
+    def allreduce(self, tensor):
+        tensor.neg_()
+
+    def barrier(self):
+        self.hvd.barrier()
+
+
 class MpiPeer:
     name = "mpi"
 
@@ -258,7 +282,7 @@ def sweep(args, peers, torch, rank, size):
             warmup, timed = iterations(args, nbytes)
             for peer in order:
                 peer.barrier()
-                if repeat == 0:
+                if repeat == 0 and getattr(peer, "is_allreduce", True):
                     check(peer, tensor, rank, size)
                 medians[peer.name][nbytes].append(time_one(peer, tensor, warmup, timed))
         if rank == 0:
@@ -283,7 +307,7 @@ def job_medians(hvd, torch, args, peers, medians):
 def table(args, peer_names, results, n):
     factor = 2 * (n - 1) / n
     header = ["size"] + [f"{p} lat" for p in peer_names] + [f"{p} busbw GB/s" for p in peer_names]
-    ratios = [p for p in ("gloo", "mpi") if p in peer_names and "horo" in peer_names]
+    ratios = [p for p in ("gloo", "mpi", "floor") if p in peer_names and "horo" in peer_names]
     header += [f"horo/{p}" for p in ratios]
     rows = []
     for s in args.sizes:
@@ -325,6 +349,8 @@ def main(argv=None):
             peers.append(MpiPeer())
         elif rank == 0:
             print("allreduce_bench: skipping mpi (not started by mpirun, or mpi4py missing)", flush=True)
+    if "floor" in args.peers:
+        peers.append(MemoryFloor(hvd))
     if rank == 0:
         print(f"allreduce_bench: {n} ranks, peers {[p.name for p in peers]}, sizes {format_size(args.sizes[0])}.."
               f"{format_size(args.sizes[-1])}, {args.repeats} repeats", flush=True)

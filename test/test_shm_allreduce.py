@@ -10,6 +10,10 @@ every result must be the same on every rank and in both jobs: reducing from the 
 the bytes are read, never the order of the operations. The shared-memory job also runs the ring
 slice by slice (its ranks share one host), the TCP job phase after phase (its hosts are unknown):
 the same arithmetic in another order of steps.
+
+One allreduce of 16 MB and a few bytes (uneven blocks that start mid cache line) is large enough
+that the shared-memory job receives its allgather with non-temporal stores
+(Transport::SendRecvUncached); its digest must match the TCP job's too.
 """
 import pytest
 
@@ -72,6 +76,11 @@ def _job(counts):
         c.same_array("reducescatter block", block, np.full((my_rows, 1001), n * (n + 1) / 2.0))
         gathered = ops.allgather(rt, block, "reducescatter.gather")
         digests.append(hashlib.sha256(gathered.tobytes()).hexdigest())
+        # Past AllreduceOptions::kUncachedResultBytes (16 MiB): the allgather writes around the caches.
+        large = 4 * 1024 * 1024 + 5
+        out = ops.allreduce(rt, ((np.arange(large) % 1013) * (rank + 1)).astype(np.float32), "uncached")
+        c.same_array("16 MB allreduce", out, ((np.arange(large) % 1013) * (n * (n + 1) // 2)).astype(np.float32))
+        digests.append(hashlib.sha256(out.tobytes()).hexdigest())
         ring_runs = rt.stats().allreduce_ring - start.allreduce_ring
         ops.barrier(rt)
     except Exception:  # noqa: BLE001 - reported to the test, which names the rank
@@ -87,10 +96,10 @@ def _run(np_, shm):
     assert not problems, "\n".join(problems[:40])
     assert all(count > 200 for count, _, _, _ in reports)
     # Every allreduce of a non-empty tensor ran the ring: one per (dtype, op) and count > 0, 5
-    # scaled, 1 fused group.
+    # scaled, 1 fused group, 1 of 16 MB.
     from core_values import reduce_cases
     cases = len(list(reduce_cases()))
-    assert [runs for _, _, _, runs in reports] == [cases * (len(COUNTS) - 1) + 5 + 1] * np_
+    assert [runs for _, _, _, runs in reports] == [cases * (len(COUNTS) - 1) + 5 + 1 + 1] * np_
     digests = [d for _, _, d, _ in reports]
     assert all(d == digests[0] for d in digests)
     return digests[0]

@@ -26,6 +26,11 @@
 //
 // options.ring_postscale is applied by each member to the block (or slice) it has just finished
 // reducing, before the allgather copies it on: every member still ends with the same bits.
+//
+// A message of options.uncached_result_bytes or more receives its allgather past the caches
+// (non-temporal stores over shared memory): the reduced blocks that arrive are the result, which
+// no step of this algorithm reads again, and which is too large to stay cached until the caller
+// reads it. Blocks this member reduced itself stay in the cache, since the allgather sends them on.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -69,11 +74,12 @@ Status AllreduceRing(const CommGroup& group, void* buffer, int64_t count, DataTy
     ScaleBuffer(bytes + part.offset[reduced], part.bytes[reduced] / element_size, dtype, options.ring_postscale);
   };
   const bool one_host = options.topology != nullptr && options.topology->num_hosts() == 1;
+  const bool uncached = count * element_size >= options.uncached_result_bytes;
   if (!one_host || options.slice_bytes == 0) {
     HORO_RETURN_IF_ERROR(RingScatterReduce(group, bytes, blocks, dtype, op, options.chunk_bytes, /*final_shift=*/1,
                                            "allreduce ring scatter-reduce"));
     scale_reduced(blocks);
-    return RingAllgather(group, bytes, blocks, /*start_shift=*/1, "allreduce ring allgather");
+    return RingAllgather(group, bytes, blocks, /*start_shift=*/1, "allreduce ring allgather", uncached);
   }
   const int64_t slice_bytes = std::max<int64_t>(1, options.slice_bytes / element_size) * element_size;
   const int64_t longest = *std::max_element(blocks.bytes.begin(), blocks.bytes.end());
@@ -87,7 +93,7 @@ Status AllreduceRing(const CommGroup& group, void* buffer, int64_t count, DataTy
     HORO_RETURN_IF_ERROR(RingScatterReduce(group, bytes, slice, dtype, op, slice_bytes, /*final_shift=*/1,
                                            "allreduce ring scatter-reduce"));
     scale_reduced(slice);
-    HORO_RETURN_IF_ERROR(RingAllgather(group, bytes, slice, /*start_shift=*/1, "allreduce ring allgather"));
+    HORO_RETURN_IF_ERROR(RingAllgather(group, bytes, slice, /*start_shift=*/1, "allreduce ring allgather", uncached));
   }
   return Status::OK();
 }

@@ -100,14 +100,17 @@ Status ExchangeReduceWithMembers(const CommGroup& group, int send_index, const v
 }
 
 Status ExchangeWithMembers(const CommGroup& group, int send_index, const void* send_data, int64_t send_bytes,
-                           int recv_index, void* recv_data, int64_t recv_bytes, const char* phase, int step) {
+                           int recv_index, void* recv_data, int64_t recv_bytes, const char* phase, int step,
+                           bool uncached) {
   const int send_peer = (send_index >= 0 && send_bytes > 0) ? group.peer(send_index) : -1;
   const int recv_peer = (recv_index >= 0 && recv_bytes > 0) ? group.peer(recv_index) : -1;
   if (send_peer == -1 && recv_peer == -1) return Status::OK();
   const size_t send_len = send_peer == -1 ? 0 : static_cast<size_t>(send_bytes);
   const size_t recv_len = recv_peer == -1 ? 0 : static_cast<size_t>(recv_bytes);
-  return WithStep(group.transport->SendRecv(send_peer, send_data, send_len, recv_peer, recv_data, recv_len), phase,
-                  step);
+  Transport* transport = group.transport;
+  return WithStep(uncached ? transport->SendRecvUncached(send_peer, send_data, send_len, recv_peer, recv_data, recv_len)
+                           : transport->SendRecv(send_peer, send_data, send_len, recv_peer, recv_data, recv_len),
+                  phase, step);
 }
 
 }  // namespace horo

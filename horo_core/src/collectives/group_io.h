@@ -23,9 +23,11 @@ Status CheckReduceOp(ReduceOp op, const char* collective);
 // One step of an algorithm: sends send_bytes to member send_index while receiving recv_bytes from
 // member recv_index. An index of -1 or a length of 0 skips that direction (both sides of a step
 // always agree on the lengths, so they skip together). A failure keeps its code and gains the
-// prefix "<phase> step <step>: ".
+// prefix "<phase> step <step>: ". uncached: the received bytes may be written past the caches
+// (Transport::SendRecvUncached), for a destination nobody reads again soon.
 Status ExchangeWithMembers(const CommGroup& group, int send_index, const void* send_data, int64_t send_bytes,
-                           int recv_index, void* recv_data, int64_t recv_bytes, const char* phase, int step);
+                           int recv_index, void* recv_data, int64_t recv_bytes, const char* phase, int step,
+                           bool uncached = false);
 
 // ExchangeWithMembers whose received elements are reduced into recv_data (recv_data[i] =
 // recv_data[i] op received[i], the order ReduceInto uses) instead of overwriting it: straight from

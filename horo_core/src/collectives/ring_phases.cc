@@ -53,7 +53,7 @@ Status RingScatterReduce(const CommGroup& group, uint8_t* buffer, const RingBloc
 }
 
 Status RingAllgather(const CommGroup& group, uint8_t* buffer, const RingBlocks& blocks, int start_shift,
-                     const char* phase) {
+                     const char* phase, bool uncached) {
   const int members = group.size();
   const int me = group.index;
   const int next = (me + 1) % members;
@@ -63,7 +63,7 @@ Status RingAllgather(const CommGroup& group, uint8_t* buffer, const RingBlocks& 
     const int recv_block = Wrap(int64_t{me} + start_shift - step - 1, members);
     HORO_RETURN_IF_ERROR(ExchangeWithMembers(group, next, buffer + blocks.offset[send_block], blocks.bytes[send_block],
                                              previous, buffer + blocks.offset[recv_block], blocks.bytes[recv_block],
-                                             phase, step));
+                                             phase, step, uncached));
   }
   return Status::OK();
 }

@@ -13,7 +13,8 @@
 //    members.
 //  * Allgather: N-1 steps. Member i starts with block (i + start_shift) complete; at step s it
 //    sends block (i + start_shift - s) and receives block (i + start_shift - s - 1) straight into
-//    the buffer. Blocks are only copied, so every member ends with bitwise identical bytes.
+//    the buffer. Blocks are only copied, so every member ends with bitwise identical bytes. With
+//    uncached, the received blocks may be written past the caches (Transport::SendRecvUncached).
 #pragma once
 
 #include <cstdint>
@@ -37,6 +38,6 @@ Status RingScatterReduce(const CommGroup& group, uint8_t* buffer, const RingBloc
                          ReduceOp op, int64_t chunk_bytes, int final_shift, const char* phase);
 
 Status RingAllgather(const CommGroup& group, uint8_t* buffer, const RingBlocks& blocks, int start_shift,
-                     const char* phase);
+                     const char* phase, bool uncached = false);
 
 }  // namespace horo

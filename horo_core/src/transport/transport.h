@@ -62,6 +62,16 @@ class Transport {
     return Status::Unsupported("this transport does not reduce on receive");
   }
 
+  // SendRecv for a destination that nobody reads again soon (the result of an allreduce larger
+  // than the caches, which would be evicted first): a transport may write the received bytes past
+  // the caches (non-temporal stores, over shared memory), so that memory need not read every
+  // destination line before it is overwritten. The same bytes arrive either way; the default is
+  // SendRecv.
+  virtual Status SendRecvUncached(int send_peer, const void* send_data, size_t send_len, int recv_peer,
+                                  void* recv_data, size_t recv_len) {
+    return SendRecv(send_peer, send_data, send_len, recv_peer, recv_data, recv_len);
+  }
+
   // Control plane. Sends one message (framing is the transport's business).
   virtual Status SendControl(int peer, const std::string& payload) = 0;
   // Waits until at least one control message is available, Wake() is called, or timeout_ms passes

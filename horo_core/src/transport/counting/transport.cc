@@ -41,4 +41,11 @@ Status CountingTransport::SendRecvReduce(int send_peer, const void* send_data, s
   return status;
 }
 
+Status CountingTransport::SendRecvUncached(int send_peer, const void* send_data, size_t send_len, int recv_peer,
+                                           void* recv_data, size_t recv_len) {
+  Status status = inner_->SendRecvUncached(send_peer, send_data, send_len, recv_peer, recv_data, recv_len);
+  if (status.ok()) Count(send_peer, send_len);
+  return status;
+}
+
 }  // namespace horo

@@ -34,6 +34,8 @@ class CountingTransport : public Transport {
                   size_t recv_len) override;
   Status SendRecvReduce(int send_peer, const void* send_data, size_t send_len, int recv_peer, void* recv_data,
                         size_t recv_len, const ReceiveReducer& reducer) override;
+  Status SendRecvUncached(int send_peer, const void* send_data, size_t send_len, int recv_peer, void* recv_data,
+                          size_t recv_len) override;
   Status SendControl(int peer, const std::string& payload) override { return inner_->SendControl(peer, payload); }
   Status PollControl(int timeout_ms, std::vector<ControlMessage>* messages, std::vector<int>* lost_peers) override {
     return inner_->PollControl(timeout_ms, messages, lost_peers);

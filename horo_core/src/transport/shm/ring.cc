@@ -1,7 +1,12 @@
 #include "transport/shm/ring.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
+
+#if defined(__x86_64__)
+#include <emmintrin.h>  // SSE2, part of every x86-64 CPU: no run-time dispatch needed
+#endif
 
 namespace horo {
 namespace shm {
@@ -65,6 +70,50 @@ size_t Ring::Read(char* destination, size_t len) {
   return Consume(len, [destination](size_t at, const char* bytes, size_t n) {
     std::memcpy(destination + at, bytes, n);
   });
+}
+
+namespace {
+
+#if defined(__x86_64__)
+// Copies n bytes with non-temporal stores for every whole 64-byte line of the destination (a
+// partly written line would make memory merge it with what it holds); the ragged ends go through
+// the cache. The caller fences once it is done.
+void CopyPastCaches(char* destination, const char* source, size_t n) {
+  constexpr size_t kLine = 64;
+  size_t head = (kLine - (reinterpret_cast<uintptr_t>(destination) & (kLine - 1))) & (kLine - 1);
+  head = std::min(head, n);
+  std::memcpy(destination, source, head);
+  size_t at = head;
+  for (; at + kLine <= n; at += kLine) {
+    const __m128i* from = reinterpret_cast<const __m128i*>(source + at);
+    __m128i* to = reinterpret_cast<__m128i*>(destination + at);
+    const __m128i a = _mm_loadu_si128(from);
+    const __m128i b = _mm_loadu_si128(from + 1);
+    const __m128i c = _mm_loadu_si128(from + 2);
+    const __m128i d = _mm_loadu_si128(from + 3);
+    _mm_stream_si128(to, a);
+    _mm_stream_si128(to + 1, b);
+    _mm_stream_si128(to + 2, c);
+    _mm_stream_si128(to + 3, d);
+  }
+  std::memcpy(destination + at, source + at, n - at);
+}
+#endif
+
+}  // namespace
+
+size_t Ring::ReadUncached(char* destination, size_t len) {
+#if defined(__x86_64__)
+  const size_t moved = Consume(len, [destination](size_t at, const char* bytes, size_t n) {
+    CopyPastCaches(destination + at, bytes, n);
+  });
+  // Non-temporal stores are not ordered by the release stores that publish the result (the
+  // handle's completion): fence them first.
+  _mm_sfence();
+  return moved;
+#else
+  return Read(destination, len);
+#endif
 }
 
 namespace {

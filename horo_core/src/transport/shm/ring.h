@@ -48,6 +48,10 @@ class Ring {
   size_t Write(const char* source, size_t len);
   // Consumer: copies up to len published bytes out without waiting; returns the count.
   size_t Read(char* destination, size_t len);
+  // Read with non-temporal stores: the bytes go to memory around the caches, and the destination
+  // lines are not read first. For destinations nobody reads again soon; they are visible to
+  // other threads once this returns. Plain Read where the CPU has no such stores.
+  size_t ReadUncached(char* destination, size_t len);
 
   // An element of a ReadReduce that is split across calls or across the ring's end: its bytes so
   // far (have < element size between calls).

@@ -143,6 +143,16 @@ Status ShmTransport::SendRecv(int send_peer, const void* send_data, size_t send_
   return Transfer(&send, &recv);
 }
 
+Status ShmTransport::SendRecvUncached(int send_peer, const void* send_data, size_t send_len, int recv_peer,
+                                      void* recv_data, size_t recv_len) {
+  Direction send, recv;
+  if (send_peer != -1) HORO_RETURN_IF_ERROR(Prepare(send_peer, send_data, send_len, "SendRecvUncached", &send));
+  if (recv_peer != -1) HORO_RETURN_IF_ERROR(Prepare(recv_peer, recv_data, recv_len, "SendRecvUncached", &recv));
+  if (recv.link == nullptr) return SendRecv(send_peer, send_data, send_len, recv_peer, recv_data, recv_len);
+  recv.uncached = true;
+  return Transfer(&send, &recv);
+}
+
 Status ShmTransport::SendRecvReduce(int send_peer, const void* send_data, size_t send_len, int recv_peer,
                                     void* recv_data, size_t recv_len, const ReceiveReducer& reducer) {
   if (recv_peer == -1 || recv_len == 0) return SendRecv(send_peer, send_data, send_len, -1, nullptr, 0);
@@ -216,6 +226,8 @@ bool ShmTransport::Step(Direction* direction, bool sending, bool* progress, Stat
       moved = direction->link->out.Write(at, left);
     } else if (direction->reducer != nullptr) {
       moved = direction->link->in.ReadReduce(at, left, *direction->reducer, &direction->carry);
+    } else if (direction->uncached) {
+      moved = direction->link->in.ReadUncached(at, left);
     } else {
       moved = direction->link->in.Read(at, left);
     }

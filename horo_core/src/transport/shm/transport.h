@@ -61,6 +61,9 @@ class ShmTransport : public Transport {
   // Reduces straight from the ring when recv_peer is linked; Unsupported for a TCP recv_peer.
   Status SendRecvReduce(int send_peer, const void* send_data, size_t send_len, int recv_peer, void* recv_data,
                         size_t recv_len, const ReceiveReducer& reducer) override;
+  // Writes what arrives from a linked recv_peer with non-temporal stores (Ring::ReadUncached).
+  Status SendRecvUncached(int send_peer, const void* send_data, size_t send_len, int recv_peer, void* recv_data,
+                          size_t recv_len) override;
 
   Status SendControl(int peer, const std::string& payload) override;
   Status PollControl(int timeout_ms, std::vector<ControlMessage>* messages, std::vector<int>* lost_peers) override;
@@ -90,6 +93,7 @@ class ShmTransport : public Transport {
     size_t len = 0;
     size_t done = 0;
     const ReceiveReducer* reducer = nullptr;  // recv only: reduce into data instead of copying
+    bool uncached = false;                    // recv only: write data past the caches
     shm::Ring::Carry carry;
     bool pending() const { return done < len; }
   };

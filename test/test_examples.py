@@ -21,12 +21,13 @@ def test_pytorch_collectives_demo_under_hororun():
 
 
 def test_allreduce_bench_under_hororun_with_and_without_binding():
-    """The benchmark checks every peer's sums before timing; here Horo alone, two small sizes."""
+    """The benchmark checks every peer's sums before timing; here Horo and the memory floor, two small
+    sizes."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HORO_", "HOROVOD_"))}
     bench = os.path.join(ROOT, "examples", "benchmarks", "allreduce_bench.py")
     bindings = ["none", "core"] if len(os.sched_getaffinity(0)) >= 2 else ["none"]
     for bind in bindings:
-        proc = subprocess.run([sys.executable, bench, "-np", "2", "--launcher", "hororun", "--peers", "horo",
+        proc = subprocess.run([sys.executable, bench, "-np", "2", "--launcher", "hororun", "--peers", "horo,floor",
                                "--sizes", "4,4K", "--repeats", "1", "--bind-to", bind], env=env, text=True,
                               capture_output=True, stdin=subprocess.DEVNULL, timeout=300)
         assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -34,6 +35,7 @@ def test_allreduce_bench_under_hororun_with_and_without_binding():
         rows = [line for line in proc.stdout.splitlines() if line.startswith(("| 4 B |", "[0]<stdout>:| 4 B |",
                                                                               "| 4 KB |", "[0]<stdout>:| 4 KB |"))]
         assert len(rows) == 2, proc.stdout
+        assert "horo/floor |" in proc.stdout and all(row.count("|") == 7 for row in rows), proc.stdout
 
 
 def test_average_bench_checks_its_results_on_three_ranks():

@@ -121,6 +121,10 @@ class CopyingTransport : public Transport {
                   size_t recv_len) override {
     return inner_->SendRecv(send_peer, send_data, send_len, recv_peer, recv_data, recv_len);
   }
+  Status SendRecvUncached(int send_peer, const void* send_data, size_t send_len, int recv_peer, void* recv_data,
+                          size_t recv_len) override {
+    return inner_->SendRecvUncached(send_peer, send_data, send_len, recv_peer, recv_data, recv_len);
+  }
   Status SendControl(int peer, const std::string& payload) override { return inner_->SendControl(peer, payload); }
   Status PollControl(int timeout_ms, std::vector<ControlMessage>* messages, std::vector<int>* lost_peers) override {
     return inner_->PollControl(timeout_ms, messages, lost_peers);

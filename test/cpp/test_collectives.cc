@@ -280,6 +280,77 @@ void CheckPeerLost() {
   }
 }
 
+// Forwards to the loopback transport and adds up the bytes received through SendRecvUncached.
+class UncachedRecorder : public Transport {
+ public:
+  explicit UncachedRecorder(Transport* inner) : inner_(inner) {}
+  int64_t uncached_bytes = 0;
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  Status Send(int peer, const void* data, size_t len) override { return inner_->Send(peer, data, len); }
+  Status Recv(int peer, void* data, size_t len) override { return inner_->Recv(peer, data, len); }
+  Status SendRecv(int send_peer, const void* send_data, size_t send_len, int recv_peer, void* recv_data,
+                  size_t recv_len) override {
+    return inner_->SendRecv(send_peer, send_data, send_len, recv_peer, recv_data, recv_len);
+  }
+  Status SendRecvUncached(int send_peer, const void* send_data, size_t send_len, int recv_peer, void* recv_data,
+                          size_t recv_len) override {
+    if (recv_peer != -1) uncached_bytes += static_cast<int64_t>(recv_len);
+    return inner_->SendRecv(send_peer, send_data, send_len, recv_peer, recv_data, recv_len);
+  }
+  Status SendControl(int peer, const std::string& payload) override { return inner_->SendControl(peer, payload); }
+  Status PollControl(int timeout_ms, std::vector<ControlMessage>* messages, std::vector<int>* lost_peers) override {
+    return inner_->PollControl(timeout_ms, messages, lost_peers);
+  }
+  void Wake() override { inner_->Wake(); }
+  void Close() override { inner_->Close(); }
+
+ private:
+  Transport* inner_;
+};
+
+// options.uncached_result_bytes: from that size on, a ring allreduce asks for the allgather's last
+// received block (block index + 2, counted over all its slices) to be written past the caches,
+// and for no other: every earlier received block is sent on at the next step and must stay cached.
+// Below the size, nothing. Whole phases and slices (uneven blocks), 2 to 5 members, exact sums.
+void CheckUncachedLastBlock() {
+  const int64_t count = 65537;
+  for (int members : {2, 3, 5}) {
+    for (bool sliced : {false, true}) {
+      for (bool large : {false, true}) {
+        RunWorld(members, [&](const CommGroup& g) {
+          UncachedRecorder recorder(g.transport);
+          CommGroup recorded = g;
+          recorded.transport = &recorder;
+          HostTopology one_host;
+          CheckOk(BuildHostTopology(g.ranks, g.index, std::vector<int>(g.size(), 0), &one_host), "one-host topology");
+          AllreduceOptions options;
+          options.chunk_bytes = 999;
+          if (sliced) {
+            options.topology = &one_host;
+            options.slice_bytes = 4096;
+          }
+          options.uncached_result_bytes = large ? count * 4 : count * 4 + 1;
+          const std::string what = Label(g, std::string("uncached last block ") + (sliced ? "sliced" : "whole") +
+                                                (large ? ", at the threshold" : ", below it"));
+          std::vector<uint8_t> buffer = MemberInput(g.index, count, DataType::kFloat32, ReduceOp::kSum);
+          CheckOk(AllreduceRing(recorded, buffer.data(), count, DataType::kFloat32, ReduceOp::kSum, options), what);
+          ExpectBytes(buffer.data(), ExpectedReduction(g.size(), count, DataType::kFloat32, ReduceOp::kSum).data(), count,
+                      DataType::kFloat32, what);
+          const int last = (g.index + 2) % g.size();
+          const int64_t last_bytes = 4 * (count / g.size() + (last < count % g.size() ? 1 : 0));
+          ++g_checks;
+          if (recorder.uncached_bytes != (large ? last_bytes : 0)) {
+            Fail(what + ": " + std::to_string(recorder.uncached_bytes) + " bytes received uncached, expected " +
+                 std::to_string(large ? last_bytes : 0));
+          }
+        });
+      }
+    }
+  }
+  std::printf("ok  uncached results: only the allgather's last block, whole phases and slices, 2/3/5 members\n");
+}
+
 // options.ring_postscale: each member scales the block it reduced, once, before the allgather, in
 // whole phases (no topology) and slice by slice (one host, small slices, uneven blocks). The result
 // must equal the ring's sum scaled afterwards, bit for bit and on every member; random float32 data
@@ -397,6 +468,7 @@ int main() {
   }
   CheckBitwiseIdentical();
   CheckRingPostscale();
+  CheckUncachedLastBlock();
   for (int size : kWorldSizes) {
     RunWorld(size, [](const CommGroup& g) {
       CheckAllgather(g);

@@ -27,10 +27,11 @@
 // options.ring_postscale is applied by each member to the block (or slice) it has just finished
 // reducing, before the allgather copies it on: every member still ends with the same bits.
 //
-// A message of options.uncached_result_bytes or more receives its allgather past the caches
-// (non-temporal stores over shared memory): the reduced blocks that arrive are the result, which
-// no step of this algorithm reads again, and which is too large to stay cached until the caller
-// reads it. Blocks this member reduced itself stay in the cache, since the allgather sends them on.
+// A message of options.uncached_result_bytes or more receives the last block of its allgather past
+// the caches (non-temporal stores over shared memory): that block is result that no step of this
+// algorithm reads again, and too large to stay cached until the caller reads it. Every other block
+// stays in the cache, since the allgather sends it on (with 2 members the one received block is
+// the last).
 #include <algorithm>
 #include <string>
 #include <vector>

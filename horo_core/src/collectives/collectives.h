@@ -44,8 +44,8 @@ struct AllreduceOptions {
   // scaling the block it reduced while that block is still in its cache (a separate pass over the
   // result afterwards reads and writes every byte once more). Other algorithms ignore it.
   double ring_postscale = 1.0;
-  // AllreduceRing only: a message of at least this many bytes receives the allgather's blocks past
-  // the caches where the transport can (Transport::SendRecvUncached). A result that large leaves
+  // AllreduceRing only: a message of at least this many bytes receives the allgather's last block
+  // past the caches where the transport can (Transport::SendRecvUncached). A result that large leaves
   // the caches before anyone reads it anyway, and written around them it costs memory one pass
   // instead of two (a cached store first reads the line it overwrites). Members may differ.
   int64_t uncached_result_bytes = kUncachedResultBytes;

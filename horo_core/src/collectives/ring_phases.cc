@@ -63,7 +63,7 @@ Status RingAllgather(const CommGroup& group, uint8_t* buffer, const RingBlocks& 
     const int recv_block = Wrap(int64_t{me} + start_shift - step - 1, members);
     HORO_RETURN_IF_ERROR(ExchangeWithMembers(group, next, buffer + blocks.offset[send_block], blocks.bytes[send_block],
                                              previous, buffer + blocks.offset[recv_block], blocks.bytes[recv_block],
-                                             phase, step, uncached));
+                                             phase, step, uncached && step == members - 2));
   }
   return Status::OK();
 }

@@ -13,8 +13,9 @@
 //    members.
 //  * Allgather: N-1 steps. Member i starts with block (i + start_shift) complete; at step s it
 //    sends block (i + start_shift - s) and receives block (i + start_shift - s - 1) straight into
-//    the buffer. Blocks are only copied, so every member ends with bitwise identical bytes. With
-//    uncached, the received blocks may be written past the caches (Transport::SendRecvUncached).
+//    the buffer. Blocks are only copied, so every member ends with bitwise identical bytes. The
+//    block received at step s is the one sent at step s+1, except at the last step: with uncached,
+//    that last block may be written past the caches (Transport::SendRecvUncached).
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// sources: collectives/allreduce.cc collectives/allreduce_ring.cc collectives/allreduce_tree.cc collectives/allreduce_hierarchical.cc collectives/host_topology.cc collectives/allgather.cc collectives/allgather_ring.cc collectives/allgather_hierarchical.cc collectives/broadcast_tree.cc collectives/alltoall_pairwise.cc collectives/reducescatter_ring.cc collectives/ring_phases.cc collectives/group_io.cc collectives/reduce_kernels.cc transport/loopback/*.cc common/dtype.cc
+// sources: collectives/allreduce.cc collectives/allreduce_ring.cc collectives/allreduce_tree.cc collectives/allreduce_hierarchical.cc collectives/host_topology.cc collectives/allgather.cc collectives/allgather_ring.cc collectives/allgather_hierarchical.cc collectives/broadcast_tree.cc collectives/alltoall_pairwise.cc collectives/reducescatter_ring.cc collectives/ring_phases.cc collectives/group_io.cc collectives/reduce_kernels.cc transport/loopback/*.cc transport/counting/transport.cc common/dtype.cc
 //
 // The collective algorithms over the loopback transport, ranks being threads. Every value checked
 // is exact and derived from the member index: member m contributes small integers chosen so that
@@ -29,6 +29,7 @@
 #include "collectives/host_topology.h"
 #include "collectives/reduce_kernels.h"
 #include "common/half.h"
+#include "transport/counting/transport.h"
 #include "transport/loopback/transport.h"
 #include "unit_check.h"
 
@@ -280,33 +281,30 @@ void CheckPeerLost() {
   }
 }
 
-// Forwards to the loopback transport and adds up the bytes received through SendRecvUncached.
-class UncachedRecorder : public Transport {
- public:
-  explicit UncachedRecorder(Transport* inner) : inner_(inner) {}
-  int64_t uncached_bytes = 0;
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
-  Status Send(int peer, const void* data, size_t len) override { return inner_->Send(peer, data, len); }
-  Status Recv(int peer, void* data, size_t len) override { return inner_->Recv(peer, data, len); }
-  Status SendRecv(int send_peer, const void* send_data, size_t send_len, int recv_peer, void* recv_data,
-                  size_t recv_len) override {
-    return inner_->SendRecv(send_peer, send_data, send_len, recv_peer, recv_data, recv_len);
+// Ring options with chunks of 999 bytes; sliced: the members share one host (*one_host, filled in
+// here) and the ring works in slices of slice_bytes.
+AllreduceOptions SmallChunkRing(const CommGroup& g, bool sliced, int64_t slice_bytes, HostTopology* one_host) {
+  CheckOk(BuildHostTopology(g.ranks, g.index, std::vector<int>(g.size(), 0), one_host), "one-host topology");
+  AllreduceOptions options;
+  options.chunk_bytes = 999;
+  if (sliced) {
+    options.topology = one_host;
+    options.slice_bytes = slice_bytes;
   }
+  return options;
+}
+
+// A CountingTransport (which forwards every call) that also adds up the bytes received through
+// SendRecvUncached.
+class UncachedRecorder : public CountingTransport {
+ public:
+  using CountingTransport::CountingTransport;
+  int64_t uncached_bytes = 0;
   Status SendRecvUncached(int send_peer, const void* send_data, size_t send_len, int recv_peer, void* recv_data,
                           size_t recv_len) override {
     if (recv_peer != -1) uncached_bytes += static_cast<int64_t>(recv_len);
-    return inner_->SendRecv(send_peer, send_data, send_len, recv_peer, recv_data, recv_len);
+    return CountingTransport::SendRecvUncached(send_peer, send_data, send_len, recv_peer, recv_data, recv_len);
   }
-  Status SendControl(int peer, const std::string& payload) override { return inner_->SendControl(peer, payload); }
-  Status PollControl(int timeout_ms, std::vector<ControlMessage>* messages, std::vector<int>* lost_peers) override {
-    return inner_->PollControl(timeout_ms, messages, lost_peers);
-  }
-  void Wake() override { inner_->Wake(); }
-  void Close() override { inner_->Close(); }
-
- private:
-  Transport* inner_;
 };
 
 // options.uncached_result_bytes: from that size on, a ring allreduce asks for the allgather's last
@@ -323,13 +321,7 @@ void CheckUncachedLastBlock() {
           CommGroup recorded = g;
           recorded.transport = &recorder;
           HostTopology one_host;
-          CheckOk(BuildHostTopology(g.ranks, g.index, std::vector<int>(g.size(), 0), &one_host), "one-host topology");
-          AllreduceOptions options;
-          options.chunk_bytes = 999;
-          if (sliced) {
-            options.topology = &one_host;
-            options.slice_bytes = 4096;
-          }
+          AllreduceOptions options = SmallChunkRing(g, sliced, 4096, &one_host);
           options.uncached_result_bytes = large ? count * 4 : count * 4 + 1;
           const std::string what = Label(g, std::string("uncached last block ") + (sliced ? "sliced" : "whole") +
                                                 (large ? ", at the threshold" : ", below it"));
@@ -361,13 +353,8 @@ void CheckRingPostscale() {
     for (bool sliced : {false, true}) {
       RunWorld(members, [&](const CommGroup& g) {
         HostTopology one_host;
-        CheckOk(BuildHostTopology(g.ranks, g.index, std::vector<int>(g.size(), 0), &one_host), "one-host topology");
-        AllreduceOptions options;
-        options.chunk_bytes = 999;
-        if (sliced) {
-          options.topology = &one_host;
-          options.slice_bytes = 1000;  // not a multiple of 8: the ring rounds it down per element
-        }
+        // 1000 is not a multiple of 8: the ring rounds the slice down per element.
+        AllreduceOptions options = SmallChunkRing(g, sliced, 1000, &one_host);
         for (int64_t count : {int64_t{0}, int64_t{7}, int64_t{1000}, int64_t{65537}}) {
           for (DataType dtype : float_types) {
             const std::string what = Label(g, std::string("ring postscale ") + (sliced ? "sliced " : "whole ") +

@@ -133,23 +133,24 @@ Status ShmTransport::Recv(int peer, void* data, size_t len) {
 
 Status ShmTransport::SendRecv(int send_peer, const void* send_data, size_t send_len, int recv_peer,
                               void* recv_data, size_t recv_len) {
-  Direction send, recv;
-  if (send_peer != -1) HORO_RETURN_IF_ERROR(Prepare(send_peer, send_data, send_len, "SendRecv", &send));
-  if (recv_peer != -1) HORO_RETURN_IF_ERROR(Prepare(recv_peer, recv_data, recv_len, "SendRecv", &recv));
-  if (send.link == nullptr && recv.link == nullptr) {
-    return tcp_->SendRecv(send_peer, send_data, send_len, recv_peer, recv_data, recv_len);
-  }
-  if (send_peer == -1 && recv_peer == -1 && closed_) return Status::ShutDown(Who() + ": SendRecv on a closed transport");
-  return Transfer(&send, &recv);
+  return Exchange(send_peer, send_data, send_len, recv_peer, recv_data, recv_len, /*uncached=*/false);
 }
 
 Status ShmTransport::SendRecvUncached(int send_peer, const void* send_data, size_t send_len, int recv_peer,
                                       void* recv_data, size_t recv_len) {
+  return Exchange(send_peer, send_data, send_len, recv_peer, recv_data, recv_len, /*uncached=*/true);
+}
+
+Status ShmTransport::Exchange(int send_peer, const void* send_data, size_t send_len, int recv_peer, void* recv_data,
+                              size_t recv_len, bool uncached) {
   Direction send, recv;
-  if (send_peer != -1) HORO_RETURN_IF_ERROR(Prepare(send_peer, send_data, send_len, "SendRecvUncached", &send));
-  if (recv_peer != -1) HORO_RETURN_IF_ERROR(Prepare(recv_peer, recv_data, recv_len, "SendRecvUncached", &recv));
-  if (recv.link == nullptr) return SendRecv(send_peer, send_data, send_len, recv_peer, recv_data, recv_len);
-  recv.uncached = true;
+  if (send_peer != -1) HORO_RETURN_IF_ERROR(Prepare(send_peer, send_data, send_len, "SendRecv", &send));
+  if (recv_peer != -1) HORO_RETURN_IF_ERROR(Prepare(recv_peer, recv_data, recv_len, "SendRecv", &recv));
+  recv.uncached = uncached;
+  if (send.link == nullptr && recv.link == nullptr) {
+    return tcp_->SendRecv(send_peer, send_data, send_len, recv_peer, recv_data, recv_len);
+  }
+  if (send_peer == -1 && recv_peer == -1 && closed_) return Status::ShutDown(Who() + ": SendRecv on a closed transport");
   return Transfer(&send, &recv);
 }
 

@@ -98,6 +98,9 @@ class ShmTransport : public Transport {
     bool pending() const { return done < len; }
   };
 
+  // SendRecv and SendRecvUncached: uncached receives from a linked peer with Ring::ReadUncached.
+  Status Exchange(int send_peer, const void* send_data, size_t send_len, int recv_peer, void* recv_data,
+                  size_t recv_len, bool uncached);
   Status CheckDataPeer(int peer, const char* what) const;
   Status Prepare(int peer, const void* data, size_t len, const char* what, Direction* direction) const;
   Status Transfer(Direction* send, Direction* recv);

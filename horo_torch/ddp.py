@@ -175,6 +175,20 @@ class _SparseFuture:
         self.wait = wait
 
 
+def _keep_forward_helpers_out_of_compile(cls):
+    """Makes torch.compile run cls's forward helpers eagerly, once per process.
+
+    torch.compiler.disable imports torch._dynamo, which costs about 2 s of CPU: as a decorator it
+    made every ``import horo_torch`` pay that, DDP or not. A wrapper must exist before
+    torch.compile can trace it, so its construction (or unpickling) applies it instead.
+    """
+    if cls.__dict__.get("_helpers_out_of_compile"):
+        return
+    for name in ("_pre_forward", "_post_forward"):
+        setattr(cls, name, torch.compiler.disable(cls.__dict__[name]))
+    cls._helpers_out_of_compile = True
+
+
 class DistributedDataParallel(torch.nn.Module):
     """Wraps a module so that backward averages its gradients across the ranks of a process set.
 
@@ -228,6 +242,7 @@ class DistributedDataParallel(torch.nn.Module):
                  skip_all_reduce_unused_params=False, bucket_cap_mb_list=None, batched_grad_copy=False,
                  forward_sync_buffers=None, process_set=global_process_set):
         super().__init__()
+        _keep_forward_helpers_out_of_compile(DistributedDataParallel)
         if bucket_cap_mb is None:
             bucket_cap_mb = 25
         if not bucket_cap_mb > 0:
@@ -455,6 +470,7 @@ class DistributedDataParallel(torch.nn.Module):
         return state
 
     def __setstate__(self, state):
+        _keep_forward_helpers_out_of_compile(DistributedDataParallel)
         super().__setstate__(state)
         self._lock = threading.Lock()
         # A name of its own, so that the copy and the original may both reduce in one backward
@@ -466,7 +482,8 @@ class DistributedDataParallel(torch.nn.Module):
                               for i, p in enumerate(self._params)]
         remove_when_collected(self, self._hook_handles)
 
-    # Forward helpers (run eagerly when torch.compile traces the wrapper: they talk to Horo) ------
+    # Forward helpers (run eagerly when torch.compile traces the wrapper: they talk to Horo; see
+    # _keep_forward_helpers_out_of_compile) ----------------------------------------------------
 
     @staticmethod
     def _in_backward():
@@ -474,7 +491,6 @@ class DistributedDataParallel(torch.nn.Module):
         (activation checkpointing), which must leave the iteration's state alone."""
         return torch._C._current_graph_task_id() != -1
 
-    @torch.compiler.disable
     def _pre_forward(self):
         if self._in_backward():
             return
@@ -487,7 +503,6 @@ class DistributedDataParallel(torch.nn.Module):
         elif self.will_sync_module_buffers():
             self._broadcast_buffers()
 
-    @torch.compiler.disable
     def _post_forward(self, output):
         if self._in_backward():
             return output

@@ -808,3 +808,21 @@ def test_inputs_follow_device_ids():
     moved = _to_device(([torch.ones(1)], {"k": Pair(torch.ones(2), 3)}, "text"), torch.device("meta"))
     assert moved[0][0].device.type == "meta" and moved[1]["k"].a.device.type == "meta"
     assert moved[1]["k"].b == 3 and moved[2] == "text" and isinstance(moved[1]["k"], Pair)
+
+
+def test_importing_horo_torch_leaves_torch_compile_unloaded():
+    """torch._dynamo (2 s of CPU to import) loads only once a wrapper is built, so that scripts
+    that never use DistributedDataParallel do not pay for it at every rank's start."""
+    import os
+    import subprocess
+    import sys
+    probe = ("import sys, torch, horo_torch\n"
+             "print('torch._dynamo' in sys.modules)\n"
+             "model = torch.nn.Linear(2, 2)\n"
+             "horo_torch.init()\n"
+             "horo_torch.DistributedDataParallel(model)\n"
+             "print('torch._dynamo' in sys.modules)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HORO_", "HOROVOD_"))}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["False", "True"], out.stdout

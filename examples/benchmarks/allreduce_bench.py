@@ -6,10 +6,17 @@ on a gloo process group, and ``MPI_Allreduce(MPI_IN_PLACE)`` through mpi4py when
 an MPI launcher. All peers reduce the same float32 tensor, one size at a time, in a peer order that
 rotates with the repeat so that none always runs first.
 
+``--collective broadcast`` (from rank 0: ``horo_torch.broadcast_``, ``torch.distributed.broadcast``,
+``MPI_Bcast``) and ``--collective allgather`` (``horo_torch.allgather``, which returns a new tensor
+as Horovod's does, ``torch.distributed.all_gather`` into preallocated tensors, ``MPI_Allgather``)
+time the other two collectives whose bytes travel the same transports. For allgather a size is the
+gathered result, each rank contributing size / n (nccl-tests' convention).
+
 For one (peer, size, repeat) a rank times every iteration alone after a few warm-up iterations and
 keeps the median; the job's value is the largest of the ranks' medians (the slowest rank sets the
 pace of a collective), and the table shows the median of those over the repeats. Bandwidths follow
-nccl-tests: algbw = bytes / time, busbw = algbw * 2(n-1)/n, the bytes each link carries in a ring.
+nccl-tests: algbw = bytes / time, busbw = algbw * 2(n-1)/n for allreduce, the bytes each link carries
+in a ring (algbw for broadcast, algbw * (n-1)/n for allgather).
 
     python examples/benchmarks/allreduce_bench.py -np 2          # relaunches itself under mpirun
                                                                  # (or hororun without mpi4py)
@@ -42,6 +49,12 @@ _LAUNCHER_VARS = ("HORO_RANK", "HOROVOD_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "
                   "MV2_COMM_WORLD_RANK", "SLURM_PROCID")
 _ALL_PEERS = ("horo", "gloo", "mpi", "floor")
 _DEFAULT_PEERS = ("horo", "gloo", "mpi")
+_COLLECTIVES = ("allreduce", "broadcast", "allgather")
+BUS_FACTOR = {"allreduce": "2(n-1)/n", "broadcast": "1", "allgather": "(n-1)/n"}
+
+
+def bus_factor(collective, n):
+    return {"allreduce": 2 * (n - 1) / n, "broadcast": 1.0, "allgather": (n - 1) / n}[collective]
 
 
 def parse_size(text):
@@ -91,6 +104,8 @@ def parse_args(argv=None):
     p.add_argument("--peers", default=",".join(_DEFAULT_PEERS),
                    help="comma-separated subset of horo,gloo,mpi,floor (default: horo,gloo,mpi; mpi only under "
                         "an MPI launcher; floor is the memory reference described above)")
+    p.add_argument("--collective", choices=_COLLECTIVES, default="allreduce",
+                   help="the collective to time (default allreduce; see above)")
     p.add_argument("--csv", default=None, help="also write the table to this CSV file")
     p.add_argument("--master-addr", default="127.0.0.1", help="address of rank 0 for gloo's rendezvous")
     p.add_argument("-np", "--np", type=int, default=2, dest="np",
@@ -166,7 +181,8 @@ def relaunch(args):
 
 
 # ---------------------------------------------------------------------------------------------------
-# The peers: each is (setup, allreduce-in-place) over one torch tensor
+# The peers: each is (setup, allreduce in place, broadcast from rank 0 in place, allgather of part
+# into the n parts of out) over torch tensors
 # ---------------------------------------------------------------------------------------------------
 
 class HoroPeer:
@@ -177,6 +193,12 @@ class HoroPeer:
 
     def allreduce(self, tensor):
         self.hvd.allreduce_(tensor, op=self.hvd.Sum, name=f"bench.{tensor.numel()}")
+
+    def broadcast(self, tensor):
+        self.hvd.broadcast_(tensor, root_rank=0, name=f"bench.bcast.{tensor.numel()}")
+
+    def allgather(self, part, out):
+        return self.hvd.allgather(part, name=f"bench.gather.{part.numel()}")
 
     def barrier(self):
         self.hvd.barrier()
@@ -200,6 +222,13 @@ class GlooPeer:
     def allreduce(self, tensor):
         self.dist.all_reduce(tensor)
 
+    def broadcast(self, tensor):
+        self.dist.broadcast(tensor, src=0)
+
+    def allgather(self, part, out):
+        self.dist.all_gather(list(out.chunk(self.dist.get_world_size())), part)
+        return out
+
     def barrier(self):
         self.dist.barrier()
 
@@ -208,13 +237,18 @@ class MemoryFloor:
     """Every rank reads and rewrites its own tensor once, all at the same time: what each rank's
     memory must carry in any in-place allreduce, before a byte moves between ranks."""
     name = "floor"
-    is_allreduce = False
+    is_collective = False
 
     def __init__(self, hvd):
         self.hvd = hvd
 
     def allreduce(self, tensor):
         tensor.neg_()
+
+    broadcast = allreduce
+
+    def allgather(self, part, out):
+        return out.neg_()
 
     def barrier(self):
         self.hvd.barrier()
@@ -229,6 +263,13 @@ class MpiPeer:
 
     def allreduce(self, tensor):
         self.comm.Allreduce(self.MPI.IN_PLACE, [tensor.numpy(), self.MPI.FLOAT], op=self.MPI.SUM)
+
+    def broadcast(self, tensor):
+        self.comm.Bcast([tensor.numpy(), self.MPI.FLOAT], root=0)
+
+    def allgather(self, part, out):
+        self.comm.Allgather([part.numpy(), self.MPI.FLOAT], [out.numpy(), self.MPI.FLOAT])
+        return out
 
     def barrier(self):
         self.comm.Barrier()
@@ -247,25 +288,47 @@ def iterations(args, nbytes):
     return min(args.warmup, max(1, timed // 10)), timed
 
 
-def check(peer, tensor, rank, size):
-    tensor.fill_(rank + 1)
-    peer.allreduce(tensor)
-    expected = size * (size + 1) / 2
-    if not bool((tensor == expected).all()):
-        raise AssertionError(f"{peer.name}: allreduce of {tensor.numel() * 4} bytes gave "
-                             f"{tensor[:4].tolist()}..., expected {expected}")
+def operation(peer, collective, tensor, size):
+    """A call of no arguments that runs one collective of tensor's bytes (the gathered result for
+    allgather, whose part is the first 1/size of tensor and whose output is all of it)."""
+    if collective == "allreduce":
+        return lambda: peer.allreduce(tensor)
+    if collective == "broadcast":
+        return lambda: peer.broadcast(tensor)
+    part = tensor[:tensor.numel() // size].clone()
+    return lambda: peer.allgather(part, tensor)
+
+
+def check(torch, peer, collective, tensor, rank, size):
+    """Runs the collective once on values derived from the rank and compares the exact result."""
+    if collective == "allreduce":
+        tensor.fill_(rank + 1)
+        peer.allreduce(tensor)
+        got, want = tensor, torch.full_like(tensor, size * (size + 1) / 2)
+    elif collective == "broadcast":
+        tensor.fill_(rank + 1)
+        peer.broadcast(tensor)
+        got, want = tensor, torch.ones_like(tensor)
+    else:
+        part = torch.full((tensor.numel() // size,), float(rank + 1))
+        got = peer.allgather(part, tensor)
+        want = torch.arange(1, size + 1, dtype=torch.float32).repeat_interleave(part.numel())
+    if not torch.equal(got, want):
+        wrong = int((got != want).nonzero()[0]) if got.shape == want.shape else 0
+        raise AssertionError(f"{peer.name}: {collective} of {tensor.numel() * 4} bytes gave {got[wrong].item()} "
+                             f"at element {wrong}, expected {want[wrong].item()}")
     tensor.zero_()
 
 
-def time_one(peer, tensor, warmup, timed):
-    """Median seconds of one in-place allreduce on this rank."""
+def time_one(run, warmup, timed):
+    """Median seconds of one call of run on this rank."""
     for _ in range(warmup):
-        peer.allreduce(tensor)
+        run()
     samples = []
     clock = time.perf_counter
     for _ in range(timed):
         t0 = clock()
-        peer.allreduce(tensor)
+        run()
         samples.append(clock() - t0)
     return statistics.median(samples)
 
@@ -282,9 +345,10 @@ def sweep(args, peers, torch, rank, size):
             warmup, timed = iterations(args, nbytes)
             for peer in order:
                 peer.barrier()
-                if repeat == 0 and getattr(peer, "is_allreduce", True):
-                    check(peer, tensor, rank, size)
-                medians[peer.name][nbytes].append(time_one(peer, tensor, warmup, timed))
+                if repeat == 0 and getattr(peer, "is_collective", True):
+                    check(torch, peer, args.collective, tensor, rank, size)
+                run = operation(peer, args.collective, tensor, size)
+                medians[peer.name][nbytes].append(time_one(run, warmup, timed))
         if rank == 0:
             print(f"allreduce_bench: repeat {repeat + 1}/{args.repeats} took {time.perf_counter() - t_start:.1f} s",
                   flush=True)
@@ -305,7 +369,7 @@ def job_medians(hvd, torch, args, peers, medians):
 
 
 def table(args, peer_names, results, n):
-    factor = 2 * (n - 1) / n
+    factor = bus_factor(args.collective, n)
     header = ["size"] + [f"{p} lat" for p in peer_names] + [f"{p} busbw GB/s" for p in peer_names]
     ratios = [p for p in ("gloo", "mpi", "floor") if p in peer_names and "horo" in peer_names]
     header += [f"horo/{p}" for p in ratios]
@@ -339,6 +403,10 @@ def main(argv=None):
     torch.set_num_threads(1)  # 2 ranks on a small host: keep torch's own pool from competing
     hvd.init()
     rank, n = hvd.rank(), hvd.size()
+    uneven = [s for s in args.sizes if s % (4 * n)]
+    if args.collective == "allgather" and uneven:
+        sys.exit(f"allreduce_bench: allgather sizes must be multiples of 4 * {n} bytes (a float32 part per rank): "
+                 f"{uneven}")
     peers = []
     if "horo" in args.peers:
         peers.append(HoroPeer(hvd))
@@ -352,7 +420,7 @@ def main(argv=None):
     if "floor" in args.peers:
         peers.append(MemoryFloor(hvd))
     if rank == 0:
-        print(f"allreduce_bench: {n} ranks, peers {[p.name for p in peers]}, sizes {format_size(args.sizes[0])}.."
+        print(f"allreduce_bench: {args.collective}, {n} ranks, peers {[p.name for p in peers]}, sizes {format_size(args.sizes[0])}.."
               f"{format_size(args.sizes[-1])}, {args.repeats} repeats", flush=True)
 
     load_before = os.getloadavg()
@@ -361,8 +429,8 @@ def main(argv=None):
     results = job_medians(hvd, torch, args, peers, medians)
     if rank == 0:
         rows, text = table(args, [p.name for p in peers], results, n)
-        print(f"\nallreduce float32, {n} ranks; latency = median over repeats of the slowest rank's median "
-              f"iteration; busbw = bytes/latency * 2(n-1)/n; host load average {load_before[0]:.2f} before, "
+        print(f"\n{args.collective} float32, {n} ranks; latency = median over repeats of the slowest rank's median "
+              f"iteration; busbw = bytes/latency * {BUS_FACTOR[args.collective]}; host load average {load_before[0]:.2f} before, "
               f"{load_after[0]:.2f} after (1-minute average; the job itself accounts for up to {n})\n")
         print(text, flush=True)
         if args.csv:

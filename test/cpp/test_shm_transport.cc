@@ -598,7 +598,8 @@ int main() {
   TestForkedPeerDies(ChildDeath::kSigkillWhileSending);
   TestForkedPeerDies(ChildDeath::kExitWhileReceiving);
   TestForkedPeerDies(ChildDeath::kSigkillWhileParentReduces);
-  for (int n : {2, 3, 4}) TestAllLocal(n, uint64_t{4} << 20);
+  for (int n : {2, 3, 4}) TestAllLocal(n, ShmOptions().ring_bytes);
+  TestAllLocal(2, uint64_t{4} << 20);
   TestAllLocal(3, uint64_t{64} << 10);
   TestMixedHosts();
   TestReceiveReduce();

@@ -26,6 +26,9 @@ class TensorSpec:
     dtype: int
     shape: Tuple[int, ...]
     device: int = 0  # lib.HORO_DEVICE_HOST, or lib.HORO_DEVICE_CUDA_BASE + CUDA ordinal
+    # allgather, alltoall, reducescatter with an output_ptr: the bytes there, a guess of the result's
+    # size; the core writes the result there only when it is exactly that large (horo.h)
+    output_bytes: int = 0
 
 
 @dataclasses.dataclass
@@ -36,6 +39,15 @@ class Result:
     shape: Tuple[int, ...]
     received_splits: Optional[List[int]]
     value: int             # join: last rank to join
+
+
+def _result_of(r) -> Result:
+    """A Result from a filled horo_result_t."""
+    splits = None
+    if r.num_received_splits > 0:
+        splits = [r.received_splits[i] for i in range(r.num_received_splits)]
+    data = int(ffi.cast("uintptr_t", r.data)) if r.data != ffi.NULL else 0
+    return Result(data, r.nbytes, tuple(r.shape[i] for i in range(r.ndim)), splits, r.join_last_rank)
 
 
 _CACHE_LIMIT = 4096  # per cache: unnamed operations get fresh names, so the caches must not grow forever
@@ -312,6 +324,7 @@ class Runtime:
             t.ndim = len(spec.shape)
             t.shape = shape
             t.device = spec.device
+            t.output_bytes = spec.output_bytes
         handles = ffi.new("horo_handle_t[]", count)
         with self._use() as rt:
             check(lib.horo_enqueue(rt, op_type, tensors, len(specs), opts, handles))
@@ -357,6 +370,27 @@ class Runtime:
         finally:
             active.pop()
 
+    def run_result_prepared(self, prepared, input_ptr, output_ptr, output_bytes) -> Tuple[Result, int]:
+        """run_prepared() of an allgather, alltoall or reducescatter, whose result the core sizes
+        (horo_run_result_at): output_ptr holds output_bytes bytes, a guess of the result's size (0
+        and 0: none). Returns (result, handle). A result with data_ptr 0 was written to output_ptr
+        and handle is 0; otherwise the caller copies the result out, then calls release(handle)."""
+        out = ffi.new("horo_result_t*")
+        handle = ffi.new("horo_handle_t*")
+        active = self._active  # as in run_prepared
+        active.append(None)
+        try:
+            rt = self._rt
+            if rt is None:
+                check(lib.HORO_ERR_SHUT_DOWN, _SHUT_DOWN)
+            status = lib.horo_run_result_at(rt, prepared.op_type, prepared.tensor, input_ptr, output_ptr, output_bytes,
+                                            prepared.options, out, handle)
+            if status != lib.HORO_OK:
+                check(status, last_error())
+        finally:
+            active.pop()
+        return _result_of(out), handle[0]
+
     def enqueue_prepared(self, prepared, input_ptr, output_ptr) -> int:
         """enqueue() of one tensor from a description made once by prepare_run(caller_waits=False):
         per call only the two addresses cross into the core (horo_enqueue_at). Returns the handle."""
@@ -399,11 +433,7 @@ class Runtime:
         r = ffi.new("horo_result_t*")
         with self._use() as rt:
             check(lib.horo_handle_result(rt, handle, r))
-        splits = None
-        if r.num_received_splits > 0:
-            splits = [r.received_splits[i] for i in range(r.num_received_splits)]
-        data = int(ffi.cast("uintptr_t", r.data)) if r.data != ffi.NULL else 0
-        return Result(data, r.nbytes, tuple(r.shape[i] for i in range(r.ndim)), splits, r.join_last_rank)
+        return _result_of(r)
 
     def release(self, handle):
         with self._use() as rt:

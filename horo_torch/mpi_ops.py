@@ -165,9 +165,12 @@ def _records_graph(tensors):
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
-def _enqueue(op_type, kind, name, inputs, outputs, process_set, finish, staging=None, event=None, **options):
+def _enqueue(op_type, kind, name, inputs, outputs, process_set, finish, staging=None, event=None, needs_result=None,
+             **options):
     """Enqueues one operation over inputs (contiguous host tensors, or CUDA tensors on the core
-    path, whose producers event follows); returns a Python-level handle."""
+    path, whose producers event follows); returns a Python-level handle. finish reads the core's
+    results when an output is None, or when needs_result says so (an output that is only a guess
+    of an allgather's size, which the result tells whether it fitted)."""
     runtime = basics.runtime()
     set_id = _process_set_id(process_set)
     base = _op_name(kind, name, set_id)
@@ -175,7 +178,8 @@ def _enqueue(op_type, kind, name, inputs, outputs, process_set, finish, staging=
     specs = []
     for n, src, dst in zip(names, inputs, outputs):
         specs.append(TensorSpec(n, src.data_ptr(), 0 if dst is None else dst.data_ptr(), _dtype_code(src, n),
-                                tuple(src.shape), device.device_code(src)))
+                                tuple(src.shape), device.device_code(src),
+                                0 if dst is None else dst.numel() * dst.element_size()))
     try:
         if staging is not None:
             staging.ready()
@@ -186,7 +190,8 @@ def _enqueue(op_type, kind, name, inputs, outputs, process_set, finish, staging=
         if staging is not None:
             staging.release()
         raise
-    needs_result = any(dst is None for dst in outputs)
+    if needs_result is None:
+        needs_result = any(dst is None for dst in outputs)
     return _register(runtime, core_handles, (inputs, outputs, event), finish, staging, needs_result)
 
 
@@ -451,15 +456,45 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 
 # Allgather ---------------------------------------------------------------------------------------
 
+# The shape of the last gathered result per kind, name (None for unnamed calls, whose names change
+# every call), process set, dtype and input shape. Only the negotiation tells an allgather's size,
+# and in a loop it is the same as the last call's: a host tensor of that shape is allocated up front
+# and the core gathers straight into it when it fits (horo.h, output_bytes), instead of into a
+# buffer of its own that is then copied.
+_gathered_shapes = {}
+
+
+def _gathered_key(kind, name, process_set, tensor):
+    return kind, name, process_set.process_set_id, tensor.dtype, tuple(tensor.shape)
+
+
+def _remember_gathered(key, shape):
+    if len(_gathered_shapes) >= _PREPARED_RUNS_LIMIT:
+        _gathered_shapes.clear()
+    _gathered_shapes[key] = shape
+
+
 def _allgather_async(tensors, name, process_set, kind):
     staging = device.Staging()
     srcs = [staging.to_host(t) for t in tensors]
+    keys = [_gathered_key(kind, name, process_set, t) for t in tensors]
+    guesses = []
+    for key, t in zip(keys, tensors):
+        shape = _gathered_shapes.get(key) if t.device.type == "cpu" else None
+        guesses.append(None if shape is None else torch.empty(shape, dtype=t.dtype))
 
     def finish(rt, results):
-        outs = [_from_result(rt, r, t, staging) for r, t in zip(results, tensors)]
+        outs = []
+        for r, t, key, guess in zip(results, tensors, keys, guesses):
+            if guess is not None and r.nbytes == guess.numel() * guess.element_size():  # gathered into it
+                outs.append(guess if tuple(guess.shape) == r.shape else guess.view(r.shape))
+            else:
+                outs.append(_from_result(rt, r, t, staging))
+            if t.device.type == "cpu":
+                _remember_gathered(key, r.shape)
         return outs if kind.startswith("grouped") else outs[0]
 
-    return _enqueue(lib.HORO_ALLGATHER, kind, name, srcs, [None] * len(srcs), process_set, finish, staging)
+    return _enqueue(lib.HORO_ALLGATHER, kind, name, srcs, guesses, process_set, finish, staging, needs_result=True)
 
 
 def allgather_async(tensor, name=None, process_set=global_process_set):
@@ -473,7 +508,7 @@ class HorovodAllgather(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor, name, process_set):
-        output = _now(allgather_async, tensor, name, process_set)  # the core rejects scalars first
+        output = _allgather_now(tensor, name, process_set)  # the core rejects scalars first
         ctx.dim, ctx.process_set = tensor.shape[0], process_set
         return output
 
@@ -505,7 +540,48 @@ def allgather(tensor, name=None, process_set=global_process_set):
     """
     if _records_graph((tensor,)):
         return HorovodAllgather.apply(tensor, name, process_set)
-    return _now(allgather_async, tensor, name, process_set)
+    return _allgather_now(tensor, name, process_set)
+
+
+# The last synchronous allgather of each name on a dense host tensor: (process set, its id, dtype,
+# shape, description, the result's shape and bytes). A loop of the same call checks these fields,
+# allocates a tensor of the last result's shape and lets the core gather into it in one call: no
+# dictionary key to build, no handle to manage (docs/benchmarks.md, "Allgather into the caller's
+# tensor").
+_last_gather = {}
+
+
+def _allgather_now(tensor, name, process_set):
+    """A synchronous allgather. A named dense host tensor takes one call into the core, which
+    gathers into a tensor of the last call's result shape when the result has that size."""
+    last = _last_gather.get(name) if name is not None else None
+    if (last is not None and last[0] is process_set and last[1] == process_set.process_set_id
+            and tensor.dtype is last[2] and tensor.shape == last[3] and tensor.is_cpu and tensor.is_contiguous()):
+        prepared, shape, nbytes = last[4], last[5], last[6]
+    else:
+        set_id = process_set.process_set_id
+        if name is None or set_id is None or not _is_host_dense(tensor):
+            return _now(allgather_async, tensor, name, process_set)
+        base = _op_name("allgather", name, set_id)
+        prepared = prepare_run(lib.HORO_ALLGATHER, base, _dtype_code(tensor, base), tuple(tensor.shape), set_id)
+        shape, nbytes = None, 0
+    out = None if shape is None else torch.empty(shape, dtype=tensor.dtype)
+    runtime = basics.runtime()
+    result, handle = runtime.run_result_prepared(prepared, tensor.data_ptr(), 0 if out is None else out.data_ptr(),
+                                                 nbytes)
+    if handle:
+        try:
+            out = torch.empty(result.shape, dtype=tensor.dtype)
+            runtime.copy_result(result, out.data_ptr())
+        finally:
+            runtime.release(handle)
+    elif result.shape != shape:  # the same bytes in rows of no bytes
+        out = out.view(result.shape)
+    if len(_last_gather) >= _PREPARED_RUNS_LIMIT:
+        _last_gather.clear()
+    _last_gather[name] = (process_set, process_set.process_set_id, tensor.dtype, tensor.shape, prepared, result.shape,
+                          result.nbytes)
+    return out
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):

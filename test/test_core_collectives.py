@@ -276,6 +276,86 @@ def test_reducescatter(world, dtype):
             assert g.shape == (mine, 3) and np.all(g == value), f"rows {rows}"
 
 
+def test_results_go_to_an_output_of_exactly_their_size(world):
+    """An allgather, alltoall or reducescatter whose output_bytes equal the result's size writes it
+    to the output (Result.data_ptr 0); any other guess leaves the output alone and the core holds
+    the result. Both through enqueue and through run_result_prepared, whose failures leave no
+    handle behind."""
+    from horo_core.runtime import prepare_run
+    n = world.size
+    pad = 8  # float64 sentinels on each side of the output
+
+    def cases(rank):
+        gathered = np.concatenate([np.full((r % 3, 2), r + 1.0) for r in range(n)])
+        rows = np.full((rank % 3, 2), rank + 1.0)
+        yield "ag", lib.HORO_ALLGATHER, rows, {}, gathered
+        splits = [(rank + j) % 2 for j in range(n)]
+        sent = np.concatenate([np.full((splits[j], 2), 10.0 * rank + j) for j in range(n)] + [np.zeros((0, 2))])
+        received = np.concatenate([np.full(((j + rank) % 2, 2), 10.0 * j + rank) for j in range(n)] + [np.zeros((0, 2))])
+        yield "a2a", lib.HORO_ALLTOALL, sent, {"splits": splits}, received
+        mine = (2 * n + 1) // n + (1 if rank < (2 * n + 1) % n else 0)
+        yield "rs", lib.HORO_REDUCESCATTER, np.full((2 * n + 1, 2), rank + 1.0), {}, np.full((mine, 2), n * (n + 1) / 2)
+
+    def body(rt):
+        checked = 0
+        for tag, op, x, options, want in cases(rt.rank):
+            for extra in (0, -1, 1):  # the exact size, one element short, one too many
+                elements = want.size + extra
+                if elements < 0:
+                    continue
+                backing = np.full(elements + 2 * pad, -7.0)
+                out = backing[pad:pad + elements]
+                spec = TensorSpec(f"{tag}.{extra}", x.ctypes.data, out.ctypes.data, lib.HORO_FLOAT64, x.shape,
+                                  output_bytes=out.nbytes)
+                (h,) = rt.enqueue(op, [spec], **options)
+                try:
+                    rt.wait(h)
+                    res = rt.result(h)
+                    assert res.nbytes == want.nbytes and res.shape == want.shape, (tag, extra, res)
+                    if extra == 0:
+                        assert res.data_ptr == 0, (tag, "an output of the result's size was not used")
+                        got = out.reshape(want.shape)
+                    else:
+                        assert res.data_ptr != 0 or res.nbytes == 0, (tag, extra, "the result is not the core's")
+                        got = np.empty(want.shape)
+                        rt.copy_result(res, got.ctypes.data)
+                        assert np.all(out == -7.0), (tag, extra, "the output was touched")
+                finally:
+                    rt.release(h)
+                assert np.array_equal(got, want), (tag, extra, got, want)
+                assert np.all(backing[:pad] == -7.0) and np.all(backing[pad + elements:] == -7.0), (tag, extra)
+                checked += 1
+        # The one-call form, for an allgather: a fitting guess, a wrong one, and none.
+        x = np.full((rt.rank % 3, 2), rt.rank + 1.0)
+        want = np.concatenate([np.full((r % 3, 2), r + 1.0) for r in range(n)])
+        prepared = prepare_run(lib.HORO_ALLGATHER, "ag.run", lib.HORO_FLOAT64, x.shape, 0)
+        for guess in ("fits", "wrong", "none"):
+            out = np.full({"fits": want.size, "wrong": want.size + 2, "none": 0}[guess], -7.0)
+            res, handle = rt.run_result_prepared(prepared, x.ctypes.data, 0 if guess == "none" else out.ctypes.data,
+                                                 out.nbytes)
+            assert res.shape == want.shape and res.nbytes == want.nbytes
+            if guess == "fits":
+                assert handle == 0 and res.data_ptr == 0
+                got = out.reshape(want.shape)
+            else:
+                assert handle != 0 and (res.data_ptr != 0 or res.nbytes == 0) and np.all(out == -7.0)
+                got = np.empty(want.shape)
+                rt.copy_result(res, got.ctypes.data)
+                rt.release(handle)
+            assert np.array_equal(got, want), (guess, got)
+            checked += 1
+        scalar = np.array(1.0)
+        bad = prepare_run(lib.HORO_ALLGATHER, "ag.scalar", lib.HORO_FLOAT64, (), 0)
+        with pytest.raises(HoroInvalidArgument, match="scalar"):
+            rt.run_result_prepared(bad, scalar.ctypes.data, 0, 0)
+        not_sized = prepare_run(lib.HORO_ALLREDUCE, "ar.run", lib.HORO_FLOAT64, (1,), 0)
+        with pytest.raises(HoroInvalidArgument, match="takes allgather, alltoall and reducescatter"):
+            rt.run_result_prepared(not_sized, scalar.ctypes.data, scalar.ctypes.data, 8)
+        return checked
+
+    assert all(checked >= 6 for checked in world.run(body))
+
+
 def test_barrier_and_repeated_steps_use_the_cache(world):
     def body(rt):
         total = 0.0

@@ -729,9 +729,53 @@ def check_autograd(hvd, c, env):
     c.equal("grouped_reducescatter Sum grad", xs_sum.grad, torch.full((2 * n,), float(n), dtype=torch.float64))
 
 
+def check_repeated_allgathers(hvd, c, env):
+    """allgather under one name while the ranks' rows change from call to call. Horo gathers into a
+    tensor of the last result's shape when the new result has its size, so each call here keeps
+    this rank's rows, or the total, or neither, of the call before; every result must be exactly
+    what was gathered, and a new tensor that later calls leave alone."""
+    r, n = hvd.rank(), hvd.size()
+
+    def gathered(rows_of, value, width, dtype):
+        return torch.cat([torch.full((rows_of(s), width), float(10 * s + value), dtype=torch.float64)
+                          for s in range(n)]).to(dtype)
+
+    steps = [  # (label, rows of rank s, width)
+        ("first call", lambda s: s + 1, 3),
+        ("the same rows again", lambda s: s + 1, 3),
+        ("and again", lambda s: s + 1, 3),
+        ("the last rank's rows change", lambda s: s + 1 + (s == n - 1), 3),
+        ("ranks 1 and 2 swap rows: same total", lambda s: {1: 3, 2: 2}.get(s, s + 1) if n >= 3 else s + 1, 3),
+        ("rows of no bytes", lambda s: s + 1, 0),
+        ("other rows of no bytes", lambda s: s + 2, 0),
+        ("only the last rank has rows", lambda s: 2 * (s == n - 1), 3),
+        ("no rank has rows", lambda s: 0, 3),
+        ("back to the first", lambda s: s + 1, 3),
+    ]
+    modes = {
+        "allgather": lambda x, name: hvd.allgather(x, name=name),
+        "allgather_async": lambda x, name: hvd.synchronize(hvd.allgather_async(x, name=name)),
+        "grouped_allgather": lambda x, name: hvd.grouped_allgather([x, x[:, :1]], name=name)[0],
+        "allgather with a graph": lambda x, name: hvd.allgather(x.double().requires_grad_(), name=name).detach().to(
+            x.dtype),
+    }
+    for dtype in (torch.float32, torch.int16):
+        for mode, call in modes.items():
+            kept = []
+            for i, (label, rows_of, width) in enumerate(steps):
+                x = torch.full((rows_of(r), width), float(10 * r + i), dtype=torch.float64).to(dtype)
+                got = call(x, f"repeat.{mode}")
+                want = gathered(rows_of, i, width, dtype)
+                c.equal(f"{mode} {dtype} {label}", got, want)
+                kept.append((label, got, want.clone()))
+            for label, got, want in kept:
+                c.equal(f"{mode} {dtype} {label}: unchanged by the later calls", got, want)
+
+
 GROUPS = [check_topology, check_allreduce_matrix, check_noncontiguous, check_scales_and_compression,
           check_grouped_allreduce, check_allgather, check_broadcast, check_alltoall, check_reducescatter,
-          check_sync_and_names, check_repeated_named_calls, check_join, check_autograd]
+          check_sync_and_names, check_repeated_named_calls, check_repeated_allgathers, check_join,
+          check_autograd]
 
 
 def run_all_checks():

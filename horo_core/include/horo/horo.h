@@ -108,7 +108,11 @@ typedef struct horo_init_options {
 } horo_init_options_t;
 
 /* One tensor of an enqueue call. output may be NULL for allgather, alltoall and reducescatter:
- * the core then allocates the result, read back with horo_handle_result(). */
+ * the core then allocates the result, read back with horo_handle_result(). Their size is known
+ * only once the ranks have agreed, so for these an output is a guess of output_bytes bytes (the
+ * last call's result, say): the result is written there exactly when horo_result_t.nbytes equals
+ * output_bytes (horo_result_t.data is then NULL); otherwise the core allocates it as for a NULL
+ * output. */
 typedef struct horo_tensor {
   const char* name;
   const void* input;
@@ -117,6 +121,7 @@ typedef struct horo_tensor {
   int32_t ndim;
   const int64_t* shape;
   int32_t device;           /* HORO_DEVICE_HOST (0) or HORO_DEVICE_CUDA_BASE + CUDA ordinal */
+  int64_t output_bytes;     /* allgather, alltoall, reducescatter: the bytes at output (see above) */
 } horo_tensor_t;
 
 /* Options of one enqueue call; horo_op_options_init() fills the defaults. */
@@ -137,7 +142,7 @@ typedef struct horo_op_options {
 /* What a finished handle produced, for outputs the core allocated. */
 typedef struct horo_result {
   const void* data;         /* valid until horo_release(); NULL if the caller gave the output */
-  int64_t nbytes;
+  int64_t nbytes;           /* of the result, wherever it was written */
   int32_t ndim;
   int64_t shape[16];
   const int64_t* received_splits; /* alltoall: rows received from each member */
@@ -253,6 +258,15 @@ horo_status_t horo_run_at(horo_runtime_t* rt, int32_t op_type, const horo_tensor
  * enqueues the same tensors step after step (gradients). */
 horo_status_t horo_enqueue_at(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t* tensor, uintptr_t input,
                               uintptr_t output, const horo_op_options_t* options, horo_handle_t* handle);
+
+/* horo_run_at for an operation whose result the core sizes (allgather, alltoall, reducescatter):
+ * output and output_bytes are the guess of horo_tensor_t. On success *result describes the result.
+ * When result->data is NULL it was written to output and nothing is left to release (*handle is
+ * 0); otherwise *handle is the completed operation, whose result->data the caller copies before
+ * horo_release(*handle). On failure nothing is left to release either. */
+horo_status_t horo_run_result_at(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t* tensor, uintptr_t input,
+                                 uintptr_t output, int64_t output_bytes, const horo_op_options_t* options,
+                                 horo_result_t* result, horo_handle_t* handle);
 
 horo_status_t horo_poll(horo_runtime_t* rt, horo_handle_t handle, int32_t* done);
 /* Blocks until the handle completes or timeout_seconds pass (< 0, infinite or above 1e6: no limit;

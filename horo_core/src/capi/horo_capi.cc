@@ -449,6 +449,66 @@ horo_status_t horo_enqueue_at(horo_runtime_t* rt, int32_t op_type, const horo_te
   return horo_enqueue(rt, op_type, &t, 1, options, handle);
 }
 
+namespace {
+
+void DescribeResult(const horo::HandleResult& r, horo_result_t* out) {
+  out->data = r.allocated ? r.data.data() : nullptr;
+  out->nbytes = r.nbytes;
+  out->ndim = static_cast<int32_t>(r.shape.size());
+  for (size_t i = 0; i < r.shape.size() && i < HORO_MAX_DIMS; ++i) out->shape[i] = r.shape[i];
+  out->received_splits = r.received_splits.empty() ? nullptr : r.received_splits.data();
+  out->num_received_splits = static_cast<int32_t>(r.received_splits.size());
+  out->join_last_rank = r.value;
+}
+
+}  // namespace
+
+horo_status_t horo_run_result_at(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t* tensor, uintptr_t input,
+                                 uintptr_t output, int64_t output_bytes, const horo_op_options_t* options,
+                                 horo_result_t* result, horo_handle_t* handle) {
+  HORO_API_BEGIN();
+  HORO_REQUIRE_RUNTIME(rt);
+  if (tensor == nullptr || result == nullptr || handle == nullptr) {
+    return Fail(HORO_ERR_INVALID_ARGUMENT, "horo_run_result_at: null tensor, result or handle");
+  }
+  *handle = 0;
+  const horo::OpType op = static_cast<horo::OpType>(op_type);
+  if (!horo::IsValidOpType(op_type) ||
+      (op != horo::OpType::kAllgather && op != horo::OpType::kAlltoall && op != horo::OpType::kReducescatter)) {
+    return Fail(HORO_ERR_INVALID_ARGUMENT, "horo_run_result_at takes allgather, alltoall and reducescatter, got "
+                                           "operation " + std::to_string(op_type));
+  }
+  horo_op_options_t run_options;
+  if (options) {
+    run_options = *options;
+  } else {
+    horo_op_options_init(&run_options);
+  }
+  run_options.caller_waits = 1;
+  horo_tensor_t t = *tensor;
+  t.input = reinterpret_cast<const void*>(input);
+  t.output = reinterpret_cast<void*>(output);
+  t.output_bytes = output_bytes;
+  horo_handle_t h = 0;
+  horo::Status st = rt->impl->Enqueue(op, &t, 1, run_options, &h);
+  if (!st.ok()) return SetError(st);
+  st = rt->impl->Wait(h, -1);
+  const horo::HandleResult* r = st.ok() ? rt->impl->handles().Result(h) : nullptr;
+  if (st.ok() && r == nullptr) st = horo::Status::Internal("horo_run_result_at: a completed operation has no result");
+  if (!st.ok()) {
+    rt->impl->handles().Release(h);
+    return SetError(st);
+  }
+  DescribeResult(*r, result);
+  if (r->allocated) {
+    *handle = h;  // the caller copies the result out, then releases
+  } else {
+    rt->impl->handles().Release(h);
+  }
+  return HORO_OK;
+  HORO_API_END();
+}
+
 horo_status_t horo_poll(horo_runtime_t* rt, horo_handle_t handle, int32_t* done) {
   HORO_API_BEGIN();
   HORO_REQUIRE_RUNTIME(rt);
@@ -471,13 +531,7 @@ horo_status_t horo_handle_result(horo_runtime_t* rt, horo_handle_t handle, horo_
   HORO_REQUIRE_RUNTIME(rt);
   const horo::HandleResult* r = rt->impl->handles().Result(handle);
   if (r == nullptr) return Fail(HORO_ERR_INVALID_ARGUMENT, "handle is unknown or not complete");
-  out->data = r->allocated ? r->data.data() : nullptr;
-  out->nbytes = static_cast<int64_t>(r->data.size());
-  out->ndim = static_cast<int32_t>(r->shape.size());
-  for (size_t i = 0; i < r->shape.size() && i < HORO_MAX_DIMS; ++i) out->shape[i] = r->shape[i];
-  out->received_splits = r->received_splits.empty() ? nullptr : r->received_splits.data();
-  out->num_received_splits = static_cast<int32_t>(r->received_splits.size());
-  out->join_last_rank = r->value;
+  DescribeResult(*r, out);
   return HORO_OK;
   HORO_API_END();
 }

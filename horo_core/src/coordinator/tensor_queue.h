@@ -20,6 +20,7 @@ struct TensorEntry {
   Request request;
   const void* input = nullptr;
   void* output = nullptr;
+  int64_t output_bytes = 0;     // allgather, alltoall, reducescatter: the bytes output holds (horo.h)
   void* ready_event = nullptr;  // CUDA tensors: CUevent the device work waits on (may be null)
   int64_t handle = 0;
   int64_t enqueued_ns = 0;  // CoarseNanos when added

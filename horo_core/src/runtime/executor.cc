@@ -6,6 +6,7 @@
 
 #include "collectives/adasum.h"
 #include "collectives/reduce_kernels.h"
+#include "common/huge_pages.h"
 #include "common/logging.h"
 
 namespace horo {
@@ -211,6 +212,22 @@ void Executor::Finish(Slot& slot, const Status& status, HandleResult* result) {
   if (slot.present) handles_->Complete(slot.entry.handle, status, result);
 }
 
+uint8_t* Executor::ResultBuffer(const Slot& slot, int64_t bytes, HandleResult* result) {
+  result->nbytes = bytes;
+  uint8_t* out = nullptr;
+  if (slot.entry.output != nullptr && slot.entry.output_bytes == bytes) {
+    result->allocated = false;
+    out = static_cast<uint8_t*>(slot.entry.output);
+  } else {
+    result->allocated = true;
+    result->data.resize(static_cast<size_t>(bytes));
+    out = result->data.data();
+  }
+  // Results are mostly fresh memory, which the collective faults in as it writes (huge_pages.h).
+  if (bytes >= static_cast<int64_t>(2 * kHugePageBytes)) AdviseHugePages(out, static_cast<size_t>(bytes));
+  return out;
+}
+
 uint8_t* Executor::FusionBuffer(int64_t bytes) {
   if (static_cast<int64_t>(fusion_buffer_.size()) < bytes) fusion_buffer_.resize(bytes);
   return fusion_buffer_.data();
@@ -388,8 +405,7 @@ Status Executor::RunAllgather(const CommGroup& group, Slot& slot) {
     rows += d;
   }
   HandleResult result;
-  result.allocated = true;
-  result.data.resize(rows * row_bytes);
+  uint8_t* gathered = ResultBuffer(slot, rows * row_bytes, &result);
   result.shape = r.shape;
   result.shape[0] = rows;
   // The coordinator's setting (stamped in the response) and the set's hosts: every member chooses alike.
@@ -399,7 +415,7 @@ Status Executor::RunAllgather(const CommGroup& group, Slot& slot) {
   const AllgatherAlgorithm algorithm = ChooseAllgatherAlgorithm(options);
   if (group.size() > 1) allgather_runs_[static_cast<int>(algorithm)].fetch_add(1, std::memory_order_relaxed);
   trace_.Activity(AllgatherAlgorithmTimelineName(algorithm));
-  HORO_RETURN_IF_ERROR(Allgather(group, slot.entry.input, result.data.data(), bytes_per_member, options));
+  HORO_RETURN_IF_ERROR(Allgather(group, slot.entry.input, gathered, bytes_per_member, options));
   Finish(slot, Status::OK(), &result);
   return Status::OK();
 }
@@ -424,7 +440,6 @@ Status Executor::RunAlltoall(const CommGroup& group, Slot& slot) {
   const int64_t row_bytes = RowElements(r.shape) * static_cast<int64_t>(DataTypeSize(r.dtype));
   std::vector<int64_t> send_bytes(n), recv_bytes(n);
   HandleResult result;
-  result.allocated = true;
   int64_t rows = 0;
   for (int j = 0; j < n; ++j) {
     send_bytes[j] = r.member_dims[static_cast<size_t>(group.index) * n + j] * row_bytes;
@@ -433,11 +448,11 @@ Status Executor::RunAlltoall(const CommGroup& group, Slot& slot) {
     result.received_splits.push_back(received);
     rows += received;
   }
-  result.data.resize(rows * row_bytes);
+  uint8_t* received = ResultBuffer(slot, rows * row_bytes, &result);
   result.shape = slot.entry.request.shape;
   result.shape[0] = rows;
   trace_.Activity(kAlltoallAlgorithmName);
-  HORO_RETURN_IF_ERROR(Alltoall(group, slot.entry.input, send_bytes, result.data.data(), recv_bytes));
+  HORO_RETURN_IF_ERROR(Alltoall(group, slot.entry.input, send_bytes, received, recv_bytes));
   Finish(slot, Status::OK(), &result);
   return Status::OK();
 }
@@ -457,15 +472,14 @@ Status Executor::RunReducescatter(const CommGroup& group, Slot& slot) {
   std::memcpy(scratch, slot.entry.input, total * esize);
   Scale(scratch, total, dtype, r.prescale_factor);
   HandleResult result;
-  result.allocated = true;
-  result.data.resize(counts[group.index] * esize);
+  uint8_t* reduced = ResultBuffer(slot, counts[group.index] * static_cast<int64_t>(esize), &result);
   result.shape = r.shape;
   result.shape[0] = counts[group.index] / (row_elems ? row_elems : 1);
   if (row_elems == 0) result.shape[0] = dim0 / n + (group.index < dim0 % n ? 1 : 0);
   trace_.Activity(kReducescatterAlgorithmName);
-  HORO_RETURN_IF_ERROR(Reducescatter(group, scratch, result.data.data(), counts, dtype, CollectiveOp(r.reduce_op),
+  HORO_RETURN_IF_ERROR(Reducescatter(group, scratch, reduced, counts, dtype, CollectiveOp(r.reduce_op),
                                      allreduce_options_));
-  Postscale(result.data.data(), counts[group.index], r, n);
+  Postscale(reduced, counts[group.index], r, n);
   Finish(slot, Status::OK(), &result);
   return Status::OK();
 }

@@ -102,6 +102,9 @@ class Executor {
   Status RunOnDevice(const CommGroup& group, std::vector<Slot>& slots);
 
   uint8_t* FusionBuffer(int64_t bytes);
+  // Where a result of bytes bytes (allgather, alltoall, reducescatter) is written: the caller's
+  // output when it holds exactly that many (horo_tensor_t.output_bytes), else result->data.
+  static uint8_t* ResultBuffer(const Slot& slot, int64_t bytes, HandleResult* result);
 
   struct SetTopology {
     std::vector<int> ranks;  // the members it was computed for

@@ -12,15 +12,35 @@
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
 
 namespace horo {
 
+// A vector whose resize leaves new bytes uninitialised: a result is written over whole before anyone
+// reads it, and zeroing it first was one more pass over the memory.
+template <typename T>
+struct UninitialisedAllocator : std::allocator<T> {
+  template <typename U>
+  struct rebind {
+    using other = UninitialisedAllocator<U>;
+  };
+  template <typename U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+
 struct HandleResult {
-  std::vector<uint8_t> data;  // empty when the caller supplied the output
+  std::vector<uint8_t, UninitialisedAllocator<uint8_t>> data;  // empty when written to the caller's output
   bool allocated = false;
+  int64_t nbytes = 0;  // of the result, in data or in the caller's output
   std::vector<int64_t> shape;
   std::vector<int64_t> received_splits;
   int32_t value = -1;  // join: last rank to join; process set add: the new id

@@ -254,6 +254,7 @@ Status Runtime::Enqueue(OpType op, const horo_tensor_t* tensors, int32_t count, 
       e.input = t.input;
       e.request.input = t.input;
       e.output = t.output;
+      e.output_bytes = t.output_bytes;
       r.device = t.device;
       if (t.device != HORO_DEVICE_HOST) e.ready_event = options.ready_event;
       entries.push_back(std::move(e));

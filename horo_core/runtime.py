@@ -50,6 +50,10 @@ def _result_of(r) -> Result:
     return Result(data, r.nbytes, tuple(r.shape[i] for i in range(r.ndim)), splits, r.join_last_rank)
 
 
+# Per thread: the result and handle that run_result_prepared fills (a synchronous call needs them
+# only until it returns, so one pair per thread serves every call).
+_result_slots = threading.local()
+
 _CACHE_LIMIT = 4096  # per cache: unnamed operations get fresh names, so the caches must not grow forever
 
 
@@ -127,7 +131,8 @@ class Stats:
     rounds_agreed counts the completed rounds of that agreement, each a message from every rank
     (a loop of one repeated synchronous allreduce needs one per call); caller_polls counts the
     waits in which a driving caller busy-polled before its first yield, caller_yields the times
-    such a caller gave up its core (sched_yield).
+    such a caller gave up its core (sched_yield); allgather_from_announcements counts the small
+    agreed allgathers whose data came with the announcements (not counted in allgather_ring).
     """
     allreduce_recursive_doubling: int
     allreduce_ring: int
@@ -144,6 +149,7 @@ class Stats:
     rounds_agreed: int
     caller_polls: int
     caller_yields: int
+    allgather_from_announcements: int
 
 
 class LoopbackHub:
@@ -370,13 +376,19 @@ class Runtime:
         finally:
             active.pop()
 
-    def run_result_prepared(self, prepared, input_ptr, output_ptr, output_bytes) -> Tuple[Result, int]:
+    def run_result_prepared(self, prepared, input_ptr, output_ptr, output_bytes):
         """run_prepared() of an allgather, alltoall or reducescatter, whose result the core sizes
         (horo_run_result_at): output_ptr holds output_bytes bytes, a guess of the result's size (0
-        and 0: none). Returns (result, handle). A result with data_ptr 0 was written to output_ptr
-        and handle is 0; otherwise the caller copies the result out, then calls release(handle)."""
-        out = ffi.new("horo_result_t*")
-        handle = ffi.new("horo_handle_t*")
+        and 0: none). Returns (handle, r): r is this thread's horo_result_t, valid until its next
+        call here (r.nbytes is the result's size; result_of(r) makes a Result of it). A handle of
+        0 means the result was written to output_ptr; otherwise the caller copies it out, then
+        calls release(handle)."""
+        slots = _result_slots.__dict__
+        out = slots.get("result")
+        if out is None:
+            out = slots["result"] = ffi.new("horo_result_t*")
+            slots["handle"] = ffi.new("horo_handle_t*")
+        handle = slots["handle"]
         active = self._active  # as in run_prepared
         active.append(None)
         try:
@@ -389,7 +401,12 @@ class Runtime:
                 check(status, last_error())
         finally:
             active.pop()
-        return _result_of(out), handle[0]
+        return handle[0], out
+
+    @staticmethod
+    def result_of(r) -> Result:
+        """A Result of a filled horo_result_t (run_result_prepared's r)."""
+        return _result_of(r)
 
     def enqueue_prepared(self, prepared, input_ptr, output_ptr) -> int:
         """enqueue() of one tensor from a description made once by prepare_run(caller_waits=False):

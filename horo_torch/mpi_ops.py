@@ -567,15 +567,17 @@ def _allgather_now(tensor, name, process_set):
         shape, nbytes = None, 0
     out = None if shape is None else torch.empty(shape, dtype=tensor.dtype)
     runtime = basics.runtime()
-    result, handle = runtime.run_result_prepared(prepared, tensor.data_ptr(), 0 if out is None else out.data_ptr(),
-                                                 nbytes)
+    handle, r = runtime.run_result_prepared(prepared, tensor.data_ptr(), 0 if out is None else out.data_ptr(), nbytes)
+    if handle == 0 and r.nbytes:  # gathered into out, which has the result's bytes and so its shape
+        return out
+    result = runtime.result_of(r)
     if handle:
         try:
             out = torch.empty(result.shape, dtype=tensor.dtype)
             runtime.copy_result(result, out.data_ptr())
         finally:
             runtime.release(handle)
-    elif result.shape != shape:  # the same bytes in rows of no bytes
+    elif result.shape != shape:  # no bytes at all: the rows may differ
         out = out.view(result.shape)
     if len(_last_gather) >= _PREPARED_RUNS_LIMIT:
         _last_gather.clear()

@@ -331,8 +331,9 @@ def test_results_go_to_an_output_of_exactly_their_size(world):
         prepared = prepare_run(lib.HORO_ALLGATHER, "ag.run", lib.HORO_FLOAT64, x.shape, 0)
         for guess in ("fits", "wrong", "none"):
             out = np.full({"fits": want.size, "wrong": want.size + 2, "none": 0}[guess], -7.0)
-            res, handle = rt.run_result_prepared(prepared, x.ctypes.data, 0 if guess == "none" else out.ctypes.data,
-                                                 out.nbytes)
+            handle, filled = rt.run_result_prepared(prepared, x.ctypes.data, 0 if guess == "none" else out.ctypes.data,
+                                                    out.nbytes)
+            res = rt.result_of(filled)
             assert res.shape == want.shape and res.nbytes == want.nbytes
             if guess == "fits":
                 assert handle == 0 and res.data_ptr == 0

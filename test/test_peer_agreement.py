@@ -327,6 +327,60 @@ def test_small_allreduces_travel_with_the_announcements_for_every_dtype_and_op(s
         assert from_announcements == 2 * per_step, from_announcements
 
 
+@pytest.mark.parametrize("size", [2, 3, 5])
+def test_small_allgathers_are_laid_out_from_the_announcements(size):
+    """A repeated allgather of at most 4096 gathered bytes travels with the announcements and every
+    rank lays the members' rows end to end itself: every dtype, members without rows, rows of
+    several elements and of none; an allgather in which no member has rows, and one of 4100 bytes,
+    take the data plane."""
+    from core_values import ALL
+
+    def rows_of(r, width):
+        return (r % 3) * (width + 1)  # rank 0 (and 3) has no rows
+
+    def part(r, count, value):
+        return np.arange(count, dtype=np.float64) + 100.0 * r + value
+
+    def body(rt):
+        failures = []
+        start = rt.stats()
+        for step in range(3):
+            for dtype in ALL:
+                for width in (1, 3, 0):
+                    rows = rows_of(rt.rank, width)
+                    x = make(dtype, part(rt.rank, rows * width, step).reshape(rows, width))
+                    got = read(dtype, ops.allgather(rt, x, f"ag.{name(dtype)}.{width}", dtype=dtype))
+                    every = sum(rows_of(r, width) for r in range(size))
+                    want = read(dtype, make(dtype, np.concatenate(
+                        [part(r, rows_of(r, width) * width, step) for r in range(size)]).reshape(every, width)))
+                    if got.shape != want.shape or not np.array_equal(got, want):
+                        failures.append(f"{name(dtype)} width {width} step {step}: got {got.shape}, want {want.shape}")
+            nobody = ops.allgather(rt, np.zeros((0, 2)), "ag.nobody")
+            if nobody.shape != (0, 2):
+                failures.append(f"no rows anywhere: {nobody.shape}")
+            # 1024 float32 in all go with the announcements, 1025 take the data plane.
+            for total in (1024, 1025):
+                count = total // size + (1 if rt.rank < total % size else 0)
+                got = ops.allgather(rt, part(rt.rank, count, step).astype(np.float32), f"ag.edge.{total}")
+                want = np.concatenate([part(r, total // size + (1 if r < total % size else 0), step)
+                                       for r in range(size)]).astype(np.float32)
+                if not np.array_equal(got, want):
+                    failures.append(f"edge {total} step {step}")
+        end = rt.stats()
+        return (failures, end.allgather_from_announcements - start.allgather_from_announcements,
+                end.allgather_ring - start.allgather_ring)
+
+    with World(size) as world:
+        results = world.run(body)
+    eager_per_step = len(ALL) * 2 + 1  # widths 1 and 3, and the 1024-element edge; width 0 has no bytes
+    per_step = len(ALL) * 3 + 3
+    for failures, from_announcements, ring in results:
+        assert failures == []
+        # The first step goes through the coordinator and the data plane.
+        assert from_announcements == 2 * eager_per_step, from_announcements
+        assert ring == 3 * per_step - 2 * eager_per_step, ring
+
+
 def test_announced_data_is_reduced_alike_on_every_rank():
     """Random float32 values: the sum depends on the order of the additions, so every rank must
     reduce the contributions in the same (member) order to get the same bytes."""

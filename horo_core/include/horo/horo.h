@@ -177,6 +177,8 @@ typedef struct horo_runtime_stats {
                                             first yield (while that pays off: ranks with cores of
                                             their own) ... */
   int64_t caller_yields;                 /* ... and the times a driving caller yielded its core */
+  int64_t allgather_from_announcements;  /* small host allgathers agreed between the ranks, whose data
+                                            came with the announcements (not counted in allgather_ring) */
 } horo_runtime_stats_t;
 
 /* One setting of the configuration table. */

@@ -14,6 +14,13 @@ std::vector<int64_t> Trailing(const std::vector<int64_t>& shape) {
   return std::vector<int64_t>(shape.begin() + (shape.empty() ? 0 : 1), shape.end());
 }
 
+// Bytes of one first-dimension row of a tensor of this shape.
+int64_t RowBytes(const Response& r) {
+  int64_t n = static_cast<int64_t>(DataTypeSize(r.dtype));
+  for (size_t i = 1; i < r.shape.size(); ++i) n *= r.shape[i];
+  return n;
+}
+
 }  // namespace
 
 bool IsRoundMessage(const std::string& payload) {
@@ -226,24 +233,43 @@ bool PeerAgreement::OfferGroup(const std::vector<Request>& members) {
 
 void PeerAgreement::Announce(int64_t id, Request request, int64_t unit) {
   const void* input = request.input;
+  const int32_t set = request.process_set_id;
   KeepMine(id, std::move(request));
   next_.hits.push_back(id);
   next_.units.push_back(unit);
-  const int64_t eager = EagerBytes(*cache_->Get(id));
+  const Response& cached = *cache_->Get(id);
+  int64_t eager = -1;  // on the data plane, for every rank (see CompleteRound)
+  if (Eager(cached)) {
+    const std::vector<int32_t>* members = members_view_.Get(set);  // this rank is one (Matches)
+    const auto me = members ? std::find(members->begin(), members->end(), rank_) : std::vector<int32_t>::const_iterator();
+    if (members && me != members->end()) eager = EagerBytes(cached, static_cast<size_t>(me - members->begin()));
+  }
   if (eager > 0 && input != nullptr && next_data_bytes_ + eager <= kEagerBytesPerMessage) {
     next_.data.emplace_back(static_cast<const char*>(input), static_cast<size_t>(eager));
     next_data_bytes_ += eager;
   } else {
-    next_.data.emplace_back();  // on the data plane, for every rank (see CompleteRound)
+    next_.data.emplace_back();  // none, or on the data plane
   }
 }
 
-int64_t PeerAgreement::EagerBytes(const Response& r) {
-  if (r.kind != ResponseKind::kOp || r.op_type != OpType::kAllreduce || r.on_device || !r.joined_ranks.empty()) {
-    return 0;
+bool PeerAgreement::Eager(const Response& r) {
+  if (r.kind != ResponseKind::kOp || r.on_device || !r.joined_ranks.empty()) return false;
+  if (r.op_type == OpType::kAllreduce) {
+    return r.NumElements() * static_cast<int64_t>(DataTypeSize(r.dtype)) <= std::min(kEagerBytes, r.small_message_bytes);
   }
-  const int64_t bytes = r.NumElements() * static_cast<int64_t>(DataTypeSize(r.dtype));
-  return bytes <= std::min(kEagerBytes, r.small_message_bytes) ? bytes : 0;
+  if (r.op_type == OpType::kAllgather && !r.shape.empty()) {
+    int64_t rows = 0;
+    for (int64_t d : r.member_dims) rows += d;
+    return rows * RowBytes(r) <= kEagerBytes;
+  }
+  return false;
+}
+
+int64_t PeerAgreement::EagerBytes(const Response& r, size_t member_index) {
+  if (r.op_type == OpType::kAllgather) {
+    return member_index < r.member_dims.size() ? r.member_dims[member_index] * RowBytes(r) : 0;
+  }
+  return r.NumElements() * static_cast<int64_t>(DataTypeSize(r.dtype));
 }
 
 bool PeerAgreement::Matches(const Response& c, const Request& r) const {
@@ -457,16 +483,16 @@ void PeerAgreement::CompleteRound(std::vector<AgreedStep>* run) {
     static const std::vector<int32_t> kNone;
     const std::vector<int32_t>* found = members_view_.Get(r.process_set_id);
     const std::vector<int32_t>& members = found ? *found : kNone;  // found above; never gone
-    // Every member sent its bytes (all ranks see the same messages, so all decide alike).
-    const int64_t eager = EagerBytes(r);
-    bool with_data = eager > 0;
-    for (int32_t m : members) {
-      with_data = with_data && !a.data.empty() && static_cast<int64_t>(a.data[static_cast<size_t>(m)].size()) == eager;
+    // Every member sent its bytes (all ranks see the same messages, so all decide alike). A member
+    // of an allgather may have no rows: its empty contribution then counts as sent.
+    bool with_data = Eager(r) && !a.data.empty();
+    for (size_t i = 0; i < members.size() && with_data; ++i) {
+      with_data = static_cast<int64_t>(a.data[static_cast<size_t>(members[i])].size()) == EagerBytes(r, i);
     }
     const int64_t bytes = r.NumElements() * static_cast<int64_t>(DataTypeSize(r.dtype));
     if (with_data) {
       AgreedStep step;
-      step.reduced = &r;
+      step.contributed = &r;
       step.contributions.reserve(members.size());
       for (int32_t m : members) step.contributions.push_back(std::move(a.data[static_cast<size_t>(m)]));
       run->push_back(std::move(step));

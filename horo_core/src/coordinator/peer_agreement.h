@@ -18,10 +18,10 @@
 //   3. announcements of ids still cached; the ids that every member has announced run, in id order,
 //      fused as the coordinator fuses (up to the threshold stamped in the responses, so that ranks
 //      with different settings still fuse alike).
-// A small host allreduce (EagerBytes) travels with its data: each rank puts its input bytes in the
-// announcement, so once every member's announcement is in, every rank holds every contribution and
-// reduces them itself, in member order (the same arithmetic on every rank), with no data-plane
-// step at all.
+// A small host allreduce or allgather (Eager) travels with its data: each rank puts its input bytes
+// in the announcement, so once every member's announcement is in, every rank holds every
+// contribution and reduces them (in member order: the same arithmetic on every rank) or lays them
+// end to end itself, with no data-plane step at all.
 // An id this rank announced that is forgotten before it runs (evicted by the coordinator, dropped in
 // step 2, its set being joined or removed) becomes a full request to the coordinator instead, so
 // nothing waits forever. The members of a grouped call are announced together or not at all, run in
@@ -72,22 +72,28 @@ void SerializeRoundMessage(const RoundMessage& message, std::string* out);
 Status ParseRoundMessage(const std::string& bytes, RoundMessage* out);
 
 // One step every rank runs after a round: a fused response for the executor, or (contributions
-// not empty) one small allreduce whose every member's input bytes are here, in member order.
+// not empty) one small allreduce or allgather whose every member's input bytes are here, in member
+// order.
 struct AgreedStep {
-  FusedResponse fused;  // empty for a reduction of contributions
+  FusedResponse fused;  // empty for a step from contributions
   std::vector<std::string> contributions;
-  const Response* reduced = nullptr;  // with contributions: the cached response (valid until the
-                                      // cache next changes)
+  const Response* contributed = nullptr;  // with contributions: the cached response (valid until
+                                          // the cache next changes)
 };
 
 class PeerAgreement {
  public:
-  // Largest allreduce announced with its data, and the data one message carries at most.
+  // Largest allreduce (and allgather result) announced with its data, and the data one message
+  // carries at most.
   static constexpr int64_t kEagerBytes = 4096;
   static constexpr int64_t kEagerBytesPerMessage = 64 << 10;
-  // The bytes of this cached allreduce that travel in announcements, or 0 when it moves on the data
-  // plane: host tensors up to kEagerBytes and the response's latency-optimal crossover.
-  static int64_t EagerBytes(const Response& response);
+  // Whether this cached response travels with its data in the announcements rather than on the
+  // data plane: host allreduces up to kEagerBytes and the response's latency-optimal crossover,
+  // host allgathers whose result is at most kEagerBytes. Then EagerBytes is what the member at
+  // member_index of the set announces: the whole tensor of an allreduce, its own rows of an
+  // allgather (which may be none).
+  static bool Eager(const Response& response);
+  static int64_t EagerBytes(const Response& response, size_t member_index);
 
   PeerAgreement(int rank, int size, ResponseCache* cache, ProcessSetTable* sets);
 

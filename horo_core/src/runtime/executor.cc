@@ -8,6 +8,7 @@
 #include "collectives/reduce_kernels.h"
 #include "common/huge_pages.h"
 #include "common/logging.h"
+#include "coordinator/peer_agreement.h"
 
 namespace horo {
 namespace {
@@ -128,27 +129,61 @@ ExecutorStats Executor::Stats() const {
   for (int a = 0; a < kAllgatherAlgorithmCount; ++a) stats.allgather_runs[a] = allgather_runs_[a].load(std::memory_order_relaxed);
   stats.sent = transport_.sent();
   stats.allreduce_from_announcements = allreduce_from_announcements_.load(std::memory_order_relaxed);
+  stats.allgather_from_announcements = allgather_from_announcements_.load(std::memory_order_relaxed);
   return stats;
 }
 
-Status Executor::ReduceContributions(const Response& r, const std::vector<std::string>& contributions) {
+Status Executor::RunFromContributions(const Response& r, const std::vector<std::string>& contributions) {
   const std::vector<int32_t>* members = members_view_.Get(r.process_set_id);
   if (members == nullptr || !std::binary_search(members->begin(), members->end(), rank_)) {
     return Status::OK();  // not a member: nothing to do
   }
   const int group_size = static_cast<int>(members->size());
-  const int64_t count = r.NumElements();
-  const size_t bytes = static_cast<size_t>(count) * DataTypeSize(r.dtype);
+  const std::string what = std::string(OpTypeName(r.op_type)) + " of tensor '" + r.name + "'";
   if (static_cast<int>(contributions.size()) != group_size) {
-    return Status::Internal("allreduce of tensor '" + r.name + "' has " + std::to_string(contributions.size()) +
-                            " contributions for " + std::to_string(group_size) + " members");
+    return Status::Internal(what + " has " + std::to_string(contributions.size()) + " contributions for " +
+                            std::to_string(group_size) + " members");
   }
-  for (const std::string& c : contributions) {
-    if (c.size() != bytes) {
-      return Status::Internal("allreduce of tensor '" + r.name + "': a contribution of " + std::to_string(c.size()) +
-                              " bytes, expected " + std::to_string(bytes));
+  for (size_t m = 0; m < contributions.size(); ++m) {
+    const int64_t want = PeerAgreement::EagerBytes(r, m);
+    if (static_cast<int64_t>(contributions[m].size()) != want) {
+      return Status::Internal(what + ": a contribution of " + std::to_string(contributions[m].size()) +
+                              " bytes from member " + std::to_string(m) + ", expected " + std::to_string(want));
     }
   }
+  if (r.op_type == OpType::kAllgather) return GatherContributions(r, contributions);
+  return ReduceContributions(r, contributions, group_size);
+}
+
+Status Executor::GatherContributions(const Response& r, const std::vector<std::string>& contributions) {
+  Slot slot;
+  HORO_RETURN_IF_ERROR(TakeSlot(r, &slot));
+  trace_.Open(r);
+  trace_.Activity("ALLGATHER_FROM_ANNOUNCEMENTS");
+  int64_t rows = 0;
+  int64_t bytes = 0;
+  for (size_t m = 0; m < contributions.size(); ++m) {
+    rows += r.member_dims[m];
+    bytes += static_cast<int64_t>(contributions[m].size());
+  }
+  HandleResult result;
+  uint8_t* out = ResultBuffer(slot, bytes, &result);
+  for (const std::string& c : contributions) {
+    if (!c.empty()) std::memcpy(out, c.data(), c.size());
+    out += c.size();
+  }
+  result.shape = r.shape;
+  result.shape[0] = rows;
+  allgather_from_announcements_.fetch_add(1, std::memory_order_relaxed);
+  Finish(slot, Status::OK(), &result);
+  trace_.Close();
+  return Status::OK();
+}
+
+Status Executor::ReduceContributions(const Response& r, const std::vector<std::string>& contributions,
+                                     int group_size) {
+  const int64_t count = r.NumElements();
+  const size_t bytes = static_cast<size_t>(count) * DataTypeSize(r.dtype);
   Slot slot;
   HORO_RETURN_IF_ERROR(TakeSlot(r, &slot));
   trace_.Open(r);

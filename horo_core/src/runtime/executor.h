@@ -35,7 +35,8 @@ struct ExecutorStats {
   int64_t allreduce_runs[kAllreduceAlgorithmCount] = {};  // collectives run, indexed by AllreduceAlgorithm
   int64_t allgather_runs[kAllgatherAlgorithmCount] = {};  // indexed by AllgatherAlgorithm
   SentBytes sent;                         // data-plane bytes this rank sent
-  int64_t allreduce_from_announcements = 0;  // reduced from the peers' announcements (ReduceContributions)
+  int64_t allreduce_from_announcements = 0;  // reduced from the peers' announcements (RunFromContributions)
+  int64_t allgather_from_announcements = 0;  // gathered from them
 };
 
 class Executor {
@@ -46,10 +47,10 @@ class Executor {
   ~Executor();
 
   Status Execute(const FusedResponse& fused);
-  // A small allreduce whose every member's input bytes arrived with the ranks' announcements
-  // (coordinator/peer_agreement.h), in member order: reduced here, in that order, with no data-plane
-  // step, so that every member computes the same bytes.
-  Status ReduceContributions(const Response& response, const std::vector<std::string>& contributions);
+  // A small allreduce or allgather whose every member's input bytes arrived with the ranks'
+  // announcements (coordinator/peer_agreement.h), in member order: reduced here, in that order, so
+  // that every member computes the same bytes, or laid end to end; no data-plane step.
+  Status RunFromContributions(const Response& response, const std::vector<std::string>& contributions);
   // Safe to call from any thread.
   ExecutorStats Stats() const;
 
@@ -90,6 +91,9 @@ class Executor {
   void Finish(Slot& slot, const Status& status, HandleResult* result = nullptr);
 
   Status RunAllreduce(const CommGroup& group, std::vector<Slot>& slots);
+  // RunFromContributions of an allreduce and of an allgather (contributions checked by the caller).
+  Status ReduceContributions(const Response& r, const std::vector<std::string>& contributions, int group_size);
+  Status GatherContributions(const Response& r, const std::vector<std::string>& contributions);
   // Reduces one tensor in its output buffer (no fusion copy) and completes it.
   Status ReduceInPlace(const CommGroup& group, Slot& slot);
   // Adasum of one tensor: the members' vectors are allgathered and combined on every member alike.
@@ -130,6 +134,7 @@ class Executor {
   std::atomic<int64_t> allreduce_runs_[kAllreduceAlgorithmCount] = {};
   std::atomic<int64_t> allgather_runs_[kAllgatherAlgorithmCount] = {};
   std::atomic<int64_t> allreduce_from_announcements_{0};
+  std::atomic<int64_t> allgather_from_announcements_{0};
   std::vector<uint8_t> contribution_;  // ReduceContributions: one prescaled contribution
   std::vector<uint8_t> adasum_vectors_;  // every member's vector of one Adasum
   ExecutionTrace trace_;

@@ -230,9 +230,10 @@ bool Runtime::AdvanceRounds(bool* progress, const std::atomic<bool>* caller_done
     agreement_->CompleteRound(&run);
     agreed_rounds_.fetch_add(1, std::memory_order_relaxed);
     for (const AgreedStep& step : run) {
-      agreed_responses_.fetch_add(step.reduced ? 1 : static_cast<int64_t>(step.fused.size()), std::memory_order_relaxed);
-      Status st = step.reduced ? executor_->ReduceContributions(*step.reduced, step.contributions)
-                               : executor_->Execute(step.fused);
+      agreed_responses_.fetch_add(step.contributed ? 1 : static_cast<int64_t>(step.fused.size()),
+                                  std::memory_order_relaxed);
+      Status st = step.contributed ? executor_->RunFromContributions(*step.contributed, step.contributions)
+                                   : executor_->Execute(step.fused);
       if (!st.ok()) {
         FailOnDataPlane(st);
         return false;

@@ -76,9 +76,10 @@ class PreparedRun:
 
 
 def prepare_run(op_type, name, dtype, shape, process_set_id=0, reduce_op=None, prescale_factor=1.0,
-                postscale_factor=1.0, root_rank=0, caller_waits=True) -> PreparedRun:
+                postscale_factor=1.0, root_rank=0, caller_waits=True, splits=None) -> PreparedRun:
     """Describes an operation on one host tensor: for Runtime.run_prepared (synchronous), or with
-    caller_waits=False for Runtime.enqueue_prepared (asynchronous)."""
+    caller_waits=False for Runtime.enqueue_prepared (asynchronous). splits: an alltoall's rows per
+    rank (None: equal parts)."""
     c_name = ffi.new("char[]", name.encode())
     c_shape = ffi.new("int64_t[]", list(shape) or [0])
     t = ffi.new("horo_tensor_t*")
@@ -87,7 +88,13 @@ def prepare_run(op_type, name, dtype, shape, process_set_id=0, reduce_op=None, p
     t.ndim = len(shape)
     t.shape = c_shape
     options = Runtime._options(process_set_id, reduce_op, prescale_factor, postscale_factor, root_rank, caller_waits)
-    return PreparedRun(op_type, t, options, (c_name, c_shape))
+    keep = (c_name, c_shape)
+    if splits is not None:
+        c_splits = ffi.new("int64_t[]", [int(s) for s in splits] or [0])
+        options.splits = c_splits
+        options.num_splits = len(splits)
+        keep += (c_splits,)
+    return PreparedRun(op_type, t, options, keep)
 
 
 class _CallGuard:
@@ -381,8 +388,9 @@ class Runtime:
         (horo_run_result_at): output_ptr holds output_bytes bytes, a guess of the result's size (0
         and 0: none). Returns (handle, r): r is this thread's horo_result_t, valid until its next
         call here (r.nbytes is the result's size; result_of(r) makes a Result of it). A handle of
-        0 means the result was written to output_ptr; otherwise the caller copies it out, then
-        calls release(handle)."""
+        0 means the result was written to output_ptr and carries no received splits; otherwise
+        the caller reads what it needs from r (copy_result when r.data is not NULL, the splits),
+        then calls release(handle)."""
         slots = _result_slots.__dict__
         out = slots.get("result")
         if out is None:

@@ -26,7 +26,7 @@ from horo_core.process_sets import ProcessSet, add_process_set, remove_process_s
 from horo_core.process_sets import global_process_set
 from horo_core.reduce_ops import Adasum, Average, Max, Min, Product, Sum, resolve_op  # noqa: F401 (re-exported)
 from horo_core.runtime import TensorSpec, prepare_run
-from horo_torch import device
+from horo_torch import _sized_runs, device
 from horo_torch._handles import _register, abandon, poll, synchronize  # noqa: F401 (abandon, poll re-exported)
 from horo_torch.compression import Compression
 
@@ -543,47 +543,20 @@ def allgather(tensor, name=None, process_set=global_process_set):
     return _allgather_now(tensor, name, process_set)
 
 
-# The last synchronous allgather of each name on a dense host tensor: (process set, its id, dtype,
-# shape, description, the result's shape and bytes). A loop of the same call checks these fields,
-# allocates a tensor of the last result's shape and lets the core gather into it in one call: no
-# dictionary key to build, no handle to manage (docs/benchmarks.md, "Allgather into the caller's
-# tensor").
-_last_gather = {}
+def _describe_sized(op_type, kind, name, tensor, process_set, reduce_op=None, prescale_factor=1.0,
+                    postscale_factor=1.0, splits=None):
+    """The core's description of a synchronous call for _sized_runs.run (named as _enqueue names it)."""
+    set_id = process_set.process_set_id
+    base = _op_name(kind, name, set_id)
+    return prepare_run(op_type, base, _dtype_code(tensor, base), tuple(tensor.shape), set_id, reduce_op,
+                       prescale_factor, postscale_factor, splits=splits)
 
 
 def _allgather_now(tensor, name, process_set):
-    """A synchronous allgather. A named dense host tensor takes one call into the core, which
-    gathers into a tensor of the last call's result shape when the result has that size."""
-    last = _last_gather.get(name) if name is not None else None
-    if (last is not None and last[0] is process_set and last[1] == process_set.process_set_id
-            and tensor.dtype is last[2] and tensor.shape == last[3] and tensor.is_cpu and tensor.is_contiguous()):
-        prepared, shape, nbytes = last[4], last[5], last[6]
-    else:
-        set_id = process_set.process_set_id
-        if name is None or set_id is None or not _is_host_dense(tensor):
-            return _now(allgather_async, tensor, name, process_set)
-        base = _op_name("allgather", name, set_id)
-        prepared = prepare_run(lib.HORO_ALLGATHER, base, _dtype_code(tensor, base), tuple(tensor.shape), set_id)
-        shape, nbytes = None, 0
-    out = None if shape is None else torch.empty(shape, dtype=tensor.dtype)
-    runtime = basics.runtime()
-    handle, r = runtime.run_result_prepared(prepared, tensor.data_ptr(), 0 if out is None else out.data_ptr(), nbytes)
-    if handle == 0 and r.nbytes:  # gathered into out, which has the result's bytes and so its shape
-        return out
-    result = runtime.result_of(r)
-    if handle:
-        try:
-            out = torch.empty(result.shape, dtype=tensor.dtype)
-            runtime.copy_result(result, out.data_ptr())
-        finally:
-            runtime.release(handle)
-    elif result.shape != shape:  # no bytes at all: the rows may differ
-        out = out.view(result.shape)
-    if len(_last_gather) >= _PREPARED_RUNS_LIMIT:
-        _last_gather.clear()
-    _last_gather[name] = (process_set, process_set.process_set_id, tensor.dtype, tensor.shape, prepared, result.shape,
-                          result.nbytes)
-    return out
+    """A synchronous allgather: a named dense host tensor takes one call into the core (_sized_runs)."""
+    got = _sized_runs.run(lib.HORO_ALLGATHER, name, tensor, process_set, (),
+                          lambda: _describe_sized(lib.HORO_ALLGATHER, "allgather", name, tensor, process_set))
+    return _now(allgather_async, tensor, name, process_set) if got is None else got[0]
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
@@ -732,7 +705,7 @@ class HorovodAlltoall(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor, splits, name, process_set):
-        output, received = _now(alltoall_async, tensor, splits, name, process_set)
+        output, received = _alltoall_now(tensor, splits, name, process_set)
         ctx.process_set, ctx.received = process_set, received
         if splits is None:
             return output
@@ -760,8 +733,22 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """
     if _records_graph((tensor,)):
         return HorovodAlltoall.apply(tensor, splits, name, process_set)
-    output, received = _now(alltoall_async, tensor, splits, name, process_set)
+    output, received = _alltoall_now(tensor, splits, name, process_set, received_as_tensor=splits is not None)
     return output if splits is None else (output, received)
+
+
+def _alltoall_now(tensor, splits, name, process_set, received_as_tensor=True):
+    """A synchronous alltoall: (output, received splits as an int32 tensor, or None when
+    received_as_tensor is False). A named dense host tensor takes one call into the core."""
+    split_list = _splits_list(splits)
+    got = _sized_runs.run(lib.HORO_ALLTOALL, name, tensor, process_set,
+                          (None if split_list is None else tuple(split_list),),
+                          lambda: _describe_sized(lib.HORO_ALLTOALL, "alltoall", name, tensor, process_set,
+                                                  splits=split_list))
+    if got is None:
+        return _now(alltoall_async, tensor, splits, name, process_set)
+    output, received = got
+    return output, torch.tensor(received or [], dtype=torch.int32) if received_as_tensor else None
 
 
 # Reducescatter -----------------------------------------------------------------------------------
@@ -793,7 +780,7 @@ class HorovodReducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
         ctx.op, ctx.process_set, ctx.scale = op, process_set, prescale_factor * postscale_factor
-        return _now(reducescatter_async, tensor, name, op, process_set, prescale_factor, postscale_factor)
+        return _reducescatter_now(tensor, name, op, process_set, prescale_factor, postscale_factor)
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -825,8 +812,18 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average, p
     if _records_graph((compressed,)):
         out = HorovodReducescatter.apply(compressed, name, op, process_set, prescale_factor, postscale_factor)
     else:
-        out = _now(reducescatter_async, compressed, name, op, process_set, prescale_factor, postscale_factor)
+        out = _reducescatter_now(compressed, name, op, process_set, prescale_factor, postscale_factor)
     return compression.decompress(out, ctx)
+
+
+def _reducescatter_now(tensor, name, op, process_set, prescale_factor, postscale_factor):
+    """A synchronous reducescatter: a named dense host tensor takes one call into the core."""
+    got = _sized_runs.run(lib.HORO_REDUCESCATTER, name, tensor, process_set, (op, prescale_factor, postscale_factor),
+                          lambda: _describe_sized(lib.HORO_REDUCESCATTER, "reducescatter", name, tensor, process_set,
+                                                  op, prescale_factor, postscale_factor))
+    if got is None:
+        return _now(reducescatter_async, tensor, name, op, process_set, prescale_factor, postscale_factor)
+    return got[0]
 
 
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,

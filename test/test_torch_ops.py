@@ -772,9 +772,79 @@ def check_repeated_allgathers(hvd, c, env):
                 c.equal(f"{mode} {dtype} {label}: unchanged by the later calls", got, want)
 
 
+def check_repeated_reducescatters_and_alltoalls(hvd, c, env):
+    """reducescatter and alltoall under one name while shapes, ops, scales and splits change from call
+    to call. Horo reuses a name's description and lets the core write into a tensor of the last
+    result's shape when the new result has its size; every result must be exactly this call's, and
+    a tensor that later calls leave alone."""
+    r, n = hvd.rank(), hvd.size()
+    total = n * (n + 1) // 2
+    kept = []
+    rs_steps = [  # (label, rows, width, op, prescale)
+        ("first call", n + 1, 2, hvd.Sum, 1.0),
+        ("the same again", n + 1, 2, hvd.Sum, 1.0),
+        ("and again", n + 1, 2, hvd.Sum, 1.0),
+        ("Max instead of Sum", n + 1, 2, hvd.Max, 1.0),
+        ("Average", n + 1, 2, hvd.Average, 1.0),
+        ("a prescale", n + 1, 2, hvd.Sum, 0.5),
+        ("other rows", 2 * n + 1, 2, hvd.Sum, 1.0),
+        ("rows of no bytes", 2 * n + 1, 0, hvd.Sum, 1.0),
+        ("back to the first", n + 1, 2, hvd.Sum, 1.0),
+    ]
+    for dtype in (torch.float32, torch.float64):
+        for i, (label, rows, width, op, prescale) in enumerate(rs_steps):
+            pattern = torch.arange(rows * width, dtype=torch.float64).reshape(rows, width) % 5 + i
+            x = (pattern * (r + 1)).to(dtype)
+            full = {hvd.Sum: pattern * total, hvd.Max: pattern * n, hvd.Average: pattern * total / n}[op] * prescale
+            off, k = rows_of(rows, n, r)
+            want = full[off:off + k].to(dtype)
+            got = hvd.reducescatter(x, name="repeat.rs", op=op, prescale_factor=prescale)
+            c.equal(f"reducescatter {dtype} {label}", got, want)
+            kept.append((f"reducescatter {dtype} {label}", got, want.clone()))
+
+    def a2a_input(rows_to, step, dtype):
+        return torch.cat([torch.full((rows_to(r, j), 2), float(100 * r + 10 * j + step), dtype=torch.float64)
+                          for j in range(n)]).to(dtype)
+
+    def a2a_want(rows_to, step, dtype):
+        return torch.cat([torch.full((rows_to(s, r), 2), float(100 * s + 10 * r + step), dtype=torch.float64)
+                          for s in range(n)]).to(dtype)
+
+    a2a_steps = [  # (label, rows rank s sends rank j, splits given as)
+        ("equal parts", lambda s, j: 2, None),
+        ("equal parts again", lambda s, j: 2, None),
+        ("splits", sent_rows, list),
+        ("the same splits again", sent_rows, list),
+        ("the same splits as a tensor", sent_rows, torch.tensor),
+        ("other splits, the same total", lambda s, j: (s + j + 1) % 3, list),
+        ("no rows to anyone", lambda s, j: 0, list),
+        ("equal parts once more", lambda s, j: 2, None),
+    ]
+    for dtype in (torch.float32, torch.int16):
+        for i, (label, rows_to, given_as) in enumerate(a2a_steps):
+            x = a2a_input(rows_to, i, dtype)
+            want = a2a_want(rows_to, i, dtype)
+            if given_as is None:
+                got = hvd.alltoall(x, name="repeat.a2a")
+            else:
+                got, received = hvd.alltoall(x, splits=given_as([rows_to(r, j) for j in range(n)]), name="repeat.a2a")
+                c.equal(f"alltoall {dtype} {label}: received splits", received,
+                        torch.tensor([rows_to(s, r) for s in range(n)], dtype=torch.int32))
+            c.equal(f"alltoall {dtype} {label}", got, want)
+            kept.append((f"alltoall {dtype} {label}", got, want.clone()))
+    for label, got, want in kept:
+        c.equal(f"{label}: unchanged by the later calls", got, want)
+    if n > 1:
+        c.raises("named reducescatter of a mismatched shape", [RuntimeError], "shape",
+                 lambda: hvd.reducescatter(torch.ones(n + r, 2), name="repeat.rs", op=hvd.Sum))
+        c.raises("named alltoall of rows not divisible by size", [ValueError], "divisible",
+                 lambda: hvd.alltoall(torch.ones(n + 1, 2), name="repeat.a2a"))
+
+
 GROUPS = [check_topology, check_allreduce_matrix, check_noncontiguous, check_scales_and_compression,
           check_grouped_allreduce, check_allgather, check_broadcast, check_alltoall, check_reducescatter,
-          check_sync_and_names, check_repeated_named_calls, check_repeated_allgathers, check_join,
+          check_sync_and_names, check_repeated_named_calls, check_repeated_allgathers,
+          check_repeated_reducescatters_and_alltoalls, check_join,
           check_autograd]
 
 

@@ -263,9 +263,10 @@ horo_status_t horo_enqueue_at(horo_runtime_t* rt, int32_t op_type, const horo_te
 
 /* horo_run_at for an operation whose result the core sizes (allgather, alltoall, reducescatter):
  * output and output_bytes are the guess of horo_tensor_t. On success *result describes the result.
- * When result->data is NULL it was written to output and nothing is left to release (*handle is
- * 0); otherwise *handle is the completed operation, whose result->data the caller copies before
- * horo_release(*handle). On failure nothing is left to release either. */
+ * When result->data is NULL it was written to output, and when the result has no received splits
+ * either (only an alltoall has them) nothing is left to release (*handle is 0); otherwise *handle
+ * is the completed operation, whose result->data and received_splits stay valid until the caller
+ * calls horo_release(*handle). On failure nothing is left to release. */
 horo_status_t horo_run_result_at(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t* tensor, uintptr_t input,
                                  uintptr_t output, int64_t output_bytes, const horo_op_options_t* options,
                                  horo_result_t* result, horo_handle_t* handle);

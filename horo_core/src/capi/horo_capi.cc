@@ -501,8 +501,8 @@ horo_status_t horo_run_result_at(horo_runtime_t* rt, int32_t op_type, const horo
     return SetError(st);
   }
   DescribeResult(*r, result);
-  if (r->allocated) {
-    *handle = h;  // the caller copies the result out, then releases
+  if (r->allocated || !r->received_splits.empty()) {
+    *handle = h;  // the caller copies the result (or reads the splits) out, then releases
   } else {
     rt->impl->handles().Release(h);
   }

@@ -38,13 +38,15 @@ def test_allreduce_bench_under_hororun_with_and_without_binding():
         assert "horo/floor |" in proc.stdout and all(row.count("|") == 7 for row in rows), proc.stdout
 
 
-def test_allreduce_bench_times_broadcast_and_allgather_with_checked_results():
-    """--collective: every peer's broadcast and allgather result is checked exactly before timing;
-    3 ranks, so that each rank's part of the gathered result has its own value."""
+def test_allreduce_bench_times_the_other_collectives_with_checked_results():
+    """--collective: every peer's broadcast, allgather, alltoall and reducescatter result is checked
+    exactly before timing (gloo's too for the last two); 3 ranks, so that each rank's part of a result
+    has its own value."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HORO_", "HOROVOD_"))}
     bench = os.path.join(ROOT, "examples", "benchmarks", "allreduce_bench.py")
-    for collective in ("broadcast", "allgather"):
-        proc = subprocess.run([sys.executable, bench, "-np", "3", "--launcher", "hororun", "--peers", "horo,floor",
+    for collective, peers in (("broadcast", "horo,floor"), ("allgather", "horo,floor"), ("alltoall", "horo,gloo"),
+                              ("reducescatter", "horo,gloo")):
+        proc = subprocess.run([sys.executable, bench, "-np", "3", "--launcher", "hororun", "--peers", peers,
                                "--sizes", "12,12K", "--repeats", "1", "--collective", collective], env=env, text=True,
                               capture_output=True, stdin=subprocess.DEVNULL, timeout=300)
         assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -53,9 +55,9 @@ def test_allreduce_bench_times_broadcast_and_allgather_with_checked_results():
                                                                               "[0]<stdout>:| 12 KB |"))]
         assert len(rows) == 2 and all(row.count("|") == 7 for row in rows), proc.stdout
     proc = subprocess.run([sys.executable, bench, "-np", "3", "--launcher", "hororun", "--peers", "horo",
-                           "--sizes", "16", "--repeats", "1", "--collective", "allgather"], env=env, text=True,
+                           "--sizes", "16", "--repeats", "1", "--collective", "reducescatter"], env=env, text=True,
                           capture_output=True, stdin=subprocess.DEVNULL, timeout=300)
-    assert proc.returncode != 0 and "allgather sizes must be multiples of 4 * 3 bytes" in proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "reducescatter sizes must be multiples of 4 * 3 bytes" in proc.stdout + proc.stderr
 
 
 def test_average_bench_checks_its_results_on_three_ranks():

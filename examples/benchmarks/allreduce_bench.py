@@ -10,13 +10,18 @@ rotates with the repeat so that none always runs first.
 ``MPI_Bcast``) and ``--collective allgather`` (``horo_torch.allgather``, which returns a new tensor
 as Horovod's does, ``torch.distributed.all_gather`` into preallocated tensors, ``MPI_Allgather``)
 time the other two collectives whose bytes travel the same transports. For allgather a size is the
-gathered result, each rank contributing size / n (nccl-tests' convention).
+gathered result, each rank contributing size / n (nccl-tests' convention). ``--collective alltoall``
+(``horo_torch.alltoall`` in equal parts, ``torch.distributed.all_to_all_single``, ``MPI_Alltoall``)
+and ``--collective reducescatter`` (``horo_torch.reducescatter`` with op Sum,
+``torch.distributed.reduce_scatter_tensor``, ``MPI_Reduce_scatter_block``) take a size as each
+rank's input, of which rank j receives the j-th 1/n (nccl-tests' convention again); Horo returns a
+new tensor for both, as Horovod does, the peers write into preallocated ones.
 
 For one (peer, size, repeat) a rank times every iteration alone after a few warm-up iterations and
 keeps the median; the job's value is the largest of the ranks' medians (the slowest rank sets the
 pace of a collective), and the table shows the median of those over the repeats. Bandwidths follow
 nccl-tests: algbw = bytes / time, busbw = algbw * 2(n-1)/n for allreduce, the bytes each link carries
-in a ring (algbw for broadcast, algbw * (n-1)/n for allgather).
+in a ring (algbw for broadcast, algbw * (n-1)/n for allgather, alltoall and reducescatter).
 
     python examples/benchmarks/allreduce_bench.py -np 2          # relaunches itself under mpirun
                                                                  # (or hororun without mpi4py)
@@ -49,12 +54,14 @@ _LAUNCHER_VARS = ("HORO_RANK", "HOROVOD_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "
                   "MV2_COMM_WORLD_RANK", "SLURM_PROCID")
 _ALL_PEERS = ("horo", "gloo", "mpi", "floor")
 _DEFAULT_PEERS = ("horo", "gloo", "mpi")
-_COLLECTIVES = ("allreduce", "broadcast", "allgather")
-BUS_FACTOR = {"allreduce": "2(n-1)/n", "broadcast": "1", "allgather": "(n-1)/n"}
+_COLLECTIVES = ("allreduce", "broadcast", "allgather", "alltoall", "reducescatter")
+_PARTED = ("allgather", "alltoall", "reducescatter")  # a size is n parts of one float32 or more
+BUS_FACTOR = {"allreduce": "2(n-1)/n", "broadcast": "1", "allgather": "(n-1)/n", "alltoall": "(n-1)/n",
+              "reducescatter": "(n-1)/n"}
 
 
 def bus_factor(collective, n):
-    return {"allreduce": 2 * (n - 1) / n, "broadcast": 1.0, "allgather": (n - 1) / n}[collective]
+    return 2 * (n - 1) / n if collective == "allreduce" else 1.0 if collective == "broadcast" else (n - 1) / n
 
 
 def parse_size(text):
@@ -200,6 +207,12 @@ class HoroPeer:
     def allgather(self, part, out):
         return self.hvd.allgather(part, name=f"bench.gather.{part.numel()}")
 
+    def alltoall(self, tensor, out):
+        return self.hvd.alltoall(tensor, name=f"bench.alltoall.{tensor.numel()}")
+
+    def reducescatter(self, tensor, out):
+        return self.hvd.reducescatter(tensor, op=self.hvd.Sum, name=f"bench.reducescatter.{tensor.numel()}")
+
     def barrier(self):
         self.hvd.barrier()
 
@@ -229,6 +242,14 @@ class GlooPeer:
         self.dist.all_gather(list(out.chunk(self.dist.get_world_size())), part)
         return out
 
+    def alltoall(self, tensor, out):
+        self.dist.all_to_all_single(out, tensor)
+        return out
+
+    def reducescatter(self, tensor, out):
+        self.dist.reduce_scatter_tensor(out, tensor)
+        return out
+
     def barrier(self):
         self.dist.barrier()
 
@@ -249,6 +270,11 @@ class MemoryFloor:
 
     def allgather(self, part, out):
         return out.neg_()
+
+    def alltoall(self, tensor, out):
+        return tensor.neg_()
+
+    reducescatter = alltoall
 
     def barrier(self):
         self.hvd.barrier()
@@ -271,6 +297,15 @@ class MpiPeer:
         self.comm.Allgather([part.numpy(), self.MPI.FLOAT], [out.numpy(), self.MPI.FLOAT])
         return out
 
+    def alltoall(self, tensor, out):
+        self.comm.Alltoall([tensor.numpy(), self.MPI.FLOAT], [out.numpy(), self.MPI.FLOAT])
+        return out
+
+    def reducescatter(self, tensor, out):
+        self.comm.Reduce_scatter_block([tensor.numpy(), self.MPI.FLOAT], [out.numpy(), self.MPI.FLOAT],
+                                       op=self.MPI.SUM)
+        return out
+
     def barrier(self):
         self.comm.Barrier()
 
@@ -290,13 +325,19 @@ def iterations(args, nbytes):
 
 def operation(peer, collective, tensor, size):
     """A call of no arguments that runs one collective of tensor's bytes (the gathered result for
-    allgather, whose part is the first 1/size of tensor and whose output is all of it)."""
+    allgather, whose part is the first 1/size of tensor and whose output is all of it; the input of
+    alltoall and reducescatter, whose outputs are a tensor of that size and a 1/size part)."""
     if collective == "allreduce":
         return lambda: peer.allreduce(tensor)
     if collective == "broadcast":
         return lambda: peer.broadcast(tensor)
     part = tensor[:tensor.numel() // size].clone()
-    return lambda: peer.allgather(part, tensor)
+    if collective == "allgather":
+        return lambda: peer.allgather(part, tensor)
+    if collective == "alltoall":
+        out = tensor.clone()
+        return lambda: peer.alltoall(tensor, out)
+    return lambda: peer.reducescatter(tensor, part)
 
 
 def check(torch, peer, collective, tensor, rank, size):
@@ -309,10 +350,19 @@ def check(torch, peer, collective, tensor, rank, size):
         tensor.fill_(rank + 1)
         peer.broadcast(tensor)
         got, want = tensor, torch.ones_like(tensor)
-    else:
+    elif collective == "allgather":
         part = torch.full((tensor.numel() // size,), float(rank + 1))
         got = peer.allgather(part, tensor)
         want = torch.arange(1, size + 1, dtype=torch.float32).repeat_interleave(part.numel())
+    elif collective == "alltoall":  # part j of rank s is s * size + j, and goes to rank j
+        each = tensor.numel() // size
+        tensor.copy_((rank * size + torch.arange(size, dtype=torch.float32)).repeat_interleave(each))
+        got = peer.alltoall(tensor, torch.empty_like(tensor))
+        want = (torch.arange(size, dtype=torch.float32) * size + rank).repeat_interleave(each)
+    else:
+        tensor.fill_(rank + 1)
+        got = peer.reducescatter(tensor, torch.empty(tensor.numel() // size))
+        want = torch.full_like(got, size * (size + 1) / 2)
     if not torch.equal(got, want):
         wrong = int((got != want).nonzero()[0]) if got.shape == want.shape else 0
         raise AssertionError(f"{peer.name}: {collective} of {tensor.numel() * 4} bytes gave {got[wrong].item()} "
@@ -404,9 +454,9 @@ def main(argv=None):
     hvd.init()
     rank, n = hvd.rank(), hvd.size()
     uneven = [s for s in args.sizes if s % (4 * n)]
-    if args.collective == "allgather" and uneven:
-        sys.exit(f"allreduce_bench: allgather sizes must be multiples of 4 * {n} bytes (a float32 part per rank): "
-                 f"{uneven}")
+    if args.collective in _PARTED and uneven:
+        sys.exit(f"allreduce_bench: {args.collective} sizes must be multiples of 4 * {n} bytes (a float32 part per "
+                 f"rank): {uneven}")
     peers = []
     if "horo" in args.peers:
         peers.append(HoroPeer(hvd))

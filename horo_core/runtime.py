@@ -139,7 +139,8 @@ class Stats:
     (a loop of one repeated synchronous allreduce needs one per call); caller_polls counts the
     waits in which a driving caller busy-polled before its first yield, caller_yields the times
     such a caller gave up its core (sched_yield); allgather_from_announcements counts the small
-    agreed allgathers whose data came with the announcements (not counted in allgather_ring).
+    agreed allgathers whose data came with the announcements (not counted in allgather_ring), and
+    reducescatter_from_announcements the small agreed reducescatters likewise.
     """
     allreduce_recursive_doubling: int
     allreduce_ring: int
@@ -157,6 +158,7 @@ class Stats:
     caller_polls: int
     caller_yields: int
     allgather_from_announcements: int
+    reducescatter_from_announcements: int
 
 
 class LoopbackHub:

@@ -328,6 +328,58 @@ def test_small_allreduces_travel_with_the_announcements_for_every_dtype_and_op(s
 
 
 @pytest.mark.parametrize("size", [2, 3, 5])
+def test_small_reducescatters_reduce_this_ranks_part_from_the_announcements(size):
+    """A repeated reducescatter of at most 4096 input bytes travels with the announcements and every
+    rank reduces only the rows of its own part: every dtype and op, parts of unequal rows (and none,
+    with fewer rows than ranks), rows of no elements, scale factors; an input of 4100 bytes takes
+    the data plane. The first step, through the coordinator and the ring, must give the same."""
+    cases = list(reduce_cases())
+
+    def part(total, index):
+        base, extra = divmod(total, size)
+        return index * base + min(index, extra), base + (1 if index < extra else 0)
+
+    def body(rt):
+        failures = []
+        start = rt.stats()
+        off_and_rows = {}
+        for step in range(3):
+            for dtype, op_name, op in cases:
+                for rows in (1, size + 1, 2 * size + 1):
+                    tag = f"rs.{name(dtype)}.{op_name}.{rows}"
+                    x = make(dtype, contribution(op_name, rt.rank, rows * 2).reshape(rows, 2))
+                    got = read(dtype, ops.reducescatter(rt, x, tag, op=op, dtype=dtype))
+                    first, mine = off_and_rows.setdefault(rows, part(rows, rt.rank))
+                    want = expected_allreduce(op_name, dtype, size, rows * 2).reshape(rows, 2)[first:first + mine]
+                    if got.shape != want.shape or not np.array_equal(got, want):
+                        failures.append(f"{tag} step {step}: got {got.tolist()}, want {want.tolist()}")
+            x = make(dtypes.FLOAT32, contribution("sum", rt.rank, 18).reshape(9, 2))
+            got = ops.reducescatter(rt, x, "rs.scaled", prescale_factor=4.0, postscale_factor=0.125)
+            first, mine = part(9, rt.rank)
+            want = (expected_allreduce("sum", dtypes.FLOAT32, size, 18) * 0.5).reshape(9, 2)[first:first + mine]
+            if not np.array_equal(got, want):
+                failures.append(f"scaled step {step}: got {got.tolist()}, want {want.tolist()}")
+            empty = ops.reducescatter(rt, np.zeros((size + 1, 0), np.float32), "rs.no_elements")
+            if empty.shape != (part(size + 1, rt.rank)[1], 0):
+                failures.append(f"rows of no elements step {step}: shape {empty.shape}")
+            # 1024 float32 go with the announcements, 1025 take the data plane.
+            for count in (1024, 1025):
+                got = ops.reducescatter(rt, np.full(count, rt.rank + 1.0, np.float32), f"rs.edge.{count}")
+                if got.shape != (part(count, rt.rank)[1],) or not np.all(got == size * (size + 1) / 2):
+                    failures.append(f"edge {count} step {step}: {got.shape}")
+        end = rt.stats()
+        return failures, end.reducescatter_from_announcements - start.reducescatter_from_announcements
+
+    with World(size) as world:
+        results = world.run(body)
+    per_step = len(cases) * 3 + 2  # and the scaled one and the 4096-byte one (no elements: no bytes to announce)
+    for failures, from_announcements in results:
+        assert failures == [], failures[:10]
+        # The first step goes through the coordinator and the data plane.
+        assert from_announcements == 2 * per_step, from_announcements
+
+
+@pytest.mark.parametrize("size", [2, 3, 5])
 def test_small_allgathers_are_laid_out_from_the_announcements(size):
     """A repeated allgather of at most 4096 gathered bytes travels with the announcements and every
     rank lays the members' rows end to end itself: every dtype, members without rows, rows of

@@ -179,6 +179,8 @@ typedef struct horo_runtime_stats {
   int64_t caller_yields;                 /* ... and the times a driving caller yielded its core */
   int64_t allgather_from_announcements;  /* small host allgathers agreed between the ranks, whose data
                                             came with the announcements (not counted in allgather_ring) */
+  int64_t reducescatter_from_announcements; /* small host reducescatters agreed between the ranks,
+                                               whose data came with the announcements */
 } horo_runtime_stats_t;
 
 /* One setting of the configuration table. */

@@ -257,6 +257,10 @@ bool PeerAgreement::Eager(const Response& r) {
   if (r.op_type == OpType::kAllreduce) {
     return r.NumElements() * static_cast<int64_t>(DataTypeSize(r.dtype)) <= std::min(kEagerBytes, r.small_message_bytes);
   }
+  if (r.op_type == OpType::kReducescatter) {  // every member's whole input; each keeps its part
+    return !r.shape.empty() && r.reduce_op != ReduceOp::kAdasum &&
+           r.NumElements() * static_cast<int64_t>(DataTypeSize(r.dtype)) <= std::min(kEagerBytes, r.small_message_bytes);
+  }
   if (r.op_type == OpType::kAllgather && !r.shape.empty()) {
     int64_t rows = 0;
     for (int64_t d : r.member_dims) rows += d;

@@ -19,6 +19,11 @@ int64_t RowElements(const std::vector<int64_t>& shape) {
   return n;
 }
 
+// A reducescatter of dim0 rows over n members: member i's part has PartRows rows (the first
+// dim0 % n parts one more) and starts at row PartFirstRow.
+int64_t PartRows(int64_t dim0, int n, int i) { return dim0 / n + (i < dim0 % n ? 1 : 0); }
+int64_t PartFirstRow(int64_t dim0, int n, int i) { return i * (dim0 / n) + std::min<int64_t>(i, dim0 % n); }
+
 // Average is a sum followed by a division by the number of members, folded into the postscale.
 ReduceOp CollectiveOp(ReduceOp op) { return op == ReduceOp::kAverage ? ReduceOp::kSum : op; }
 
@@ -130,6 +135,7 @@ ExecutorStats Executor::Stats() const {
   stats.sent = transport_.sent();
   stats.allreduce_from_announcements = allreduce_from_announcements_.load(std::memory_order_relaxed);
   stats.allgather_from_announcements = allgather_from_announcements_.load(std::memory_order_relaxed);
+  stats.reducescatter_from_announcements = reducescatter_from_announcements_.load(std::memory_order_relaxed);
   return stats;
 }
 
@@ -152,6 +158,10 @@ Status Executor::RunFromContributions(const Response& r, const std::vector<std::
     }
   }
   if (r.op_type == OpType::kAllgather) return GatherContributions(r, contributions);
+  if (r.op_type == OpType::kReducescatter) {
+    const int index = static_cast<int>(std::lower_bound(members->begin(), members->end(), rank_) - members->begin());
+    return ScatterContributions(r, contributions, group_size, index);
+  }
   return ReduceContributions(r, contributions, group_size);
 }
 
@@ -205,10 +215,46 @@ Status Executor::ReduceContributions(const Response& r, const std::vector<std::s
     trace_.Close();
     return Status::OK();
   }
-  std::memcpy(out, contributions[0].data(), bytes);
+  ReduceFrom(contributions, 0, count, r, out);
+  Postscale(out, count, r, group_size);
+  allreduce_from_announcements_.fetch_add(1, std::memory_order_relaxed);
+  Finish(slot, Status::OK());
+  trace_.Close();
+  return Status::OK();
+}
+
+Status Executor::ScatterContributions(const Response& r, const std::vector<std::string>& contributions,
+                                      int group_size, int member_index) {
+  const int64_t row_elems = RowElements(r.shape);
+  const int64_t rows = PartRows(r.shape[0], group_size, member_index);
+  const int64_t count = rows * row_elems;
+  const size_t first = static_cast<size_t>(PartFirstRow(r.shape[0], group_size, member_index) * row_elems);
+  Slot slot;
+  HORO_RETURN_IF_ERROR(TakeSlot(r, &slot));
+  trace_.Open(r);
+  trace_.Activity("REDUCESCATTER_FROM_ANNOUNCEMENTS");
+  HandleResult result;
+  uint8_t* out = ResultBuffer(slot, count * static_cast<int64_t>(DataTypeSize(r.dtype)), &result);
+  result.shape = r.shape;
+  result.shape[0] = rows;
+  if (count > 0) {
+    ReduceFrom(contributions, first, count, r, out);
+    Postscale(out, count, r, group_size);
+  }
+  reducescatter_from_announcements_.fetch_add(1, std::memory_order_relaxed);
+  Finish(slot, Status::OK(), &result);
+  trace_.Close();
+  return Status::OK();
+}
+
+void Executor::ReduceFrom(const std::vector<std::string>& contributions, size_t first, int64_t count,
+                          const Response& r, void* out) {
+  const size_t esize = DataTypeSize(r.dtype);
+  const size_t bytes = static_cast<size_t>(count) * esize;
+  std::memcpy(out, contributions[0].data() + first * esize, bytes);
   Scale(out, count, r.dtype, r.prescale_factor);
   for (size_t m = 1; m < contributions.size(); ++m) {
-    const void* theirs = contributions[m].data();
+    const void* theirs = contributions[m].data() + first * esize;
     if (r.prescale_factor != 1.0) {  // scaled in a copy; else reduced from where it lies
       contribution_.resize(bytes);
       std::memcpy(contribution_.data(), theirs, bytes);
@@ -217,11 +263,6 @@ Status Executor::ReduceContributions(const Response& r, const std::vector<std::s
     }
     ReduceInto(out, theirs, count, r.dtype, CollectiveOp(r.reduce_op));
   }
-  Postscale(out, count, r, group_size);
-  allreduce_from_announcements_.fetch_add(1, std::memory_order_relaxed);
-  Finish(slot, Status::OK());
-  trace_.Close();
-  return Status::OK();
 }
 
 Status Executor::TakeSlot(const Response& response, Slot* slot) {
@@ -500,7 +541,7 @@ Status Executor::RunReducescatter(const CommGroup& group, Slot& slot) {
   const int64_t row_elems = RowElements(r.shape);
   const int64_t dim0 = r.shape[0];
   std::vector<int64_t> counts(n);
-  for (int i = 0; i < n; ++i) counts[i] = (dim0 / n + (i < dim0 % n ? 1 : 0)) * row_elems;
+  for (int i = 0; i < n; ++i) counts[i] = PartRows(dim0, n, i) * row_elems;
   const int64_t total = r.NumElements();
   trace_.Activity("MEMCPY_IN_FUSION_BUFFER");
   uint8_t* scratch = FusionBuffer(total * esize);
@@ -509,8 +550,7 @@ Status Executor::RunReducescatter(const CommGroup& group, Slot& slot) {
   HandleResult result;
   uint8_t* reduced = ResultBuffer(slot, counts[group.index] * static_cast<int64_t>(esize), &result);
   result.shape = r.shape;
-  result.shape[0] = counts[group.index] / (row_elems ? row_elems : 1);
-  if (row_elems == 0) result.shape[0] = dim0 / n + (group.index < dim0 % n ? 1 : 0);
+  result.shape[0] = PartRows(dim0, n, group.index);
   trace_.Activity(kReducescatterAlgorithmName);
   HORO_RETURN_IF_ERROR(Reducescatter(group, scratch, reduced, counts, dtype, CollectiveOp(r.reduce_op),
                                      allreduce_options_));

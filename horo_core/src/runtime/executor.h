@@ -37,6 +37,7 @@ struct ExecutorStats {
   SentBytes sent;                         // data-plane bytes this rank sent
   int64_t allreduce_from_announcements = 0;  // reduced from the peers' announcements (RunFromContributions)
   int64_t allgather_from_announcements = 0;  // gathered from them
+  int64_t reducescatter_from_announcements = 0;  // this rank's part reduced from them
 };
 
 class Executor {
@@ -47,9 +48,10 @@ class Executor {
   ~Executor();
 
   Status Execute(const FusedResponse& fused);
-  // A small allreduce or allgather whose every member's input bytes arrived with the ranks'
-  // announcements (coordinator/peer_agreement.h), in member order: reduced here, in that order, so
-  // that every member computes the same bytes, or laid end to end; no data-plane step.
+  // A small allreduce, reducescatter or allgather whose every member's input bytes arrived with the
+  // ranks' announcements (coordinator/peer_agreement.h), in member order: reduced here, in that
+  // order, so that every member computes the same bytes (a reducescatter only its own part), or
+  // laid end to end; no data-plane step.
   Status RunFromContributions(const Response& response, const std::vector<std::string>& contributions);
   // Safe to call from any thread.
   ExecutorStats Stats() const;
@@ -91,9 +93,16 @@ class Executor {
   void Finish(Slot& slot, const Status& status, HandleResult* result = nullptr);
 
   Status RunAllreduce(const CommGroup& group, std::vector<Slot>& slots);
-  // RunFromContributions of an allreduce and of an allgather (contributions checked by the caller).
+  // RunFromContributions of an allreduce, a reducescatter (member_index: this rank's place in the
+  // set) and an allgather (contributions checked by the caller).
   Status ReduceContributions(const Response& r, const std::vector<std::string>& contributions, int group_size);
+  Status ScatterContributions(const Response& r, const std::vector<std::string>& contributions, int group_size,
+                              int member_index);
   Status GatherContributions(const Response& r, const std::vector<std::string>& contributions);
+  // Reduces elements [first, first + count) of every contribution into out, in member order, each
+  // prescaled first (no postscale).
+  void ReduceFrom(const std::vector<std::string>& contributions, size_t first, int64_t count, const Response& r,
+                  void* out);
   // Reduces one tensor in its output buffer (no fusion copy) and completes it.
   Status ReduceInPlace(const CommGroup& group, Slot& slot);
   // Adasum of one tensor: the members' vectors are allgathered and combined on every member alike.
@@ -135,6 +144,7 @@ class Executor {
   std::atomic<int64_t> allgather_runs_[kAllgatherAlgorithmCount] = {};
   std::atomic<int64_t> allreduce_from_announcements_{0};
   std::atomic<int64_t> allgather_from_announcements_{0};
+  std::atomic<int64_t> reducescatter_from_announcements_{0};
   std::vector<uint8_t> contribution_;  // ReduceContributions: one prescaled contribution
   std::vector<uint8_t> adasum_vectors_;  // every member's vector of one Adasum
   ExecutionTrace trace_;

@@ -54,15 +54,15 @@ def run(op_type, name, tensor, process_set, options, describe):
         if name is None or process_set.process_set_id is None or not (tensor.is_cpu and tensor.is_contiguous()):
             return None
         prepared, shape, nbytes = describe(), None, 0
-    out = None if shape is None else torch.empty(shape, dtype=tensor.dtype)
+    out = None if shape is None else torch.empty(shape, dtype=tensor.dtype, device="cpu")
     runtime = basics.runtime()
     handle, r = runtime.run_result_prepared(prepared, tensor.data_ptr(), 0 if out is None else out.data_ptr(), nbytes)
-    if handle == 0 and r.nbytes:  # written into out, which has the result's bytes and so its shape
-        return out, None
     try:
+        if handle == 0 and r.nbytes:  # written into out, which has the result's bytes and so its shape
+            return out, None
         result = runtime.result_of(r)
         if out is None or result.nbytes != nbytes:  # the core's buffer: copy it out
-            out = torch.empty(result.shape, dtype=tensor.dtype)
+            out = torch.empty(result.shape, dtype=tensor.dtype, device="cpu")
             runtime.copy_result(result, out.data_ptr())
         elif tuple(out.shape) != result.shape:  # the same bytes in other rows (or none at all)
             out = out.view(result.shape)

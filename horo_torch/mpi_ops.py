@@ -214,7 +214,7 @@ def _from_result(rt, result, like, staging):
         if result.nbytes:
             rt.copy_result(result, host.data_ptr())
         return staging.to_device(host, like)
-    out = torch.empty(result.shape, dtype=like.dtype)
+    out = torch.empty(result.shape, dtype=like.dtype, device="cpu")
     if result.nbytes:
         rt.copy_result(result, out.data_ptr())
     return out.to(like.device) if like.device.type != "cpu" else out
@@ -818,7 +818,8 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average, p
 
 def _reducescatter_now(tensor, name, op, process_set, prescale_factor, postscale_factor):
     """A synchronous reducescatter: a named dense host tensor takes one call into the core."""
-    got = _sized_runs.run(lib.HORO_REDUCESCATTER, name, tensor, process_set, (op, prescale_factor, postscale_factor),
+    got = _sized_runs.run(lib.HORO_REDUCESCATTER, name, tensor, process_set,
+                          (op, float(prescale_factor), float(postscale_factor)),
                           lambda: _describe_sized(lib.HORO_REDUCESCATTER, "reducescatter", name, tensor, process_set,
                                                   op, prescale_factor, postscale_factor))
     if got is None:

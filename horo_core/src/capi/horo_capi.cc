@@ -398,18 +398,37 @@ horo_status_t horo_enqueue(horo_runtime_t* rt, int32_t op_type, const horo_tenso
   HORO_API_END();
 }
 
+namespace {
+
+// The options of a call that waits at once (horo_run and horo_run_result_at): the caller's, or
+// the defaults, with caller_waits set.
+horo_op_options_t WaitingOptions(const horo_op_options_t* options) {
+  horo_op_options_t waiting;
+  if (options) {
+    waiting = *options;
+  } else {
+    horo_op_options_init(&waiting);
+  }
+  waiting.caller_waits = 1;
+  return waiting;
+}
+
+// A prepared description (the *_at entry points) with this call's addresses.
+horo_tensor_t AtAddresses(const horo_tensor_t& tensor, uintptr_t input, uintptr_t output) {
+  horo_tensor_t t = tensor;
+  t.input = reinterpret_cast<const void*>(input);
+  t.output = reinterpret_cast<void*>(output);
+  return t;
+}
+
+}  // namespace
+
 horo_status_t horo_run(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t* tensors, int32_t count,
                        const horo_op_options_t* options) {
   HORO_API_BEGIN();
   HORO_REQUIRE_RUNTIME(rt);
   if (!horo::IsValidOpType(op_type)) return Fail(HORO_ERR_INVALID_ARGUMENT, "unknown operation " + std::to_string(op_type));
-  horo_op_options_t run_options;
-  if (options) {
-    run_options = *options;
-  } else {
-    horo_op_options_init(&run_options);
-  }
-  run_options.caller_waits = 1;
+  const horo_op_options_t run_options = WaitingOptions(options);
   const horo::OpType op = static_cast<horo::OpType>(op_type);
   if (op != horo::OpType::kAllreduce && op != horo::OpType::kBroadcast && op != horo::OpType::kBarrier) {
     // The others produce results the core allocates (or a value), which only a handle can hand back.
@@ -436,18 +455,14 @@ horo_status_t horo_run(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t*
 horo_status_t horo_run_at(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t* tensor, uintptr_t input,
                           uintptr_t output, const horo_op_options_t* options) {
   if (tensor == nullptr) return Fail(HORO_ERR_INVALID_ARGUMENT, "null tensor");
-  horo_tensor_t t = *tensor;
-  t.input = reinterpret_cast<const void*>(input);
-  t.output = reinterpret_cast<void*>(output);
+  const horo_tensor_t t = AtAddresses(*tensor, input, output);
   return horo_run(rt, op_type, &t, 1, options);
 }
 
 horo_status_t horo_enqueue_at(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t* tensor, uintptr_t input,
                               uintptr_t output, const horo_op_options_t* options, horo_handle_t* handle) {
   if (tensor == nullptr) return Fail(HORO_ERR_INVALID_ARGUMENT, "null tensor");
-  horo_tensor_t t = *tensor;
-  t.input = reinterpret_cast<const void*>(input);
-  t.output = reinterpret_cast<void*>(output);
+  const horo_tensor_t t = AtAddresses(*tensor, input, output);
   return horo_enqueue(rt, op_type, &t, 1, options, handle);
 }
 
@@ -480,16 +495,8 @@ horo_status_t horo_run_result_at(horo_runtime_t* rt, int32_t op_type, const horo
     return Fail(HORO_ERR_INVALID_ARGUMENT, "horo_run_result_at takes allgather, alltoall and reducescatter, got "
                                            "operation " + std::to_string(op_type));
   }
-  horo_op_options_t run_options;
-  if (options) {
-    run_options = *options;
-  } else {
-    horo_op_options_init(&run_options);
-  }
-  run_options.caller_waits = 1;
-  horo_tensor_t t = *tensor;
-  t.input = reinterpret_cast<const void*>(input);
-  t.output = reinterpret_cast<void*>(output);
+  const horo_op_options_t run_options = WaitingOptions(options);
+  horo_tensor_t t = AtAddresses(*tensor, input, output);
   t.output_bytes = output_bytes;
   horo_handle_t h = 0;
   horo::Status st = rt->impl->Enqueue(op, &t, 1, run_options, &h);

@@ -481,7 +481,7 @@ def _allgather_async(tensors, name, process_set, kind):
     guesses = []
     for key, t in zip(keys, tensors):
         shape = _gathered_shapes.get(key) if t.device.type == "cpu" else None
-        guesses.append(None if shape is None else torch.empty(shape, dtype=t.dtype))
+        guesses.append(None if shape is None else torch.empty(shape, dtype=t.dtype, device="cpu"))
 
     def finish(rt, results):
         outs = []

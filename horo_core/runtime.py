@@ -140,7 +140,8 @@ class Stats:
     waits in which a driving caller busy-polled before its first yield, caller_yields the times
     such a caller gave up its core (sched_yield); allgather_from_announcements counts the small
     agreed allgathers whose data came with the announcements (not counted in allgather_ring), and
-    reducescatter_from_announcements the small agreed reducescatters likewise.
+    reducescatter_from_announcements and alltoall_from_announcements the small agreed
+    reducescatters and alltoalls likewise.
     """
     allreduce_recursive_doubling: int
     allreduce_ring: int
@@ -159,6 +160,7 @@ class Stats:
     caller_yields: int
     allgather_from_announcements: int
     reducescatter_from_announcements: int
+    alltoall_from_announcements: int
 
 
 class LoopbackHub:

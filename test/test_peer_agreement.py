@@ -433,6 +433,73 @@ def test_small_allgathers_are_laid_out_from_the_announcements(size):
         assert ring == 3 * per_step - 2 * eager_per_step, ring
 
 
+@pytest.mark.parametrize("size", [2, 3, 5])
+def test_small_alltoalls_take_this_ranks_rows_from_the_announcements(size):
+    """A repeated alltoall whose every member sends at most 4096 bytes travels with the
+    announcements and every rank takes the rows each member sent it: every dtype, splits of no
+    rows, rows of several elements and of none, the default equal splits; an alltoall in which
+    nobody sends a row, one of 1025 float32 per rank and one where a single member sends 4100 bytes
+    take the data plane. The first step, through the coordinator and the data plane, must give the
+    same values and received splits."""
+    from core_values import ALL
+
+    def splits_of(r):
+        return [(r + 2 * j) % 3 for j in range(size)]  # some members get no rows
+
+    def block(r, j, rows, width, step):
+        # The rows member r sends member j; small values, exact in every dtype.
+        return (r * 16 + j * 4 + step + np.arange(rows)[:, None] + np.arange(width)[None, :]).astype(np.float64)
+
+    def check(failures, tag, got, got_splits, want, want_splits):
+        if got.shape != want.shape or not np.array_equal(got, want) or list(got_splits) != list(want_splits):
+            failures.append(f"{tag}: got {got.shape} {list(got_splits)}, want {want.shape} {list(want_splits)}")
+
+    def body(rt):
+        failures = []
+        start = rt.stats()
+        me = rt.rank
+        for step in range(3):
+            for dtype in ALL:
+                for width in (1, 3, 0):
+                    splits = splits_of(me)
+                    x = np.concatenate([block(me, j, splits[j], width, step) for j in range(size)])
+                    out, received = ops.alltoall(rt, make(dtype, x), f"a2a.{name(dtype)}.{width}", splits=splits,
+                                                 dtype=dtype)
+                    want_splits = [splits_of(q)[me] for q in range(size)]
+                    want = np.concatenate([block(q, me, want_splits[q], width, step) for q in range(size)])
+                    check(failures, f"{name(dtype)} width {width} step {step}", read(dtype, out), received,
+                          read(dtype, make(dtype, want)), want_splits)
+            x = np.concatenate([block(me, j, 2, 2, step) for j in range(size)]).astype(np.float32)
+            out, received = ops.alltoall(rt, x, "a2a.equal")
+            want = np.concatenate([block(q, me, 2, 2, step) for q in range(size)]).astype(np.float32)
+            check(failures, f"equal splits step {step}", out, received, want, [2] * size)
+            out, received = ops.alltoall(rt, np.zeros((0, 2), np.float32), "a2a.nobody", splits=[0] * size)
+            check(failures, f"nobody step {step}", out, received, np.zeros((0, 2), np.float32), [0] * size)
+            # 1024 float32 per member go with the announcements, 1025 take the data plane, and so
+            # does everybody's alltoall once one member sends 1025.
+            for tag, rows_of in (("1024", lambda r: 1024), ("1025", lambda r: 1025),
+                                 ("one.1025", lambda r: 1025 if r == 1 else size)):
+                def splits_for(r):
+                    base, extra = divmod(rows_of(r), size)
+                    return [base + (1 if j < extra else 0) for j in range(size)]
+                splits = splits_for(me)
+                x = np.concatenate([block(me, j, splits[j], 1, step) for j in range(size)]).astype(np.float32)
+                out, received = ops.alltoall(rt, x, f"a2a.edge.{tag}", splits=splits)
+                want_splits = [splits_for(q)[me] for q in range(size)]
+                want = np.concatenate([block(q, me, want_splits[q], 1, step) for q in range(size)]).astype(np.float32)
+                check(failures, f"edge {tag} step {step}", out, received, want, want_splits)
+        end = rt.stats()
+        return failures, end.alltoall_from_announcements - start.alltoall_from_announcements
+
+    with World(size) as world:
+        results = world.run(body)
+    eager_per_step = len(ALL) * 2 + 2  # widths 1 and 3, equal splits, the 1024-row edge
+    for failures, from_announcements in results:
+        assert failures == [], failures[:10]
+        # The first step goes through the coordinator and the data plane.
+        assert from_announcements == 2 * eager_per_step, from_announcements
+
+
 def test_announced_data_is_reduced_alike_on_every_rank():
     """Random float32 values: the sum depends on the order of the additions, so every rank must
     reduce the contributions in the same (member) order to get the same bytes."""

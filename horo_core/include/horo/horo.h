@@ -181,6 +181,8 @@ typedef struct horo_runtime_stats {
                                             came with the announcements (not counted in allgather_ring) */
   int64_t reducescatter_from_announcements; /* small host reducescatters agreed between the ranks,
                                                whose data came with the announcements */
+  int64_t alltoall_from_announcements;   /* small host alltoalls agreed between the ranks, whose data
+                                            came with the announcements */
 } horo_runtime_stats_t;
 
 /* One setting of the configuration table. */

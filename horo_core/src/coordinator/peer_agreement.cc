@@ -21,6 +21,20 @@ int64_t RowBytes(const Response& r) {
   return n;
 }
 
+// An alltoall's members: member_dims holds n * n splits.
+size_t AlltoallMembers(const Response& r) {
+  size_t n = 0;
+  while (n * n < r.member_dims.size()) ++n;
+  return n * n == r.member_dims.size() ? n : 0;
+}
+
+// The rows member m of an alltoall sends in all: the sum of its splits.
+int64_t AlltoallRowsOf(const Response& r, size_t n, size_t m) {
+  int64_t rows = 0;
+  for (size_t j = 0; j < n; ++j) rows += r.member_dims[m * n + j];
+  return rows;
+}
+
 }  // namespace
 
 bool IsRoundMessage(const std::string& payload) {
@@ -266,12 +280,24 @@ bool PeerAgreement::Eager(const Response& r) {
     for (int64_t d : r.member_dims) rows += d;
     return rows * RowBytes(r) <= kEagerBytes;
   }
+  if (r.op_type == OpType::kAlltoall && !r.shape.empty()) {  // every member's whole input; each takes its rows
+    const size_t n = AlltoallMembers(r);
+    if (n == 0) return false;
+    for (size_t m = 0; m < n; ++m) {
+      if (AlltoallRowsOf(r, n, m) * RowBytes(r) > kEagerBytes) return false;
+    }
+    return true;
+  }
   return false;
 }
 
 int64_t PeerAgreement::EagerBytes(const Response& r, size_t member_index) {
   if (r.op_type == OpType::kAllgather) {
     return member_index < r.member_dims.size() ? r.member_dims[member_index] * RowBytes(r) : 0;
+  }
+  if (r.op_type == OpType::kAlltoall) {
+    const size_t n = AlltoallMembers(r);
+    return member_index < n ? AlltoallRowsOf(r, n, member_index) * RowBytes(r) : 0;
   }
   return r.NumElements() * static_cast<int64_t>(DataTypeSize(r.dtype));
 }

@@ -18,11 +18,11 @@
 //   3. announcements of ids still cached; the ids that every member has announced run, in id order,
 //      fused as the coordinator fuses (up to the threshold stamped in the responses, so that ranks
 //      with different settings still fuse alike).
-// A small host allreduce, reducescatter or allgather (Eager) travels with its data: each rank puts
-// its input bytes in the announcement, so once every member's announcement is in, every rank holds
-// every contribution and reduces them (in member order: the same arithmetic on every rank; a
-// reducescatter only the rows of its own part) or lays them end to end itself, with no data-plane
-// step at all.
+// A small host allreduce, reducescatter, allgather or alltoall (Eager) travels with its data: each
+// rank puts its input bytes in the announcement, so once every member's announcement is in, every
+// rank holds every contribution and reduces them (in member order: the same arithmetic on every
+// rank; a reducescatter only the rows of its own part) or lays them end to end itself (an alltoall
+// only the rows each member sent it), with no data-plane step at all.
 // An id this rank announced that is forgotten before it runs (evicted by the coordinator, dropped in
 // step 2, its set being joined or removed) becomes a full request to the coordinator instead, so
 // nothing waits forever. The members of a grouped call are announced together or not at all, run in
@@ -73,8 +73,8 @@ void SerializeRoundMessage(const RoundMessage& message, std::string* out);
 Status ParseRoundMessage(const std::string& bytes, RoundMessage* out);
 
 // One step every rank runs after a round: a fused response for the executor, or (contributions
-// not empty) one small allreduce or allgather whose every member's input bytes are here, in member
-// order.
+// not empty) one small collective (PeerAgreement::Eager) whose every member's input bytes are
+// here, in member order.
 struct AgreedStep {
   FusedResponse fused;  // empty for a step from contributions
   std::vector<std::string> contributions;
@@ -84,15 +84,16 @@ struct AgreedStep {
 
 class PeerAgreement {
  public:
-  // Largest allreduce or reducescatter input (and allgather result) announced with its data, and
-  // the data one message carries at most.
+  // Largest allreduce, reducescatter or alltoall input (and allgather result) announced with its
+  // data, and the data one message carries at most.
   static constexpr int64_t kEagerBytes = 4096;
   static constexpr int64_t kEagerBytesPerMessage = 64 << 10;
   // Whether this cached response travels with its data in the announcements rather than on the
   // data plane: host allreduces and reducescatters (not Adasum) up to kEagerBytes and the
-  // response's latency-optimal crossover, host allgathers whose result is at most kEagerBytes.
-  // Then EagerBytes is what the member at member_index of the set announces: the whole tensor of
-  // an allreduce or a reducescatter, its own rows of an allgather (which may be none).
+  // response's latency-optimal crossover, host allgathers whose result is at most kEagerBytes,
+  // host alltoalls whose every member's input is at most kEagerBytes. Then EagerBytes is what the
+  // member at member_index of the set announces: the whole tensor of an allreduce, a reducescatter
+  // or an alltoall (all the rows it sends), its own rows of an allgather (which may be none).
   static bool Eager(const Response& response);
   static int64_t EagerBytes(const Response& response, size_t member_index);
 

@@ -136,6 +136,7 @@ ExecutorStats Executor::Stats() const {
   stats.allreduce_from_announcements = allreduce_from_announcements_.load(std::memory_order_relaxed);
   stats.allgather_from_announcements = allgather_from_announcements_.load(std::memory_order_relaxed);
   stats.reducescatter_from_announcements = reducescatter_from_announcements_.load(std::memory_order_relaxed);
+  stats.alltoall_from_announcements = alltoall_from_announcements_.load(std::memory_order_relaxed);
   return stats;
 }
 
@@ -158,10 +159,9 @@ Status Executor::RunFromContributions(const Response& r, const std::vector<std::
     }
   }
   if (r.op_type == OpType::kAllgather) return GatherContributions(r, contributions);
-  if (r.op_type == OpType::kReducescatter) {
-    const int index = static_cast<int>(std::lower_bound(members->begin(), members->end(), rank_) - members->begin());
-    return ScatterContributions(r, contributions, group_size, index);
-  }
+  const int index = static_cast<int>(std::lower_bound(members->begin(), members->end(), rank_) - members->begin());
+  if (r.op_type == OpType::kReducescatter) return ScatterContributions(r, contributions, group_size, index);
+  if (r.op_type == OpType::kAlltoall) return ExchangeContributions(r, contributions, group_size, index);
   return ReduceContributions(r, contributions, group_size);
 }
 
@@ -185,6 +185,37 @@ Status Executor::GatherContributions(const Response& r, const std::vector<std::s
   result.shape = r.shape;
   result.shape[0] = rows;
   allgather_from_announcements_.fetch_add(1, std::memory_order_relaxed);
+  Finish(slot, Status::OK(), &result);
+  trace_.Close();
+  return Status::OK();
+}
+
+Status Executor::ExchangeContributions(const Response& r, const std::vector<std::string>& contributions,
+                                       int group_size, int member_index) {
+  const size_t n = static_cast<size_t>(group_size);
+  const size_t me = static_cast<size_t>(member_index);
+  const int64_t row_bytes = RowElements(r.shape) * static_cast<int64_t>(DataTypeSize(r.dtype));
+  Slot slot;
+  HORO_RETURN_IF_ERROR(TakeSlot(r, &slot));
+  trace_.Open(r);
+  trace_.Activity("ALLTOALL_FROM_ANNOUNCEMENTS");
+  HandleResult result;
+  int64_t rows = 0;
+  for (size_t m = 0; m < n; ++m) {
+    result.received_splits.push_back(r.member_dims[m * n + me]);
+    rows += r.member_dims[m * n + me];
+  }
+  uint8_t* out = ResultBuffer(slot, rows * row_bytes, &result);
+  for (size_t m = 0; m < n; ++m) {
+    int64_t before = 0;  // the rows member m sends the members ahead of this one
+    for (size_t j = 0; j < me; ++j) before += r.member_dims[m * n + j];
+    const size_t bytes = static_cast<size_t>(r.member_dims[m * n + me] * row_bytes);
+    if (bytes > 0) std::memcpy(out, contributions[m].data() + before * row_bytes, bytes);
+    out += bytes;
+  }
+  result.shape = slot.entry.request.shape;
+  result.shape[0] = rows;
+  alltoall_from_announcements_.fetch_add(1, std::memory_order_relaxed);
   Finish(slot, Status::OK(), &result);
   trace_.Close();
   return Status::OK();

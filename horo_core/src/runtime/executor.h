@@ -38,6 +38,7 @@ struct ExecutorStats {
   int64_t allreduce_from_announcements = 0;  // reduced from the peers' announcements (RunFromContributions)
   int64_t allgather_from_announcements = 0;  // gathered from them
   int64_t reducescatter_from_announcements = 0;  // this rank's part reduced from them
+  int64_t alltoall_from_announcements = 0;  // this rank's rows taken from them
 };
 
 class Executor {
@@ -48,10 +49,11 @@ class Executor {
   ~Executor();
 
   Status Execute(const FusedResponse& fused);
-  // A small allreduce, reducescatter or allgather whose every member's input bytes arrived with the
-  // ranks' announcements (coordinator/peer_agreement.h), in member order: reduced here, in that
-  // order, so that every member computes the same bytes (a reducescatter only its own part), or
-  // laid end to end; no data-plane step.
+  // A small allreduce, reducescatter, allgather or alltoall whose every member's input bytes
+  // arrived with the ranks' announcements (coordinator/peer_agreement.h), in member order: reduced
+  // here, in that order, so that every member computes the same bytes (a reducescatter only its
+  // own part), or laid end to end (an alltoall only the rows each member sent this one); no
+  // data-plane step.
   Status RunFromContributions(const Response& response, const std::vector<std::string>& contributions);
   // Safe to call from any thread.
   ExecutorStats Stats() const;
@@ -93,12 +95,14 @@ class Executor {
   void Finish(Slot& slot, const Status& status, HandleResult* result = nullptr);
 
   Status RunAllreduce(const CommGroup& group, std::vector<Slot>& slots);
-  // RunFromContributions of an allreduce, a reducescatter (member_index: this rank's place in the
-  // set) and an allgather (contributions checked by the caller).
+  // RunFromContributions of an allreduce, a reducescatter and an alltoall (member_index: this
+  // rank's place in the set) and an allgather (contributions checked by the caller).
   Status ReduceContributions(const Response& r, const std::vector<std::string>& contributions, int group_size);
   Status ScatterContributions(const Response& r, const std::vector<std::string>& contributions, int group_size,
                               int member_index);
   Status GatherContributions(const Response& r, const std::vector<std::string>& contributions);
+  Status ExchangeContributions(const Response& r, const std::vector<std::string>& contributions, int group_size,
+                               int member_index);
   // Reduces elements [first, first + count) of every contribution into out, in member order, each
   // prescaled first (no postscale).
   void ReduceFrom(const std::vector<std::string>& contributions, size_t first, int64_t count, const Response& r,
@@ -145,6 +149,7 @@ class Executor {
   std::atomic<int64_t> allreduce_from_announcements_{0};
   std::atomic<int64_t> allgather_from_announcements_{0};
   std::atomic<int64_t> reducescatter_from_announcements_{0};
+  std::atomic<int64_t> alltoall_from_announcements_{0};
   std::vector<uint8_t> contribution_;  // ReduceContributions: one prescaled contribution
   std::vector<uint8_t> adasum_vectors_;  // every member's vector of one Adasum
   ExecutionTrace trace_;

@@ -391,10 +391,10 @@ class Runtime:
         """run_prepared() of an allgather, alltoall or reducescatter, whose result the core sizes
         (horo_run_result_at): output_ptr holds output_bytes bytes, a guess of the result's size (0
         and 0: none). Returns (handle, r): r is this thread's horo_result_t, valid until its next
-        call here (r.nbytes is the result's size; result_of(r) makes a Result of it). A handle of
-        0 means the result was written to output_ptr and carries no received splits; otherwise
-        the caller reads what it needs from r (copy_result when r.data is not NULL, the splits),
-        then calls release(handle)."""
+        call here (r.nbytes is the result's size; result_of(r) makes a Result of it,
+        received_splits_of(r) reads only the splits). A handle of 0 means the result was written
+        to output_ptr; otherwise the caller copies it out of r (copy_result), then calls
+        release(handle). The received splits stay readable until the thread's next call either way."""
         slots = _result_slots.__dict__
         out = slots.get("result")
         if out is None:
@@ -419,6 +419,12 @@ class Runtime:
     def result_of(r) -> Result:
         """A Result of a filled horo_result_t (run_result_prepared's r)."""
         return _result_of(r)
+
+    @staticmethod
+    def received_splits_of(r):
+        """The received splits of a filled horo_result_t, as a list; None when it has none."""
+        n = r.num_received_splits
+        return ffi.unpack(r.received_splits, n) if n else None
 
     def enqueue_prepared(self, prepared, input_ptr, output_ptr) -> int:
         """enqueue() of one tensor from a description made once by prepare_run(caller_waits=False):

@@ -19,14 +19,18 @@ _LIMIT = 4096  # entries; unnamed calls never get one, so this only bounds progr
 
 
 class _LastCall:
-    """What the last call of one (operation, name) was made of, its description and its result."""
+    """What the last call of one (operation, name) was made of, its description and its result.
+    template: one element of the result's dtype expanded to its shape, which torch.empty_like turns
+    into the next output guess faster than torch.empty parses a shape (about 1.5 us against 3.5 us
+    a call)."""
 
-    __slots__ = ("process_set", "set_id", "dtype", "shape", "options", "prepared", "result_shape", "result_nbytes")
+    __slots__ = ("process_set", "set_id", "dtype", "shape", "options", "prepared", "template", "result_nbytes")
 
     def __init__(self, process_set, tensor, options, prepared, result_shape, result_nbytes):
         self.process_set, self.set_id = process_set, process_set.process_set_id
         self.dtype, self.shape, self.options = tensor.dtype, tensor.shape, options
-        self.prepared, self.result_shape, self.result_nbytes = prepared, result_shape, result_nbytes
+        self.prepared, self.result_nbytes = prepared, result_nbytes
+        self.template = torch.empty((), dtype=tensor.dtype, device="cpu").expand(result_shape)
 
 
 _last = {}  # (op_type, name) -> _LastCall
@@ -49,17 +53,17 @@ def run(op_type, name, tensor, process_set, options, describe):
     if (last is not None and last.process_set is process_set and last.set_id == process_set.process_set_id
             and tensor.dtype is last.dtype and tensor.shape == last.shape and last.options == options
             and tensor.is_cpu and tensor.is_contiguous()):
-        prepared, shape, nbytes = last.prepared, last.result_shape, last.result_nbytes
+        prepared, nbytes = last.prepared, last.result_nbytes
+        out = torch.empty_like(last.template, memory_format=torch.contiguous_format)
     else:
         if name is None or process_set.process_set_id is None or not (tensor.is_cpu and tensor.is_contiguous()):
             return None
-        prepared, shape, nbytes = describe(), None, 0
-    out = None if shape is None else torch.empty(shape, dtype=tensor.dtype, device="cpu")
+        prepared, nbytes, out = describe(), 0, None
     runtime = basics.runtime()
     handle, r = runtime.run_result_prepared(prepared, tensor.data_ptr(), 0 if out is None else out.data_ptr(), nbytes)
     try:
         if handle == 0 and r.nbytes:  # written into out, which has the result's bytes and so its shape
-            return out, None
+            return out, runtime.received_splits_of(r)
         result = runtime.result_of(r)
         if out is None or result.nbytes != nbytes:  # the core's buffer: copy it out
             out = torch.empty(result.shape, dtype=tensor.dtype, device="cpu")

@@ -344,23 +344,37 @@ def test_results_go_to_an_output_of_exactly_their_size(world):
                 rt.copy_result(res, got.ctypes.data)
                 rt.release(handle)
             assert np.array_equal(got, want), (guess, got)
-        # An alltoall's result carries the splits it received: the call keeps the handle for them
-        # even when the result went to the output, and they stay readable until it is released.
-        splits = [(rt.rank + j) % 2 + 1 for j in range(n)]
-        x = np.concatenate([np.full((splits[j], 2), 10.0 * rt.rank + j) for j in range(n)])
-        want = np.concatenate([np.full(((j + rt.rank) % 2 + 1, 2), 10.0 * j + rt.rank) for j in range(n)])
-        prepared = prepare_run(lib.HORO_ALLTOALL, "a2a.run", lib.HORO_FLOAT64, x.shape, 0, splits=splits)
-        for call in range(3):
+        # An alltoall's result carries the splits it received: they outlive the handle, released
+        # when the result went to the output, until this thread's next call. Two alltoalls of
+        # other splits take turns, so that a stale or freed copy shows.
+        runs = []
+        for shift in (1, 2):
+            splits = [(rt.rank + j) % 2 + shift for j in range(n)]
+            x = np.concatenate([np.full((splits[j], 2), 10.0 * rt.rank + j) for j in range(n)])
+            received = [(j + rt.rank) % 2 + shift for j in range(n)]
+            want = np.concatenate([np.full((received[j], 2), 10.0 * j + rt.rank) for j in range(n)])
+            runs.append((prepare_run(lib.HORO_ALLTOALL, f"a2a.run.{shift}", lib.HORO_FLOAT64, x.shape, 0,
+                                     splits=splits), x, received, want))
+        for call in range(6):
+            prepared, x, received, want = runs[call % 2]
             out = np.full(want.size, -7.0)
             handle, filled = rt.run_result_prepared(prepared, x.ctypes.data, out.ctypes.data, out.nbytes)
-            try:
-                assert handle != 0, "the handle holding the received splits was released"
-                res = rt.result_of(filled)
-                assert res.data_ptr == 0 and res.received_splits == [(j + rt.rank) % 2 + 1 for j in range(n)], res
-            finally:
-                rt.release(handle)
+            assert handle == 0, "a result written to the output left a handle to release"
+            assert rt.received_splits_of(filled) == received, (call, rt.received_splits_of(filled))
+            res = rt.result_of(filled)
+            assert res.data_ptr == 0 and res.received_splits == received, res
             assert np.array_equal(out.reshape(want.shape), want), (call, out)
             checked += 1
+        # A guess that does not fit: the handle holds the result, the splits are there all the same.
+        prepared, x, received, want = runs[0]
+        handle, filled = rt.run_result_prepared(prepared, x.ctypes.data, 0, 0)
+        try:
+            assert handle != 0 and rt.received_splits_of(filled) == received
+            got = np.empty(want.shape)
+            rt.copy_result(rt.result_of(filled), got.ctypes.data)
+        finally:
+            rt.release(handle)
+        assert np.array_equal(got, want)
         scalar = np.array(1.0)
         bad = prepare_run(lib.HORO_ALLGATHER, "ag.scalar", lib.HORO_FLOAT64, (), 0)
         with pytest.raises(HoroInvalidArgument, match="scalar"):

@@ -267,11 +267,12 @@ horo_status_t horo_enqueue_at(horo_runtime_t* rt, int32_t op_type, const horo_te
 
 /* horo_run_at for an operation whose result the core sizes (allgather, alltoall, reducescatter):
  * output and output_bytes are the guess of horo_tensor_t. On success *result describes the result,
- * and *handle is 0 when nothing is left to release: the result was written to output and has no
- * received splits (only an alltoall has them). Otherwise *handle is the completed operation, whose
- * result->data (the core's copy of the result, NULL when it has no bytes) and received_splits stay
- * valid until the caller calls horo_release(*handle): release whenever *handle is not 0. On failure
- * nothing is left to release. */
+ * and *handle is 0 when nothing is left to release: the result was written to output. Otherwise
+ * *handle is the completed operation, whose result->data (the core's copy of the result, NULL when
+ * it has no bytes) stays valid until the caller calls horo_release(*handle): release whenever
+ * *handle is not 0. result->received_splits (an alltoall's) are the calling thread's copy, valid
+ * until its next call of horo_run_result_at, whatever *handle is. On failure nothing is left to
+ * release. */
 horo_status_t horo_run_result_at(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t* tensor, uintptr_t input,
                                  uintptr_t output, int64_t output_bytes, const horo_op_options_t* options,
                                  horo_result_t* result, horo_handle_t* handle);

@@ -510,8 +510,13 @@ horo_status_t horo_run_result_at(horo_runtime_t* rt, int32_t op_type, const horo
     return SetError(st);
   }
   DescribeResult(*r, result);
-  if (r->allocated || !r->received_splits.empty()) {
-    *handle = h;  // the caller copies the result (or reads the splits) out, then releases
+  // An alltoall's received splits outlive the handle in this thread's copy, so that a result
+  // written to the guess leaves nothing to release.
+  thread_local std::vector<int64_t> received_splits;
+  received_splits.assign(r->received_splits.begin(), r->received_splits.end());
+  result->received_splits = received_splits.empty() ? nullptr : received_splits.data();
+  if (r->allocated) {
+    *handle = h;  // the caller copies the result out, then releases
   } else {
     rt->impl->handles().Release(h);
   }

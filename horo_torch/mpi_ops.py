@@ -125,6 +125,10 @@ def _run_host_described(op_type, kind, name, tensor, output, process_set, reduce
 # and hashing that dictionary's key (0.3 us of a 2.6 us call on one rank; docs/benchmarks.md).
 # Entries: (average, op, prescale, postscale, process set, its id, dtype, shape, description).
 _last_allreduce = {}
+# The same for the out-of-place allreduce without compression or a graph (a loop of metric
+# averages, the most common call of all): its output is a new tensor every call, made with
+# empty_like (a third of the cost of torch.empty(shape, dtype=...)).
+_last_allreduce_copy = {}
 
 
 def _last_description(memo, name, tensor, average, op, prescale_factor, postscale_factor, process_set):
@@ -375,12 +379,26 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     Raises:
         ValueError: invalid arguments. HorovodInternalError: the collective failed (e.g. a mismatch).
     """
-    op = resolve_op(average, op)
+    if compression is Compression.none:
+        prepared = _last_description(_last_allreduce_copy, name, tensor, average, op, prescale_factor,
+                                     postscale_factor, process_set)
+        if prepared is not None and not (tensor.requires_grad and torch.is_grad_enabled()):
+            output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+            basics.runtime().run_prepared(prepared, tensor.data_ptr(), output.data_ptr())
+            return output
+    resolved = resolve_op(average, op)
     compressed, ctx = compression.compress(tensor)
     if _records_graph((compressed,)):
-        reduced = HorovodAllreduce.apply(compressed, name, op, prescale_factor, postscale_factor, process_set)
+        reduced = HorovodAllreduce.apply(compressed, name, resolved, prescale_factor, postscale_factor, process_set)
+    elif compression is Compression.none and _is_host_dense(tensor):
+        reduced = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+        prepared = _run_host_described(lib.HORO_ALLREDUCE, "allreduce", name, tensor, reduced, process_set, resolved,
+                                       prescale_factor, postscale_factor, 0)
+        if prepared is not None:
+            _remember(_last_allreduce_copy, name, tensor, average, op, prescale_factor, postscale_factor, process_set,
+                      prepared)
     else:
-        reduced = _allreduce_now(compressed, name, op, prescale_factor, postscale_factor, process_set)
+        reduced = _allreduce_now(compressed, name, resolved, prescale_factor, postscale_factor, process_set)
     return compression.decompress(reduced, ctx)
 
 

@@ -3,18 +3,16 @@
 Each function validates its arguments, describes the tensors to the core as (pointer, dtype, shape,
 device) and returns a handle or waits for it. CUDA tensors go to the core as they are for allreduce
 and broadcast, and are staged through pooled pinned host buffers otherwise (horo_torch/device.py);
-other tensors that do not live in contiguous host memory are staged through a contiguous CPU copy. The synchronous forms are autograd functions: the gradient of an
-allreduce is an allreduce, of an allgather an averaged allreduce sliced to this rank's rows, of a
-broadcast an averaged allreduce kept on the root, of an alltoall the reverse alltoall, and of a
-reducescatter an allgather, times the set's size for Sum (Horovod's factors).
+other tensors that do not live in contiguous host memory are staged through a contiguous CPU copy
+(horo_torch/_calls.py: how a call reaches the core). The synchronous forms are autograd functions:
+the gradient of an allreduce is an allreduce, of an allgather an averaged allreduce sliced to this
+rank's rows, of a broadcast an averaged allreduce kept on the root, of an alltoall the reverse
+alltoall, and of a reducescatter an allgather, times the set's size for Sum (Horovod's factors).
 """
-import threading
-
 import torch
 
-from horo_core import basics, dtypes
+from horo_core import basics
 from horo_core._binding import lib
-from horo_core.errors import HoroInvalidArgument
 # As horovod.torch.mpi_ops, this module also carries the basics, so that scripts importing them from
 # here (``from horovod.torch.mpi_ops import rank, size``) run after the import is renamed.
 from horo_core.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built,  # noqa: F401
@@ -25,129 +23,27 @@ from horo_core.errors import HorovodInternalError  # noqa: F401 (re-exported)
 from horo_core.process_sets import ProcessSet, add_process_set, remove_process_set  # noqa: F401 (re-exported)
 from horo_core.process_sets import global_process_set
 from horo_core.reduce_ops import Adasum, Average, Max, Min, Product, Sum, resolve_op  # noqa: F401 (re-exported)
-from horo_core.runtime import TensorSpec, prepare_run
+from horo_core.runtime import prepare_run
 from horo_torch import _sized_runs, device
+from horo_torch._calls import (_PREPARED_RUNS_LIMIT, _caller, _copy_back, _dtype_code, _enqueue, _from_result,
+                               _host_output, _is_host_contiguous, _is_host_dense, _last_description, _now, _op_name,
+                               _process_set_id, _records_graph, _remember, _run_host, _run_host_described)
 from horo_torch._handles import _register, abandon, poll, synchronize  # noqa: F401 (abandon, poll re-exported)
 from horo_torch.compression import Compression
 
 
-_TORCH_DTYPES = {
-    torch.uint8: dtypes.UINT8, torch.int8: dtypes.INT8, torch.int16: dtypes.INT16, torch.int32: dtypes.INT32,
-    torch.int64: dtypes.INT64, torch.float16: dtypes.FLOAT16, torch.bfloat16: dtypes.BFLOAT16,
-    torch.float32: dtypes.FLOAT32, torch.float64: dtypes.FLOAT64, torch.bool: dtypes.BOOL,
-    torch.uint16: dtypes.UINT16,
-}
-
-
-def _dtype_code(tensor, name):
-    try:
-        return _TORCH_DTYPES[tensor.dtype]
-    except KeyError:
-        supported = ", ".join(str(d).replace("torch.", "") for d in _TORCH_DTYPES)
-        raise HoroInvalidArgument(f"tensor '{name}': dtype {tensor.dtype} is not supported (supported: {supported})") \
-            from None
-
-
-def _is_host_contiguous(tensor):
-    return tensor.device.type == "cpu" and tensor.is_contiguous()
-
-
-def _process_set_id(process_set):
-    """The core id of process_set; a ProcessSet that init/add_process_set never registered has none."""
-    if process_set.process_set_id is None:
-        raise HoroInvalidArgument(f"{process_set} is not registered: pass it to hvd.init(process_sets=[...]) or "
-                                  "hvd.add_process_set() first")
-    return process_set.process_set_id
-
-
-def _op_name(kind, name, process_set_id):
-    if name is None:
-        return basics.auto_name(kind, process_set_id)
-    return f"{kind}.{name}"
-
-
-_caller = threading.local()  # .waits: the operation being enqueued is waited for at once (_now)
-
-
-def _now(start, *args):
-    """Starts an operation with start(*args) and waits for it. The core is told that the caller
-    waits at once, so the wait itself runs the negotiation instead of waking the core's background
-    thread (a hand-off that costs more than a small collective)."""
-    _caller.waits = True
-    try:
-        handle = start(*args)
-    finally:
-        _caller.waits = False
-    return synchronize(handle)
-
-
-# Named synchronous host calls repeat every step with the same tensor description: the core's
-# description of each (name, set, options, dtype, shape) is made once (Runtime.run_prepared).
-_prepared_runs = {}
-_PREPARED_RUNS_LIMIT = 4096
-
-
-def _run_host(op_type, kind, name, tensor, output, process_set, reduce_op=None, prescale_factor=1.0,
-              postscale_factor=1.0, root_rank=0):
-    """The synchronous fast path for one contiguous host tensor whose output is given: a single call
-    into the core enqueues, runs the negotiation in this thread and waits. Returns output."""
-    _run_host_described(op_type, kind, name, tensor, output, process_set, reduce_op, prescale_factor,
-                        postscale_factor, root_rank)
-    return output
-
-
-def _run_host_described(op_type, kind, name, tensor, output, process_set, reduce_op, prescale_factor,
-                        postscale_factor, root_rank):
-    """_run_host; returns the prepared description it ran (None for an auto-named call)."""
-    set_id = process_set.process_set_id
-    runtime = basics.runtime()
-    if name is None or set_id is None:  # auto-named: a new name every call, nothing to reuse
-        set_id = _process_set_id(process_set)
-        base = _op_name(kind, name, set_id)
-        runtime.run(op_type, base, tensor.data_ptr(), output.data_ptr(), _dtype_code(tensor, base),
-                    tuple(tensor.shape), set_id, reduce_op, prescale_factor, postscale_factor, root_rank)
-        return None
-    key = (op_type, name, set_id, reduce_op, prescale_factor, postscale_factor, root_rank, tensor.dtype, tensor.shape)
-    prepared = _prepared_runs.get(key)
-    if prepared is None:
-        base = _op_name(kind, name, set_id)
-        prepared = prepare_run(op_type, base, _dtype_code(tensor, base), tuple(tensor.shape), set_id, reduce_op,
-                               prescale_factor, postscale_factor, root_rank)
-        if len(_prepared_runs) >= _PREPARED_RUNS_LIMIT:
-            _prepared_runs.clear()
-        _prepared_runs[key] = prepared
-    runtime.run_prepared(prepared, tensor.data_ptr(), output.data_ptr())
-    return prepared
-
+# Allreduce ---------------------------------------------------------------------------------------
 
 # The last in-place allreduce_ of each name on a host tensor, checked field by field before the
-# dictionary of descriptions above is consulted: a loop of metric allreduces then skips building
-# and hashing that dictionary's key (0.3 us of a 2.6 us call on one rank; docs/benchmarks.md).
+# dictionary of descriptions (_calls._prepared_runs) is consulted: a loop of metric allreduces then
+# skips building and hashing that dictionary's key (0.3 us of a 2.6 us call on one rank;
+# docs/benchmarks.md).
 # Entries: (average, op, prescale, postscale, process set, its id, dtype, shape, description).
 _last_allreduce = {}
 # The same for the out-of-place allreduce without compression or a graph (a loop of metric
 # averages, the most common call of all): its output is a new tensor every call, made with
 # empty_like (a third of the cost of torch.empty(shape, dtype=...)).
 _last_allreduce_copy = {}
-
-
-def _last_description(memo, name, tensor, average, op, prescale_factor, postscale_factor, process_set):
-    """The description memo holds for name when this call matches the one that made it: the same
-    objects for average, op and process set (an equal but different object does not match), equal
-    scales, the set's id unchanged, and a dense host tensor of the same dtype and shape. Else None."""
-    last = memo.get(name)
-    if (last is not None and last[0] is average and last[1] is op and last[2] == prescale_factor
-            and last[3] == postscale_factor and last[4] is process_set and last[5] == process_set.process_set_id
-            and tensor.dtype is last[6] and tensor.shape == last[7] and tensor.is_cpu and tensor.is_contiguous()):
-        return last[8]
-    return None
-
-
-def _remember(memo, name, tensor, average, op, prescale_factor, postscale_factor, process_set, prepared):
-    if len(memo) >= _PREPARED_RUNS_LIMIT:
-        memo.clear()
-    memo[name] = (average, op, prescale_factor, postscale_factor, process_set, process_set.process_set_id,
-                  tensor.dtype, tensor.shape, prepared)
 
 
 def _allreduce_host(tensor, average, name, op, prescale_factor, postscale_factor, process_set):
@@ -158,83 +54,6 @@ def _allreduce_host(tensor, average, name, op, prescale_factor, postscale_factor
                   prepared)
     return tensor
 
-
-def _is_host_dense(tensor):
-    return tensor.is_cpu and tensor.is_contiguous()
-
-
-def _records_graph(tensors):
-    """Whether autograd would record an operation on tensors. When it would not, the differentiable
-    collectives skip their autograd Function, which costs about 5 us per call (docs/benchmarks.md)."""
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-
-
-def _enqueue(op_type, kind, name, inputs, outputs, process_set, finish, staging=None, event=None, needs_result=None,
-             **options):
-    """Enqueues one operation over inputs (contiguous host tensors, or CUDA tensors on the core
-    path, whose producers event follows); returns a Python-level handle. finish reads the core's
-    results when an output is None, or when needs_result says so (an output that is only a guess
-    of an allgather's size, which the result tells whether it fitted)."""
-    runtime = basics.runtime()
-    set_id = _process_set_id(process_set)
-    base = _op_name(kind, name, set_id)
-    names = [base] if len(inputs) == 1 else [f"{base}.{i}" for i in range(len(inputs))]
-    specs = []
-    for n, src, dst in zip(names, inputs, outputs):
-        specs.append(TensorSpec(n, src.data_ptr(), 0 if dst is None else dst.data_ptr(), _dtype_code(src, n),
-                                tuple(src.shape), device.device_code(src),
-                                0 if dst is None else dst.numel() * dst.element_size()))
-    try:
-        if staging is not None:
-            staging.ready()
-        core_handles = runtime.enqueue(op_type, specs, process_set_id=set_id,
-                                       ready_event=0 if event is None else event.cuda_event,
-                                       caller_waits=getattr(_caller, "waits", False), **options)
-    except BaseException:
-        if staging is not None:
-            staging.release()
-        raise
-    if needs_result is None:
-        needs_result = any(dst is None for dst in outputs)
-    return _register(runtime, core_handles, (inputs, outputs, event), finish, staging, needs_result)
-
-
-def _copy_back(target, computed, staging=None):
-    """Finishes an operation whose result landed in `computed` but belongs in `target` (for a CUDA
-    target, on the operation's stream; synchronize() waits for that copy)."""
-    if computed is not target:
-        if staging is not None:
-            staging.copy(target, computed)
-        else:
-            with torch.no_grad():
-                target.copy_(computed)
-    return target
-
-
-def _from_result(rt, result, like, staging):
-    """The core-allocated result as a tensor on like's device."""
-    if device.is_cuda(like):
-        host = staging.host_empty(result.shape, like.dtype)
-        if result.nbytes:
-            rt.copy_result(result, host.data_ptr())
-        return staging.to_device(host, like)
-    out = torch.empty(result.shape, dtype=like.dtype, device="cpu")
-    if result.nbytes:
-        rt.copy_result(result, out.data_ptr())
-    return out.to(like.device) if like.device.type != "cpu" else out
-
-
-def _host_output(output, src, staging):
-    """Where the core writes a result that belongs in output: output itself when it is contiguous
-    host memory, the staged input when output is that same tensor (in place), else a new buffer."""
-    if _is_host_contiguous(output):
-        return output
-    if device.is_cuda(output):
-        return staging.host_empty(src.shape, src.dtype)
-    return torch.empty_like(src)
-
-
-# Allreduce ---------------------------------------------------------------------------------------
 
 def _allreduce_async(tensors, output_tensors, name, op, prescale_factor, postscale_factor, process_set, kind):
     if all(t.device.type == "cpu" for t in tensors) and all(o.device.type == "cpu" for o in output_tensors):

@@ -1,0 +1,196 @@
+"""How horo_torch's collectives reach the core: dtype codes and names, the synchronous one-call
+path and its memo of descriptions, the asynchronous enqueue and how results come back as tensors.
+Private to horo_torch: mpi_ops builds Horovod's functions on these.
+"""
+import threading
+
+import torch
+
+from horo_core import basics, dtypes
+from horo_core.errors import HoroInvalidArgument
+from horo_core.runtime import TensorSpec, prepare_run
+from horo_torch import device
+from horo_torch._handles import _register, synchronize
+
+
+_TORCH_DTYPES = {
+    torch.uint8: dtypes.UINT8, torch.int8: dtypes.INT8, torch.int16: dtypes.INT16, torch.int32: dtypes.INT32,
+    torch.int64: dtypes.INT64, torch.float16: dtypes.FLOAT16, torch.bfloat16: dtypes.BFLOAT16,
+    torch.float32: dtypes.FLOAT32, torch.float64: dtypes.FLOAT64, torch.bool: dtypes.BOOL,
+    torch.uint16: dtypes.UINT16,
+}
+
+
+def _dtype_code(tensor, name):
+    try:
+        return _TORCH_DTYPES[tensor.dtype]
+    except KeyError:
+        supported = ", ".join(str(d).replace("torch.", "") for d in _TORCH_DTYPES)
+        raise HoroInvalidArgument(f"tensor '{name}': dtype {tensor.dtype} is not supported (supported: {supported})") \
+            from None
+
+
+def _is_host_contiguous(tensor):
+    return tensor.device.type == "cpu" and tensor.is_contiguous()
+
+
+def _process_set_id(process_set):
+    """The core id of process_set; a ProcessSet that init/add_process_set never registered has none."""
+    if process_set.process_set_id is None:
+        raise HoroInvalidArgument(f"{process_set} is not registered: pass it to hvd.init(process_sets=[...]) or "
+                                  "hvd.add_process_set() first")
+    return process_set.process_set_id
+
+
+def _op_name(kind, name, process_set_id):
+    if name is None:
+        return basics.auto_name(kind, process_set_id)
+    return f"{kind}.{name}"
+
+
+_caller = threading.local()  # .waits: the operation being enqueued is waited for at once (_now)
+
+
+def _now(start, *args):
+    """Starts an operation with start(*args) and waits for it. The core is told that the caller
+    waits at once, so the wait itself runs the negotiation instead of waking the core's background
+    thread (a hand-off that costs more than a small collective)."""
+    _caller.waits = True
+    try:
+        handle = start(*args)
+    finally:
+        _caller.waits = False
+    return synchronize(handle)
+
+
+# Named synchronous host calls repeat every step with the same tensor description: the core's
+# description of each (name, set, options, dtype, shape) is made once (Runtime.run_prepared).
+_prepared_runs = {}
+_PREPARED_RUNS_LIMIT = 4096
+
+
+def _run_host(op_type, kind, name, tensor, output, process_set, reduce_op=None, prescale_factor=1.0,
+              postscale_factor=1.0, root_rank=0):
+    """The synchronous fast path for one contiguous host tensor whose output is given: a single call
+    into the core enqueues, runs the negotiation in this thread and waits. Returns output."""
+    _run_host_described(op_type, kind, name, tensor, output, process_set, reduce_op, prescale_factor,
+                        postscale_factor, root_rank)
+    return output
+
+
+def _run_host_described(op_type, kind, name, tensor, output, process_set, reduce_op, prescale_factor,
+                        postscale_factor, root_rank):
+    """_run_host; returns the prepared description it ran (None for an auto-named call)."""
+    set_id = process_set.process_set_id
+    runtime = basics.runtime()
+    if name is None or set_id is None:  # auto-named: a new name every call, nothing to reuse
+        set_id = _process_set_id(process_set)
+        base = _op_name(kind, name, set_id)
+        runtime.run(op_type, base, tensor.data_ptr(), output.data_ptr(), _dtype_code(tensor, base),
+                    tuple(tensor.shape), set_id, reduce_op, prescale_factor, postscale_factor, root_rank)
+        return None
+    key = (op_type, name, set_id, reduce_op, prescale_factor, postscale_factor, root_rank, tensor.dtype, tensor.shape)
+    prepared = _prepared_runs.get(key)
+    if prepared is None:
+        base = _op_name(kind, name, set_id)
+        prepared = prepare_run(op_type, base, _dtype_code(tensor, base), tuple(tensor.shape), set_id, reduce_op,
+                               prescale_factor, postscale_factor, root_rank)
+        if len(_prepared_runs) >= _PREPARED_RUNS_LIMIT:
+            _prepared_runs.clear()
+        _prepared_runs[key] = prepared
+    runtime.run_prepared(prepared, tensor.data_ptr(), output.data_ptr())
+    return prepared
+
+
+def _last_description(memo, name, tensor, average, op, prescale_factor, postscale_factor, process_set):
+    """The description memo holds for name when this call matches the one that made it: the same
+    objects for average, op and process set (an equal but different object does not match), equal
+    scales, the set's id unchanged, and a dense host tensor of the same dtype and shape. Else None."""
+    last = memo.get(name)
+    if (last is not None and last[0] is average and last[1] is op and last[2] == prescale_factor
+            and last[3] == postscale_factor and last[4] is process_set and last[5] == process_set.process_set_id
+            and tensor.dtype is last[6] and tensor.shape == last[7] and tensor.is_cpu and tensor.is_contiguous()):
+        return last[8]
+    return None
+
+
+def _remember(memo, name, tensor, average, op, prescale_factor, postscale_factor, process_set, prepared):
+    if len(memo) >= _PREPARED_RUNS_LIMIT:
+        memo.clear()
+    memo[name] = (average, op, prescale_factor, postscale_factor, process_set, process_set.process_set_id,
+                  tensor.dtype, tensor.shape, prepared)
+
+
+def _is_host_dense(tensor):
+    return tensor.is_cpu and tensor.is_contiguous()
+
+
+def _records_graph(tensors):
+    """Whether autograd would record an operation on tensors. When it would not, the differentiable
+    collectives skip their autograd Function, which costs about 5 us per call (docs/benchmarks.md)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def _enqueue(op_type, kind, name, inputs, outputs, process_set, finish, staging=None, event=None, needs_result=None,
+             **options):
+    """Enqueues one operation over inputs (contiguous host tensors, or CUDA tensors on the core
+    path, whose producers event follows); returns a Python-level handle. finish reads the core's
+    results when an output is None, or when needs_result says so (an output that is only a guess
+    of an allgather's size, which the result tells whether it fitted)."""
+    runtime = basics.runtime()
+    set_id = _process_set_id(process_set)
+    base = _op_name(kind, name, set_id)
+    names = [base] if len(inputs) == 1 else [f"{base}.{i}" for i in range(len(inputs))]
+    specs = []
+    for n, src, dst in zip(names, inputs, outputs):
+        specs.append(TensorSpec(n, src.data_ptr(), 0 if dst is None else dst.data_ptr(), _dtype_code(src, n),
+                                tuple(src.shape), device.device_code(src),
+                                0 if dst is None else dst.numel() * dst.element_size()))
+    try:
+        if staging is not None:
+            staging.ready()
+        core_handles = runtime.enqueue(op_type, specs, process_set_id=set_id,
+                                       ready_event=0 if event is None else event.cuda_event,
+                                       caller_waits=getattr(_caller, "waits", False), **options)
+    except BaseException:
+        if staging is not None:
+            staging.release()
+        raise
+    if needs_result is None:
+        needs_result = any(dst is None for dst in outputs)
+    return _register(runtime, core_handles, (inputs, outputs, event), finish, staging, needs_result)
+
+
+def _copy_back(target, computed, staging=None):
+    """Finishes an operation whose result landed in `computed` but belongs in `target` (for a CUDA
+    target, on the operation's stream; synchronize() waits for that copy)."""
+    if computed is not target:
+        if staging is not None:
+            staging.copy(target, computed)
+        else:
+            with torch.no_grad():
+                target.copy_(computed)
+    return target
+
+
+def _from_result(rt, result, like, staging):
+    """The core-allocated result as a tensor on like's device."""
+    if device.is_cuda(like):
+        host = staging.host_empty(result.shape, like.dtype)
+        if result.nbytes:
+            rt.copy_result(result, host.data_ptr())
+        return staging.to_device(host, like)
+    out = torch.empty(result.shape, dtype=like.dtype, device="cpu")
+    if result.nbytes:
+        rt.copy_result(result, out.data_ptr())
+    return out.to(like.device) if like.device.type != "cpu" else out
+
+
+def _host_output(output, src, staging):
+    """Where the core writes a result that belongs in output: output itself when it is contiguous
+    host memory, the staged input when output is that same tensor (in place), else a new buffer."""
+    if _is_host_contiguous(output):
+        return output
+    if device.is_cuda(output):
+        return staging.host_empty(src.shape, src.dtype)
+    return torch.empty_like(src)

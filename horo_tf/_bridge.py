@@ -31,7 +31,7 @@ import tensorflow as tf
 from horo_core import basics, dtypes
 from horo_core._binding import lib
 from horo_core.errors import HoroError, HoroInvalidArgument, HoroUnsupportedError
-from horo_core.runtime import TensorSpec
+from horo_core.runtime import TensorSpec, prepare_run
 from horo_tf import errors
 
 try:  # 0 when no GradientTape or forward accumulator on this thread watches any of the tensors.
@@ -131,6 +131,13 @@ def to_numpy(tensor):
 
 
 _RUN_OPS = (lib.HORO_ALLREDUCE, lib.HORO_BROADCAST)  # what Runtime.run takes (its output given)
+_SIZED_OPS = (lib.HORO_ALLGATHER, lib.HORO_ALLTOALL, lib.HORO_REDUCESCATTER)  # the core sizes their results
+# Per (operation, name, set, dtype, shape, options) of one array: the core's description, made once,
+# and the shape of the last result, the next call's output guess (horo_tensor_t.output_bytes): a loop
+# of the same allgather, alltoall or reducescatter then gets its result written straight into a new
+# array, in one call into the core (Runtime.run_result_prepared), as horo_torch's do.
+_sized_runs = {}
+_SIZED_RUNS_LIMIT = 4096  # eagerly, unnamed calls get a new name each; this bounds what they leave
 
 
 def execute(op_type, names, arrays, codes, outputs, set_id, **options):
@@ -166,6 +173,8 @@ def _execute(op_type, names, arrays, codes, outputs, set_id, **options):
         rt.run(op_type, names[0], arrays[0].ctypes.data, outputs[0].ctypes.data, codes[0], tuple(arrays[0].shape),
                set_id, **options)
         return list(outputs), []
+    if len(arrays) == 1 and outputs[0] is None and op_type in _SIZED_OPS:
+        return _run_sized(rt, op_type, names[0], arrays[0], codes[0], set_id, options)
     specs = [TensorSpec(n, a.ctypes.data, 0 if o is None else o.ctypes.data, c, tuple(a.shape))
              for n, a, c, o in zip(names, arrays, codes, outputs)]
     # This thread waits at once, and its wait runs the negotiation (no background-thread hand-off).
@@ -189,6 +198,38 @@ def _execute(op_type, names, arrays, codes, outputs, set_id, **options):
     if error is not None:
         raise error
     return outs, results
+
+
+def _run_sized(rt, op_type, name, array, code, set_id, options):
+    """_execute of one allgather, alltoall or reducescatter: ([output], [its Result])."""
+    splits = options.get("splits")
+    key = (op_type, name, set_id, code, array.shape, options.get("reduce_op"), options.get("prescale_factor"),
+           options.get("postscale_factor"), None if splits is None else tuple(splits))
+    entry = _sized_runs.get(key)
+    if entry is None:
+        entry = [prepare_run(op_type, name, code, tuple(array.shape), set_id, **options), None]
+        if len(_sized_runs) >= _SIZED_RUNS_LIMIT:
+            _sized_runs.clear()
+        _sized_runs[key] = entry
+    prepared, shape = entry
+    out = None if shape is None else np.empty(shape, dtype=array.dtype)
+    handle, r = rt.run_result_prepared(prepared, array.ctypes.data, 0 if out is None else out.ctypes.data,
+                                       0 if out is None else out.nbytes)
+    try:
+        result = rt.result_of(r)
+        if handle == 0 and result.nbytes:  # written into out: the result's bytes, and so its shape
+            pass
+        elif out is None or result.nbytes != out.nbytes:  # the core's buffer: copy it out
+            out = np.empty(result.shape, dtype=array.dtype)
+            if result.nbytes:
+                rt.copy_result(result, out.ctypes.data)
+        else:  # the same bytes in other rows (or none at all)
+            out = out.reshape(result.shape)
+    finally:
+        if handle:
+            rt.release(handle)
+    entry[1] = result.shape
+    return [out], [result]
 
 
 def no_gradient_needed(tensors):

@@ -358,7 +358,15 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
         ValueError: invalid splits or arguments. HorovodInternalError: the collective failed.
     """
     base = _bridge.op_name("alltoall", name, process_set, ignore_name_scope, [tensor])
-    out, received = _alltoall(_as_tensor(tensor), splits, base, process_set)
+    tensor = _as_tensor(tensor)
+    if _bridge.no_gradient_needed([tensor]):  # eagerly, no tape: no wrapper, no tensors for the splits
+        code = _bridge.dtype_code(tensor.dtype, base)
+        split_list = None if splits is None else [int(s) for s in np.reshape(np.asarray(splits), [-1])]
+        (out,), (result,) = _bridge.execute(lib.HORO_ALLTOALL, [base], [_bridge.to_numpy(tensor)], [code], [None],
+                                            _bridge.process_set_id(process_set), splits=split_list)
+        out = tf.convert_to_tensor(out, dtype=tensor.dtype)
+        return out if splits is None else (out, tf.constant(result.received_splits or [], tf.int32))
+    out, received = _alltoall(tensor, splits, base, process_set)
     return out if splits is None else (out, received)
 
 

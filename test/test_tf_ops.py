@@ -170,6 +170,46 @@ def check_alltoall_reducescatter(c, hvd, tf, env):
     c.equal("grouped_reducescatter Average", got[0], mine / n)
 
 
+def check_repeated_sized_calls(c, hvd, tf, env):
+    """allgather, alltoall and reducescatter repeated under one name while their arguments change
+    (the rows, the splits as a list or a tensor, the op, the dtype), eagerly and in a tf.function:
+    each call's result is what it was given (the last result's shape is the next call's output
+    guess, used only when it fits), and the results of earlier calls stay as they were."""
+    n, r = hvd.size(), hvd.rank()
+    kept = []
+
+    def keep(what, got, want, dtype=None):
+        c.equal(what, got, want, dtype)
+        kept.append((what, got, np.asarray(want)))
+
+    for mode, wrap in (("eager", lambda f: f), ("graph", tf.function)):
+        for step, rows in enumerate((1, 1, 3, 3, 0, 1)):
+            x = tf.fill([rows + r, 2], float(10 * r + step))
+            want = np.concatenate([np.full([rows + q, 2], float(10 * q + step)) for q in range(n)])
+            keep(f"allgather {mode} step {step}", wrap(lambda: hvd.allgather(x, name="repeat.ag"))(), want)
+        for step, shift in enumerate((0, 0, 1, 1, 0)):
+            splits = [(r + j + shift) % 3 for j in range(n)]
+            x = tf.constant(np.concatenate([np.full([splits[j], 3], 100 * r + 10 * j + step) for j in range(n)]
+                                           + [np.zeros([0, 3])]), tf.float32)
+            given = tf.constant(splits, tf.int32) if step % 2 else splits  # a list or an integer tensor
+            got, received = wrap(lambda: hvd.alltoall(x, splits=given, name="repeat.a2a"))()
+            want_splits = [(q + r + shift) % 3 for q in range(n)]
+            want = np.concatenate([np.full([want_splits[q], 3], 100 * q + 10 * r + step) for q in range(n)]
+                                  + [np.zeros([0, 3])])
+            keep(f"alltoall {mode} step {step}", got, want)
+            c.equal(f"alltoall received splits {mode} step {step}", received, want_splits, tf.int32)
+        rows = 2 * n + 1
+        start = sum(rows // n + (1 if i < rows % n else 0) for i in range(r))
+        part = slice(start, start + rows // n + (1 if r < rows % n else 0))
+        for step, (op, dtype) in enumerate((("Sum", tf.float32), ("Sum", tf.float32), ("Max", tf.float32),
+                                            ("Average", tf.float64), ("Sum", tf.float32))):
+            x = contribution(r, (rows, 2), dtype)
+            got = wrap(lambda: hvd.reducescatter(x, op=getattr(hvd, op), name="repeat.rs"))()
+            keep(f"reducescatter {op} {mode} step {step}", got, expected_reduce(op, range(n), (rows, 2))[part], dtype)
+    for what, got, want in kept:
+        c.equal(f"{what}, after the later calls", got, want)
+
+
 def check_gradients(c, hvd, tf, env):
     n, r = hvd.size(), hvd.rank()
     w = tf.constant([1.0, 2.0, 3.0])
@@ -584,8 +624,8 @@ def check_torch_beside(c, hvd, tf, env):
 
 
 GROUPS = [check_topology, check_allreduce, check_indexed_slices, check_allgather_broadcast,
-          check_alltoall_reducescatter, check_gradients, check_tape, check_errors, check_join, check_join_uneven_steps,
-          check_sync_batch_norm, check_process_sets, check_torch_beside]
+          check_alltoall_reducescatter, check_repeated_sized_calls, check_gradients, check_tape, check_errors,
+          check_join, check_join_uneven_steps, check_sync_batch_norm, check_process_sets, check_torch_beside]
 
 
 def run_all_checks():

@@ -318,6 +318,11 @@ def auto_name(kind, process_set_id):
     return f"{kind}.noname.{n}"
 
 
+def is_auto_name(name):
+    """Whether name is one auto_name made (a new one for every unnamed call)."""
+    return ".noname." in name
+
+
 def require_dynamic_process_sets(what):
     runtime()
     if not _state.dynamic:

@@ -137,7 +137,7 @@ _SIZED_OPS = (lib.HORO_ALLGATHER, lib.HORO_ALLTOALL, lib.HORO_REDUCESCATTER)  # 
 # of the same allgather, alltoall or reducescatter then gets its result written straight into a new
 # array, in one call into the core (Runtime.run_result_prepared), as horo_torch's do.
 _sized_runs = {}
-_SIZED_RUNS_LIMIT = 4096  # eagerly, unnamed calls get a new name each; this bounds what they leave
+_SIZED_RUNS_LIMIT = 4096
 
 
 def execute(op_type, names, arrays, codes, outputs, set_id, **options):
@@ -208,23 +208,23 @@ def _run_sized(rt, op_type, name, array, code, set_id, options):
     entry = _sized_runs.get(key)
     if entry is None:
         entry = [prepare_run(op_type, name, code, tuple(array.shape), set_id, **options), None]
-        if len(_sized_runs) >= _SIZED_RUNS_LIMIT:
-            _sized_runs.clear()
-        _sized_runs[key] = entry
+        if not basics.is_auto_name(name):  # eagerly, an unnamed call has a new name every time
+            if len(_sized_runs) >= _SIZED_RUNS_LIMIT:
+                _sized_runs.clear()
+            _sized_runs[key] = entry
     prepared, shape = entry
     out = None if shape is None else np.empty(shape, dtype=array.dtype)
     handle, r = rt.run_result_prepared(prepared, array.ctypes.data, 0 if out is None else out.ctypes.data,
                                        0 if out is None else out.nbytes)
     try:
         result = rt.result_of(r)
-        if handle == 0 and result.nbytes:  # written into out: the result's bytes, and so its shape
-            pass
-        elif out is None or result.nbytes != out.nbytes:  # the core's buffer: copy it out
-            out = np.empty(result.shape, dtype=array.dtype)
-            if result.nbytes:
+        # handle 0 with bytes: written into out, which has the result's bytes and so its shape.
+        if handle != 0 or not result.nbytes:
+            if out is None or result.nbytes != out.nbytes:  # the core's buffer: copy it out
+                out = np.empty(result.shape, dtype=array.dtype)
                 rt.copy_result(result, out.ctypes.data)
-        else:  # the same bytes in other rows (or none at all)
-            out = out.reshape(result.shape)
+            else:  # the same bytes in other rows (or none at all)
+                out = out.reshape(result.shape)
     finally:
         if handle:
             rt.release(handle)

@@ -436,6 +436,14 @@ def check_errors(c, hvd, tf, env):
                      ("while tracing", lambda: tf.function(lambda x: hvd.allreduce(x))(complex_input))):
         c.raises(f"unsupported dtype {mode}", [hvd.HoroInvalidArgument, ValueError, tf.errors.InvalidArgumentError],
                  "not supported", fn)
+    # Bad alltoall splits are an InvalidArgumentError and a ValueError on every rank eagerly (no
+    # tape: straight to the core), and an OpError in a tf.function.
+    rows = tf.ones([n + 1, 2])
+    for what, splits in (("too few splits", [n + 1]), ("splits not summing to the rows", [1] * n)):
+        c.raises(f"alltoall, {what}, eagerly", [ValueError, tf.errors.InvalidArgumentError], "splits",
+                 lambda: hvd.alltoall(rows, splits=splits, name="bad.splits"))
+        c.raises(f"alltoall, {what}, in a tf.function", [tf.errors.OpError], "splits",
+                 lambda: tf.function(lambda x: hvd.alltoall(x, splits=splits, name="bad.splits.graph"))(rows))
     c.raises("unregistered process set", [ValueError], "not registered",
              lambda: hvd.allreduce(tf.ones([1]), process_set=hvd.ProcessSet([0])))
     c.raises("unregistered process set while tracing", [hvd.HoroInvalidArgument, ValueError], "not registered",

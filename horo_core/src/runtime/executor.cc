@@ -161,7 +161,13 @@ Status Executor::RunFromContributions(const Response& r, const std::vector<std::
   if (r.op_type == OpType::kAllgather) return GatherContributions(r, contributions);
   const int index = static_cast<int>(std::lower_bound(members->begin(), members->end(), rank_) - members->begin());
   if (r.op_type == OpType::kReducescatter) return ScatterContributions(r, contributions, group_size, index);
-  if (r.op_type == OpType::kAlltoall) return ExchangeContributions(r, contributions, group_size, index);
+  if (r.op_type == OpType::kAlltoall) {
+    if (r.member_dims.size() != static_cast<size_t>(group_size) * static_cast<size_t>(group_size)) {
+      return Status::Internal(what + " has " + std::to_string(r.member_dims.size()) + " splits for " +
+                              std::to_string(group_size) + " members");
+    }
+    return ExchangeContributions(r, contributions, group_size, index);
+  }
   return ReduceContributions(r, contributions, group_size);
 }
 

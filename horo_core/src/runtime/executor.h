@@ -5,6 +5,10 @@
 // Per-tensor problems (a mismatch the coordinator found) complete only the handles concerned; a
 // failure of the data plane is returned, because after it the ranks no longer agree on what was
 // sent, and the runtime must stop.
+//
+// executor.cc runs the fused responses on the data plane; executor_contributions.cc the small steps
+// whose data came with the peers' announcements; executor_device.cc hands CUDA tensors to the
+// device executor.
 #pragma once
 
 #include <atomic>

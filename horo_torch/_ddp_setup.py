@@ -1,0 +1,92 @@
+"""What horo_torch.DistributedDataParallel checks and adapts when it wraps a module: torch DDP's
+single-device arguments, the inputs moved to that device, torch's SyncBatchNorm layers and torch's
+default communication hooks, which would go through torch.distributed (not initialised under Horo).
+"""
+import torch
+
+from horo_core.process_sets import ProcessSet
+from horo_torch.comm_hooks import allreduce_hook, bf16_compress_hook, fp16_compress_hook
+
+
+def _check_devices(module, device_ids, output_device):
+    """torch DDP's single-device form: device_ids=[d] (and output_device d) where d is the module's
+    one device; CPU modules take None.
+
+    Returns:
+        The device inputs are moved to (device_ids[0]), or None.
+    """
+    devices = {p.device for p in module.parameters()}
+    given = [] if device_ids is None else list(device_ids)
+    if output_device is not None:
+        given.append(output_device)
+    checked = []
+    for d in given:
+        device = torch.device(f"cuda:{d}" if isinstance(d, int) else d)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        if devices != {device}:
+            raise ValueError(f"device_ids and output_device must be None or the one device the module is on; got "
+                             f"device_ids={device_ids}, output_device={output_device} for a module on "
+                             f"{sorted(str(x) for x in devices)}")
+        checked.append(device)
+    return checked[0] if device_ids else None
+
+
+def _to_device(value, device):
+    """value with every tensor in it (also inside lists, tuples and dicts) moved to device, as torch
+    DDP moves a single-device module's inputs to device_ids[0]."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+        return type(value)(*(_to_device(v, device) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_device(v, device) for v in value)
+    if isinstance(value, dict):
+        return type(value)((k, _to_device(v, device)) for k, v in value.items())
+    return value
+
+
+def _adopt_torch_sync_batch_norms(module, process_set):
+    """module with every torch.nn.SyncBatchNorm replaced by horo_torch's over process_set (the module
+    itself when it is one). torch's layer synchronises through torch.distributed, which Horo does not
+    initialise; it would then normalise each rank's batch alone without a word."""
+    from horo_torch.sync_batch_norm import SyncBatchNorm
+
+    def adopt(layer):
+        return SyncBatchNorm.convert_sync_batchnorm(layer, process_set)
+
+    if isinstance(module, torch.nn.SyncBatchNorm):
+        return adopt(module)
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, torch.nn.SyncBatchNorm):
+                setattr(parent, name, adopt(child))
+    return module
+
+
+def _horo_hook_for(hook, state):
+    """hook, or Horo's equivalent of one of torch's default DDP hooks, which would communicate
+    through torch.distributed (not initialised under Horo).
+
+    Raises:
+        NotImplementedError: a torch hook that communicates and has no Horo equivalent.
+        ValueError: a torch default hook with a torch process group as state.
+    """
+    module = getattr(hook, "__module__", None) or ""
+    if not module.startswith("torch.distributed.algorithms.ddp_comm_hooks"):
+        return hook
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    equivalents = {default_hooks.allreduce_hook: allreduce_hook, default_hooks.fp16_compress_hook: fp16_compress_hook,
+                   default_hooks.bf16_compress_hook: bf16_compress_hook}
+    name = getattr(hook, "__qualname__", repr(hook))
+    if hook in equivalents:
+        if state is not None and not isinstance(state, ProcessSet):
+            raise ValueError(f"register_comm_hook({name}): state is a torch.distributed process group; with Horo "
+                             "pass None (the wrapper's process set) or a horo_torch.ProcessSet")
+        return equivalents[hook]
+    if module.endswith(".debugging_hooks") or "compress_wrapper" in name:
+        return hook  # noop_hook communicates nothing; the wrappers cast around the hook they wrap
+    raise NotImplementedError(f"register_comm_hook: {module}.{name} communicates through torch.distributed, which "
+                              "horo_torch.DistributedDataParallel does not use. Horo provides "
+                              "horo_torch.comm_hooks.allreduce_hook, fp16_compress_hook and bf16_compress_hook "
+                              "(PowerSGD, quantisation and local SGD hooks are not available)")

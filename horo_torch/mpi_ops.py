@@ -46,13 +46,14 @@ _last_allreduce = {}
 _last_allreduce_copy = {}
 
 
-def _allreduce_host(tensor, average, name, op, prescale_factor, postscale_factor, process_set):
-    prepared = _run_host_described(lib.HORO_ALLREDUCE, "allreduce", name, tensor, tensor, process_set,
+def _allreduce_host(tensor, output, memo, average, name, op, prescale_factor, postscale_factor, process_set):
+    """The allreduce of a dense host tensor into output (tensor itself, in place), waited for; its
+    description is remembered in memo (_last_allreduce or _last_allreduce_copy). Returns output."""
+    prepared = _run_host_described(lib.HORO_ALLREDUCE, "allreduce", name, tensor, output, process_set,
                                    resolve_op(average, op), prescale_factor, postscale_factor, 0)
     if prepared is not None:
-        _remember(_last_allreduce, name, tensor, average, op, prescale_factor, postscale_factor, process_set,
-                  prepared)
-    return tensor
+        _remember(memo, name, tensor, average, op, prescale_factor, postscale_factor, process_set, prepared)
+    return output
 
 
 def _allreduce_async(tensors, output_tensors, name, op, prescale_factor, postscale_factor, process_set, kind):
@@ -210,12 +211,9 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     if _records_graph((compressed,)):
         reduced = HorovodAllreduce.apply(compressed, name, resolved, prescale_factor, postscale_factor, process_set)
     elif compression is Compression.none and _is_host_dense(tensor):
-        reduced = torch.empty_like(tensor, memory_format=torch.contiguous_format)
-        prepared = _run_host_described(lib.HORO_ALLREDUCE, "allreduce", name, tensor, reduced, process_set, resolved,
-                                       prescale_factor, postscale_factor, 0)
-        if prepared is not None:
-            _remember(_last_allreduce_copy, name, tensor, average, op, prescale_factor, postscale_factor, process_set,
-                      prepared)
+        reduced = _allreduce_host(tensor, torch.empty_like(tensor, memory_format=torch.contiguous_format),
+                                  _last_allreduce_copy, average, name, op, prescale_factor, postscale_factor,
+                                  process_set)
     else:
         reduced = _allreduce_now(compressed, name, resolved, prescale_factor, postscale_factor, process_set)
     return compression.decompress(reduced, ctx)
@@ -231,7 +229,8 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, po
         basics.runtime().run_prepared(prepared, address, address)
         return tensor
     if _is_host_dense(tensor):
-        return _allreduce_host(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+        return _allreduce_host(tensor, tensor, _last_allreduce, average, name, op, prescale_factor, postscale_factor,
+                               process_set)
     return _now(allreduce_async_, tensor, average, name, op, prescale_factor, postscale_factor, process_set)
 
 

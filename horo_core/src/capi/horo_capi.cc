@@ -1,14 +1,14 @@
-// The extern "C" surface declared in horo/horo.h. Every body runs inside HORO_API_BEGIN/END so that
-// no C++ exception crosses the boundary; failures set the calling thread's last error.
-#include <algorithm>
-#include <condition_variable>
+// The extern "C" surface declared in horo/horo.h, apart from the collectives (horo_capi_ops.cc):
+// the library's facts, settings, loopback hubs, the runtime's life, process sets, CUDA and the
+// timeline. Every body runs inside HORO_API_BEGIN/END (api_call.h) so that no C++ exception
+// crosses the boundary; failures set the calling thread's last error.
 #include <cstring>
-#include <mutex>
-#include <exception>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
+#include "capi/api_call.h"
 #include "collectives/reduce_kernels.h"
 #include "common/config.h"
 #include "device/nccl_library.h"
@@ -16,79 +16,19 @@
 #include "runtime/runtime.h"
 #include "transport/loopback/transport.h"
 
-// The runtime plus a count of API calls in progress on it: horo_runtime_destroy must not free it
-// while another thread is still inside horo_wait or horo_poll (it shuts down first, which
-// completes every handle, then waits for those calls to return).
-struct horo_runtime {
-  std::unique_ptr<horo::Runtime> impl;
-  std::mutex mutex;
-  std::condition_variable idle;
-  int in_flight = 0;
-  bool closing = false;
-};
-
-namespace {
-
-// Registers one API call on a runtime for its duration; refused once the runtime is closing.
-class CallGuard {
- public:
-  explicit CallGuard(horo_runtime* rt) : rt_(rt) {
-    std::lock_guard<std::mutex> lock(rt_->mutex);
-    admitted_ = !rt_->closing;
-    if (admitted_) ++rt_->in_flight;
-  }
-  ~CallGuard() {
-    if (!admitted_) return;
-    std::lock_guard<std::mutex> lock(rt_->mutex);
-    if (--rt_->in_flight == 0) rt_->idle.notify_all();
-  }
-  bool admitted() const { return admitted_; }
-
- private:
-  horo_runtime* rt_;
-  bool admitted_ = false;
-};
-
-}  // namespace
-
 struct horo_loopback_hub {
   std::shared_ptr<horo::LoopbackHub> impl;
 };
 
 namespace {
 
-thread_local std::string t_last_error;
 thread_local std::vector<horo::SettingInfo> t_settings;
-
-horo_status_t SetError(const horo::Status& status) {
-  // horo_last_error() keeps the last failure's message: a success leaves it (and the thread-local
-  // lookup a write would cost on every call) alone.
-  if (status.ok()) return HORO_OK;
-  t_last_error = status.message();
-  return status.code();
-}
-
-horo_status_t Fail(horo_status_t code, const std::string& message) {
-  t_last_error = message;
-  return code;
-}
 
 }  // namespace
 
-#define HORO_API_BEGIN() try {
-#define HORO_API_END()                                                           \
-  }                                                                              \
-  catch (const std::exception& e) {                                              \
-    return Fail(HORO_ERR_INTERNAL, std::string("internal error: ") + e.what());  \
-  }                                                                              \
-  catch (...) {                                                                  \
-    return Fail(HORO_ERR_INTERNAL, "internal error: unknown exception");         \
-  }
-
-#define HORO_REQUIRE_RUNTIME(rt)                                                                          \
-  if ((rt) == nullptr || !(rt)->impl) return Fail(HORO_ERR_NOT_INITIALIZED, "Horo runtime is not initialized"); \
-  CallGuard call_guard(rt);                                                                               \
-  if (!call_guard.admitted()) return Fail(HORO_ERR_SHUT_DOWN, "Horo has been shut down: the runtime is being destroyed")
+using horo_capi::Fail;
+using horo_capi::SetError;
+using horo_capi::t_last_error;
 
 namespace {
 bool MembersOf(horo_runtime_t* rt, int32_t id, std::vector<int32_t>* members) {
@@ -372,189 +312,6 @@ horo_status_t horo_cuda_enable(horo_runtime_t* rt, const char* nccl_path, int32_
   if (nccl_version == nullptr) return Fail(HORO_ERR_INVALID_ARGUMENT, "nccl_version pointer is null");
   *nccl_version = 0;
   return SetError(rt->impl->EnableCuda(nccl_path ? nccl_path : "", nccl_version));
-  HORO_API_END();
-}
-
-void horo_op_options_init(horo_op_options_t* options) {
-  options->process_set_id = HORO_GLOBAL_PROCESS_SET;
-  options->reduce_op = HORO_OP_SUM;
-  options->prescale_factor = 1.0;
-  options->postscale_factor = 1.0;
-  options->root_rank = 0;
-  options->splits = nullptr;
-  options->num_splits = 0;
-  options->ready_event = nullptr;
-  options->caller_waits = 0;
-}
-
-horo_status_t horo_enqueue(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t* tensors, int32_t count,
-                           const horo_op_options_t* options, horo_handle_t* handles) {
-  HORO_API_BEGIN();
-  HORO_REQUIRE_RUNTIME(rt);
-  if (!horo::IsValidOpType(op_type)) return Fail(HORO_ERR_INVALID_ARGUMENT, "unknown operation " + std::to_string(op_type));
-  horo_op_options_t defaults;
-  horo_op_options_init(&defaults);
-  return SetError(rt->impl->Enqueue(static_cast<horo::OpType>(op_type), tensors, count,
-                                    options ? *options : defaults, handles));
-  HORO_API_END();
-}
-
-namespace {
-
-// The options of a call that waits at once (horo_run and horo_run_result_at): the caller's, or
-// the defaults, with caller_waits set.
-horo_op_options_t WaitingOptions(const horo_op_options_t* options) {
-  horo_op_options_t waiting;
-  if (options) {
-    waiting = *options;
-  } else {
-    horo_op_options_init(&waiting);
-  }
-  waiting.caller_waits = 1;
-  return waiting;
-}
-
-// A prepared description (the *_at entry points) with this call's addresses.
-horo_tensor_t AtAddresses(const horo_tensor_t& tensor, uintptr_t input, uintptr_t output) {
-  horo_tensor_t t = tensor;
-  t.input = reinterpret_cast<const void*>(input);
-  t.output = reinterpret_cast<void*>(output);
-  return t;
-}
-
-}  // namespace
-
-horo_status_t horo_run(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t* tensors, int32_t count,
-                       const horo_op_options_t* options) {
-  HORO_API_BEGIN();
-  HORO_REQUIRE_RUNTIME(rt);
-  if (!horo::IsValidOpType(op_type)) return Fail(HORO_ERR_INVALID_ARGUMENT, "unknown operation " + std::to_string(op_type));
-  const horo_op_options_t run_options = WaitingOptions(options);
-  const horo::OpType op = static_cast<horo::OpType>(op_type);
-  if (op != horo::OpType::kAllreduce && op != horo::OpType::kBroadcast && op != horo::OpType::kBarrier) {
-    // The others produce results the core allocates (or a value), which only a handle can hand back.
-    return Fail(HORO_ERR_INVALID_ARGUMENT, std::string("horo_run takes allreduce, broadcast and barrier; use "
-                                                       "horo_enqueue and horo_handle_result for ") +
-                                               horo::OpTypeName(op));
-  }
-  const int32_t handle_count = op == horo::OpType::kBarrier || op == horo::OpType::kJoin ? 1 : std::max(count, 1);
-  horo_handle_t one = 0;
-  std::vector<horo_handle_t> many(handle_count > 1 ? handle_count : 0);
-  horo_handle_t* handles = handle_count > 1 ? many.data() : &one;
-  horo::Status st = rt->impl->Enqueue(op, tensors, count, run_options, handles);
-  if (!st.ok()) return SetError(st);
-  horo::Status first;
-  for (int32_t i = 0; i < handle_count; ++i) {
-    horo::Status done = rt->impl->Wait(handles[i], -1);
-    rt->impl->handles().Release(handles[i]);
-    if (first.ok() && !done.ok()) first = done;
-  }
-  return SetError(first);
-  HORO_API_END();
-}
-
-horo_status_t horo_run_at(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t* tensor, uintptr_t input,
-                          uintptr_t output, const horo_op_options_t* options) {
-  if (tensor == nullptr) return Fail(HORO_ERR_INVALID_ARGUMENT, "null tensor");
-  const horo_tensor_t t = AtAddresses(*tensor, input, output);
-  return horo_run(rt, op_type, &t, 1, options);
-}
-
-horo_status_t horo_enqueue_at(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t* tensor, uintptr_t input,
-                              uintptr_t output, const horo_op_options_t* options, horo_handle_t* handle) {
-  if (tensor == nullptr) return Fail(HORO_ERR_INVALID_ARGUMENT, "null tensor");
-  const horo_tensor_t t = AtAddresses(*tensor, input, output);
-  return horo_enqueue(rt, op_type, &t, 1, options, handle);
-}
-
-namespace {
-
-void DescribeResult(const horo::HandleResult& r, horo_result_t* out) {
-  out->data = r.allocated ? r.data.data() : nullptr;
-  out->nbytes = r.nbytes;
-  out->ndim = static_cast<int32_t>(r.shape.size());
-  for (size_t i = 0; i < r.shape.size() && i < HORO_MAX_DIMS; ++i) out->shape[i] = r.shape[i];
-  out->received_splits = r.received_splits.empty() ? nullptr : r.received_splits.data();
-  out->num_received_splits = static_cast<int32_t>(r.received_splits.size());
-  out->join_last_rank = r.value;
-}
-
-}  // namespace
-
-horo_status_t horo_run_result_at(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t* tensor, uintptr_t input,
-                                 uintptr_t output, int64_t output_bytes, const horo_op_options_t* options,
-                                 horo_result_t* result, horo_handle_t* handle) {
-  HORO_API_BEGIN();
-  HORO_REQUIRE_RUNTIME(rt);
-  if (tensor == nullptr || result == nullptr || handle == nullptr) {
-    return Fail(HORO_ERR_INVALID_ARGUMENT, "horo_run_result_at: null tensor, result or handle");
-  }
-  *handle = 0;
-  const horo::OpType op = static_cast<horo::OpType>(op_type);
-  if (!horo::IsValidOpType(op_type) ||
-      (op != horo::OpType::kAllgather && op != horo::OpType::kAlltoall && op != horo::OpType::kReducescatter)) {
-    return Fail(HORO_ERR_INVALID_ARGUMENT, "horo_run_result_at takes allgather, alltoall and reducescatter, got "
-                                           "operation " + std::to_string(op_type));
-  }
-  const horo_op_options_t run_options = WaitingOptions(options);
-  horo_tensor_t t = AtAddresses(*tensor, input, output);
-  t.output_bytes = output_bytes;
-  horo_handle_t h = 0;
-  horo::Status st = rt->impl->Enqueue(op, &t, 1, run_options, &h);
-  if (!st.ok()) return SetError(st);
-  st = rt->impl->Wait(h, -1);
-  const horo::HandleResult* r = st.ok() ? rt->impl->handles().Result(h) : nullptr;
-  if (st.ok() && r == nullptr) st = horo::Status::Internal("horo_run_result_at: a completed operation has no result");
-  if (!st.ok()) {
-    rt->impl->handles().Release(h);
-    return SetError(st);
-  }
-  DescribeResult(*r, result);
-  // An alltoall's received splits outlive the handle in this thread's copy, so that a result
-  // written to the guess leaves nothing to release.
-  thread_local std::vector<int64_t> received_splits;
-  received_splits.assign(r->received_splits.begin(), r->received_splits.end());
-  result->received_splits = received_splits.empty() ? nullptr : received_splits.data();
-  if (r->allocated) {
-    *handle = h;  // the caller copies the result out, then releases
-  } else {
-    rt->impl->handles().Release(h);
-  }
-  return HORO_OK;
-  HORO_API_END();
-}
-
-horo_status_t horo_poll(horo_runtime_t* rt, horo_handle_t handle, int32_t* done) {
-  HORO_API_BEGIN();
-  HORO_REQUIRE_RUNTIME(rt);
-  bool d = false;
-  horo::Status st = rt->impl->handles().Poll(handle, &d);
-  *done = d ? 1 : 0;
-  return SetError(st);
-  HORO_API_END();
-}
-
-horo_status_t horo_wait(horo_runtime_t* rt, horo_handle_t handle, double timeout_seconds) {
-  HORO_API_BEGIN();
-  HORO_REQUIRE_RUNTIME(rt);
-  return SetError(rt->impl->Wait(handle, timeout_seconds));
-  HORO_API_END();
-}
-
-horo_status_t horo_handle_result(horo_runtime_t* rt, horo_handle_t handle, horo_result_t* out) {
-  HORO_API_BEGIN();
-  HORO_REQUIRE_RUNTIME(rt);
-  const horo::HandleResult* r = rt->impl->handles().Result(handle);
-  if (r == nullptr) return Fail(HORO_ERR_INVALID_ARGUMENT, "handle is unknown or not complete");
-  DescribeResult(*r, out);
-  return HORO_OK;
-  HORO_API_END();
-}
-
-horo_status_t horo_release(horo_runtime_t* rt, horo_handle_t handle) {
-  HORO_API_BEGIN();
-  HORO_REQUIRE_RUNTIME(rt);
-  return SetError(rt->impl->handles().Release(handle));
   HORO_API_END();
 }
 

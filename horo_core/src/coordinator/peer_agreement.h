@@ -46,31 +46,10 @@
 #include "coordinator/request.h"
 #include "coordinator/response.h"
 #include "coordinator/response_cache.h"
+#include "coordinator/round_message.h"
 #include "coordinator/stall_inspector.h"
 
 namespace horo {
-
-struct RoundMessage {
-  int64_t round = 0;
-  std::vector<int64_t> hits;         // cached ids this rank submitted since its last message
-  std::vector<std::string> data;     // per hit: this rank's input bytes (small allreduce), or empty
-  std::vector<int64_t> units;        // per hit: the id of its group's first member (its own id alone)
-  std::vector<int64_t> invalid;      // cached ids whose names this rank submitted with other parameters
-  std::vector<int32_t> joined_sets;  // process sets this rank joined ...
-  std::vector<int64_t> join_numbers; // ... for the n-th time in that set
-
-  bool empty() const { return hits.empty() && invalid.empty() && joined_sets.empty(); }
-  // Empties every field, keeping the vectors' storage for the next message.
-  void Clear();
-};
-
-// Round messages share the control plane with request and response lists, whose first byte is 0
-// or 1; theirs is 'R'.
-bool IsRoundMessage(const std::string& payload);
-// Both reuse the storage of what they write into (*out is unspecified after a parse error): a
-// round in the steady state then allocates nothing for its messages.
-void SerializeRoundMessage(const RoundMessage& message, std::string* out);
-Status ParseRoundMessage(const std::string& bytes, RoundMessage* out);
 
 // One step every rank runs after a round: a fused response for the executor, or (contributions
 // not empty) one small collective (PeerAgreement::Eager) whose every member's input bytes are

@@ -1,6 +1,6 @@
 """How horo_torch's collectives reach the core: dtype codes and names, the synchronous one-call
 path and its memo of descriptions, the asynchronous enqueue and how results come back as tensors.
-Private to horo_torch: mpi_ops builds Horovod's functions on these.
+Private to horo_torch: mpi_ops, _allreduce_ops and _sized_ops build Horovod's functions on these.
 """
 import threading
 

@@ -1,7 +1,7 @@
 """Python-level handles of horo_torch's asynchronous operations: what ``poll()`` and
 ``synchronize()`` need to finish an operation (its core handles, the tensors to keep alive, how to
 build the result, staging buffers to give back), and the handles nobody will synchronize
-(``abandon``). The operations themselves are started in horo_torch/mpi_ops.py.
+(``abandon``). The operations themselves are started in horo_torch/mpi_ops.py and the modules it carries.
 """
 import collections
 import itertools

@@ -7,7 +7,7 @@ gets a result of the last call's shape. So a tensor of that shape is allocated b
 and the core writes the result straight into it when the result has exactly its size (horo.h,
 output_bytes); otherwise into a buffer of its own, which is then copied into a new tensor. The C
 description of each (operation, name) is made once, and per call only two addresses and the guess
-cross into the core (horo_run_result_at), as for allreduce_ (mpi_ops._last_allreduce): the general
+cross into the core (horo_run_result_at), as for allreduce_ (_allreduce_ops._last_allreduce): the general
 path builds tensor specs, C structs and a Python handle every call (docs/benchmarks.md, "Alltoall
 and reducescatter in one call").
 """

@@ -49,8 +49,8 @@ def main():
     name = "call_overhead"
     hvd.allreduce_(t, op=hvd.Sum, name=name)
     # The description allreduce_ prepared for this name, reused by the two lower loops.
-    from horo_torch import mpi_ops
-    prepared = mpi_ops._last_allreduce[name][-1]
+    from horo_torch import _allreduce_ops
+    prepared = _allreduce_ops._last_allreduce[name][-1]
     runtime = basics.runtime()
     address = t.data_ptr()
 

@@ -1,0 +1,283 @@
+"""Allreduce on torch tensors, single and grouped, in place or not, synchronous or not (Horovod's
+names, re-exported by horo_torch.mpi_ops). The gradient of an allreduce is an allreduce.
+"""
+import torch
+
+from horo_core import basics
+from horo_core._binding import lib
+from horo_core.process_sets import global_process_set
+from horo_core.reduce_ops import resolve_op
+from horo_core.runtime import prepare_run
+from horo_torch import device
+from horo_torch._calls import (_caller, _copy_back, _dtype_code, _enqueue, _host_output, _is_host_contiguous,
+                               _is_host_dense, _last_description, _now, _op_name, _records_graph, _remember, _run_host,
+                               _run_host_described)
+from horo_torch._handles import _register, synchronize
+from horo_torch.compression import Compression
+
+
+# Allreduce ---------------------------------------------------------------------------------------
+
+# The last in-place allreduce_ of each name on a host tensor, checked field by field before the
+# dictionary of descriptions (_calls._prepared_runs) is consulted: a loop of metric allreduces then
+# skips building and hashing that dictionary's key (0.3 us of a 2.6 us call on one rank;
+# docs/benchmarks.md).
+# Entries: (average, op, prescale, postscale, process set, its id, dtype, shape, description).
+_last_allreduce = {}
+# The same for the out-of-place allreduce without compression or a graph (a loop of metric
+# averages, the most common call of all): its output is a new tensor every call, made with
+# empty_like (a third of the cost of torch.empty(shape, dtype=...)).
+_last_allreduce_copy = {}
+
+
+def _allreduce_host(tensor, output, memo, average, name, op, prescale_factor, postscale_factor, process_set):
+    """The allreduce of a dense host tensor into output (tensor itself, in place), waited for; its
+    description is remembered in memo (_last_allreduce or _last_allreduce_copy). Returns output."""
+    prepared = _run_host_described(lib.HORO_ALLREDUCE, "allreduce", name, tensor, output, process_set,
+                                   resolve_op(average, op), prescale_factor, postscale_factor, 0)
+    if prepared is not None:
+        _remember(memo, name, tensor, average, op, prescale_factor, postscale_factor, process_set, prepared)
+    return output
+
+
+def _allreduce_async(tensors, output_tensors, name, op, prescale_factor, postscale_factor, process_set, kind):
+    if all(t.device.type == "cpu" for t in tensors) and all(o.device.type == "cpu" for o in output_tensors):
+        # Host tensors, the common case: no staging, no device checks on the per-step path.
+        srcs = [t.detach().contiguous() for t in tensors]
+        outs = [o if o.is_contiguous() else torch.empty_like(s) for o, s in zip(output_tensors, srcs)]
+
+        def finish_host(rt, results):
+            done = [_copy_back(o, c) for o, c in zip(output_tensors, outs)]
+            return done if kind.startswith("grouped") else done[0]
+
+        return _enqueue(lib.HORO_ALLREDUCE, kind, name, srcs, outs, process_set, finish_host, reduce_op=op,
+                        prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+    if device.core_takes(basics.runtime(), list(tensors) + list(output_tensors)):
+        return _allreduce_on_device(tensors, output_tensors, name, op, prescale_factor, postscale_factor,
+                                    process_set, kind)
+    staging = device.Staging()
+    srcs = [staging.to_host(t) for t in tensors]
+    outs = [s if o is t and not _is_host_contiguous(o) else _host_output(o, s, staging)
+            for o, s, t in zip(output_tensors, srcs, tensors)]
+
+    def finish(rt, results):
+        done = [_copy_back(o, c, staging) for o, c in zip(output_tensors, outs)]
+        return done if kind.startswith("grouped") else done[0]
+
+    return _enqueue(lib.HORO_ALLREDUCE, kind, name, srcs, outs, process_set, finish, staging, reduce_op=op,
+                    prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+
+
+def _allreduce_on_device(tensors, output_tensors, name, op, prescale_factor, postscale_factor, process_set, kind):
+    """The core reduces the CUDA tensors in place on the GPU; scaling happens here (device.py)."""
+    srcs = [device.prescaled(t, prescale_factor) for t in tensors]
+    outs = [o if o.is_contiguous() else torch.empty_like(s) for o, s in zip(output_tensors, srcs)]
+    event = device.ready_event(srcs)
+    members = process_set.size()
+
+    def finish(rt, results):
+        done = []
+        for o, c in zip(output_tensors, outs):
+            done.append(_copy_back(o, device.postscale_(c, op, postscale_factor, members)))
+            if c is not o and c.is_cuda:
+                # c was allocated on the stream current at enqueue, and the work above is queued on
+                # the one current now: the caching allocator must not hand c out again before
+                # that work has read it.
+                c.record_stream(torch.cuda.current_stream(c.device))
+        return done if kind.startswith("grouped") else done[0]
+
+    return _enqueue(lib.HORO_ALLREDUCE, kind, name, srcs, outs, process_set, finish, event=event, reduce_op=op,
+                    prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                    process_set=global_process_set):
+    """Starts an allreduce of tensor into a new tensor (the input is not modified).
+
+    Args:
+        tensor: the tensor to reduce; same shape and dtype on every rank.
+        average: deprecated, use op.
+        name: names the operation; ranks match tensors by name. Unnamed calls are named in call order.
+        op: Average (default), Sum, Min, Max or Product.
+        prescale_factor, postscale_factor: multiply the input before and the result after reducing.
+        process_set: restricts the operation to the ranks of this set.
+    Returns:
+        A handle for poll() and synchronize().
+    Raises:
+        ValueError: invalid arguments (unsupported dtype, both average and op, name in flight...).
+    """
+    op = resolve_op(average, op)
+    out = torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
+    return _allreduce_async([tensor], [out], name, op, prescale_factor, postscale_factor, process_set, "allreduce")
+
+
+# The last allreduce_async_ of each name on a host tensor, checked as _last_allreduce is: a
+# gradient enqueued step after step then crosses into the core with its two addresses only
+# (horo_enqueue_at), skipping the general path's specs and C structs (docs/benchmarks.md).
+_last_async = {}
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                     process_set=global_process_set):
+    """In-place form of allreduce_async: the result overwrites tensor. Returns a handle."""
+    waits = getattr(_caller, "waits", False)
+    prepared = None if waits else _last_description(_last_async, name, tensor, average, op, prescale_factor,
+                                                    postscale_factor, process_set)
+    if prepared is not None:
+        runtime = basics.runtime()
+        address = tensor.data_ptr()
+        core_handle = runtime.enqueue_prepared(prepared, address, address)
+        return _register(runtime, (core_handle,), tensor, lambda rt, results: tensor, None, False)
+    resolved = resolve_op(average, op)
+    handle = _allreduce_async([tensor], [tensor], name, resolved, prescale_factor, postscale_factor, process_set,
+                              "allreduce")
+    set_id = process_set.process_set_id
+    if name is not None and set_id is not None and _is_host_dense(tensor) and not waits:
+        base = _op_name("allreduce", name, set_id)
+        prepared = prepare_run(lib.HORO_ALLREDUCE, base, _dtype_code(tensor, base), tuple(tensor.shape), set_id,
+                               resolved, prescale_factor, postscale_factor, 0, caller_waits=False)
+        _remember(_last_async, name, tensor, average, op, prescale_factor, postscale_factor, process_set, prepared)
+    return handle
+
+
+def _allreduce_now(tensor, name, op, prescale_factor, postscale_factor, process_set):
+    """The reduced copy of tensor (op resolved), waited for."""
+    if _is_host_dense(tensor):
+        # empty_like: a third of the cost of torch.empty(shape, dtype=...) per call.
+        return _run_host(lib.HORO_ALLREDUCE, "allreduce", name, tensor,
+                         torch.empty_like(tensor, memory_format=torch.contiguous_format),
+                         process_set, reduce_op=op, prescale_factor=prescale_factor,
+                         postscale_factor=postscale_factor)
+    return _now(allreduce_async, tensor, None, name, op, prescale_factor, postscale_factor, process_set)
+
+
+class HorovodAllreduce(torch.autograd.Function):
+    """Allreduce whose gradient is the allreduce of the incoming gradient with the same op."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, process_set):
+        ctx.op, ctx.scales, ctx.process_set = op, (prescale_factor, postscale_factor), process_set
+        return _allreduce_now(tensor, name, op, prescale_factor, postscale_factor, process_set)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = allreduce(grad_output, op=ctx.op, prescale_factor=ctx.scales[0], postscale_factor=ctx.scales[1],
+                         process_set=ctx.process_set)
+        return grad, None, None, None, None, None
+
+
+def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None, prescale_factor=1.0,
+              postscale_factor=1.0, process_set=global_process_set):
+    """Reduces tensor across ranks and returns the result in a new tensor; differentiable.
+
+    Args:
+        tensor: the tensor to reduce.
+        average: deprecated, use op.
+        name: operation name (see allreduce_async).
+        compression: Compression.none, .fp16 or .bf16: the dtype the data travels in.
+        op: Average (default), Sum, Min, Max or Product.
+        prescale_factor, postscale_factor: scale before and after the reduction.
+        process_set: the ranks taking part.
+    Returns:
+        A tensor of tensor's shape and dtype.
+    Raises:
+        ValueError: invalid arguments. HorovodInternalError: the collective failed (e.g. a mismatch).
+    """
+    if compression is Compression.none:
+        prepared = _last_description(_last_allreduce_copy, name, tensor, average, op, prescale_factor,
+                                     postscale_factor, process_set)
+        if prepared is not None and not (tensor.requires_grad and torch.is_grad_enabled()):
+            output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+            basics.runtime().run_prepared(prepared, tensor.data_ptr(), output.data_ptr())
+            return output
+    resolved = resolve_op(average, op)
+    compressed, ctx = compression.compress(tensor)
+    if _records_graph((compressed,)):
+        reduced = HorovodAllreduce.apply(compressed, name, resolved, prescale_factor, postscale_factor, process_set)
+    elif compression is Compression.none and _is_host_dense(tensor):
+        reduced = _allreduce_host(tensor, torch.empty_like(tensor, memory_format=torch.contiguous_format),
+                                  _last_allreduce_copy, average, name, op, prescale_factor, postscale_factor,
+                                  process_set)
+    else:
+        reduced = _allreduce_now(compressed, name, resolved, prescale_factor, postscale_factor, process_set)
+    return compression.decompress(reduced, ctx)
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+               process_set=global_process_set):
+    """In-place allreduce; returns tensor."""
+    prepared = _last_description(_last_allreduce, name, tensor, average, op, prescale_factor, postscale_factor,
+                                 process_set)
+    if prepared is not None:
+        address = tensor.data_ptr()
+        basics.runtime().run_prepared(prepared, address, address)
+        return tensor
+    if _is_host_dense(tensor):
+        return _allreduce_host(tensor, tensor, _last_allreduce, average, name, op, prescale_factor, postscale_factor,
+                               process_set)
+    return _now(allreduce_async_, tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                            process_set=global_process_set):
+    """Starts an allreduce of a list of tensors negotiated and fused as one group. Returns a handle
+    whose synchronize() gives the list of reduced tensors."""
+    op = resolve_op(average, op)
+    outs = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in tensors]
+    return _allreduce_async(list(tensors), outs, name, op, prescale_factor, postscale_factor, process_set,
+                            "grouped_allreduce")
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0, process_set=global_process_set):
+    """In-place form of grouped_allreduce_async."""
+    op = resolve_op(average, op)
+    return _allreduce_async(list(tensors), list(tensors), name, op, prescale_factor, postscale_factor, process_set,
+                            "grouped_allreduce")
+
+
+class HorovodGroupedAllreduce(torch.autograd.Function):
+    """Grouped allreduce; the gradient is the grouped allreduce of the gradients."""
+
+    @staticmethod
+    def forward(ctx, name, op, prescale_factor, postscale_factor, process_set, *tensors):
+        ctx.op, ctx.scales, ctx.process_set = op, (prescale_factor, postscale_factor), process_set
+        handle = grouped_allreduce_async(list(tensors), None, name, op, prescale_factor, postscale_factor,
+                                         process_set)
+        return tuple(synchronize(handle))
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        grads = grouped_allreduce(list(grad_outputs), op=ctx.op, prescale_factor=ctx.scales[0],
+                                  postscale_factor=ctx.scales[1], process_set=ctx.process_set)
+        return (None, None, None, None, None, *grads)
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+    """Allreduces a list of tensors as one atomic, fused group; differentiable. Returns a list."""
+    op = resolve_op(average, op)
+    pairs = [compression.compress(t) for t in tensors]
+    compressed = [p[0] for p in pairs]
+    if _records_graph(compressed):
+        reduced = HorovodGroupedAllreduce.apply(name, op, prescale_factor, postscale_factor, process_set, *compressed)
+    else:
+        reduced = synchronize(grouped_allreduce_async(compressed, None, name, op, prescale_factor, postscale_factor,
+                                                      process_set))
+    return [compression.decompress(r, p[1]) for r, p in zip(reduced, pairs)]
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                       process_set=global_process_set):
+    """In-place grouped allreduce; returns the list of tensors."""
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor,
+                                                process_set))
+
+
+def handle_average_backwards_compatibility(op, average):
+    """Horovod's helper: the op given (op, average), Average when neither is set.
+
+    Raises:
+        ValueError: both op and average were given.
+    """
+    return resolve_op(average, op)

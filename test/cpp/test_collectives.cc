@@ -1,4 +1,4 @@
-// sources: collectives/allreduce.cc collectives/allreduce_ring.cc collectives/allreduce_tree.cc collectives/allreduce_hierarchical.cc collectives/host_topology.cc collectives/allgather.cc collectives/allgather_ring.cc collectives/allgather_hierarchical.cc collectives/broadcast_tree.cc collectives/alltoall_pairwise.cc collectives/reducescatter_ring.cc collectives/ring_phases.cc collectives/group_io.cc collectives/reduce_kernels.cc transport/loopback/*.cc transport/counting/transport.cc common/dtype.cc
+// sources: collectives/allreduce.cc collectives/allreduce_ring.cc collectives/cpu_cache.cc collectives/allreduce_tree.cc collectives/allreduce_hierarchical.cc collectives/host_topology.cc collectives/allgather.cc collectives/allgather_ring.cc collectives/allgather_hierarchical.cc collectives/broadcast_tree.cc collectives/alltoall_pairwise.cc collectives/reducescatter_ring.cc collectives/ring_phases.cc collectives/group_io.cc collectives/reduce_kernels.cc transport/loopback/*.cc transport/counting/transport.cc common/dtype.cc
 //
 // The collective algorithms over the loopback transport, ranks being threads. Every value checked
 // is exact and derived from the member index: member m contributes small integers chosen so that
@@ -307,6 +307,31 @@ class UncachedRecorder : public CountingTransport {
   }
 };
 
+// The default threshold for results written past the caches: the last-level cache, at least
+// 16 MiB, and the sysfs size texts it is read from.
+void CheckUncachedDefault() {
+  const std::pair<const char*, int64_t> cases[] = {{"266240K", int64_t{266240} << 10}, {"32M", int64_t{32} << 20},
+                                                   {"1G", int64_t{1} << 30}, {"512K\n", int64_t{512} << 10},
+                                                   {"4096", 4096}, {"", 0}, {"K", 0}, {"12Q", 0}, {"1M2", 0},
+                                                   {"99999999999999999999K", 0}, {"9999999999G", 0}};
+  for (const auto& [text, bytes] : cases) {
+    ++g_checks;
+    if (ParseCacheSize(text) != bytes) {
+      Fail(std::string("ParseCacheSize(\"") + text + "\") = " + std::to_string(ParseCacheSize(text)) + ", expected " +
+           std::to_string(bytes));
+    }
+  }
+  const int64_t llc = LastLevelCacheBytes();
+  const int64_t expected = std::max(int64_t{16} << 20, llc);
+  ++g_checks;
+  if (AllreduceOptions().uncached_result_bytes != expected || DefaultUncachedResultBytes() != expected) {
+    Fail("default uncached_result_bytes " + std::to_string(AllreduceOptions().uncached_result_bytes) +
+         ", expected max(16 MiB, last-level cache " + std::to_string(llc) + ")");
+  }
+  std::printf("ok  uncached results by default from %lld bytes (last-level cache %lld bytes)\n",
+              static_cast<long long>(expected), static_cast<long long>(llc));
+}
+
 // options.uncached_result_bytes: from that size on, a ring allreduce asks for the allgather's last
 // received block (block index + 2, counted over all its slices) to be written past the caches,
 // and for no other: every earlier received block is sent on at the next step and must stay cached.
@@ -455,6 +480,7 @@ int main() {
   }
   CheckBitwiseIdentical();
   CheckRingPostscale();
+  CheckUncachedDefault();
   CheckUncachedLastBlock();
   for (int size : kWorldSizes) {
     RunWorld(size, [](const CommGroup& g) {

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "collectives/cpu_cache.h"
 #include "common/config.h"
 #include "common/dtype.h"
 #include "common/status.h"
@@ -47,9 +48,9 @@ struct AllreduceOptions {
   // AllreduceRing only: a message of at least this many bytes receives the allgather's last block
   // past the caches where the transport can (Transport::SendRecvUncached). A result that large leaves
   // the caches before anyone reads it anyway, and written around them it costs memory one pass
-  // instead of two (a cached store first reads the line it overwrites). Members may differ.
-  int64_t uncached_result_bytes = kUncachedResultBytes;
-  static constexpr int64_t kUncachedResultBytes = int64_t{16} << 20;
+  // instead of two (a cached store first reads the line it overwrites). The default is this CPU's
+  // last-level cache, at least 16 MiB (cpu_cache.h). Members may differ.
+  int64_t uncached_result_bytes = DefaultUncachedResultBytes();
 };
 
 enum class AllreduceAlgorithm { kRecursiveDoubling = 0, kRing = 1, kHierarchical = 2 };

@@ -42,6 +42,34 @@ size_t Ring::Write(const char* source, size_t len) {
   return done;
 }
 
+namespace {
+constexpr uint64_t kMessageAlignment = 64;
+}  // namespace
+
+bool Ring::AlignWriter() {
+  const uint64_t gap = (kMessageAlignment - (head_ & (kMessageAlignment - 1))) & (kMessageAlignment - 1);
+  if (gap == 0) return true;
+  if (capacity_ - (head_ - tail_) < gap) {
+    tail_ = shared_->tail.load(std::memory_order_acquire);
+    if (capacity_ - (head_ - tail_) < gap) return false;
+  }
+  head_ += gap;
+  shared_->head.store(head_, std::memory_order_release);
+  return true;
+}
+
+bool Ring::AlignReader() {
+  const uint64_t gap = (kMessageAlignment - (tail_ & (kMessageAlignment - 1))) & (kMessageAlignment - 1);
+  if (gap == 0) return true;
+  if (head_ - tail_ < gap) {
+    head_ = shared_->head.load(std::memory_order_acquire);
+    if (head_ - tail_ < gap) return false;
+  }
+  tail_ += gap;
+  shared_->tail.store(tail_, std::memory_order_release);
+  return true;
+}
+
 // Hands up to len published bytes to take(message_offset, ring_bytes, n), in at most two runs per
 // piece (the second from the ring's start), then frees the piece for the producer.
 template <typename Take>

@@ -46,6 +46,10 @@ class Ring {
 
   // Producer: copies up to len bytes into free space without waiting; returns the count.
   size_t Write(const char* source, size_t len);
+  // Producer and consumer, before a message: skip to the next 64-byte boundary of the stream
+  // (the writer publishes the gap, the reader passes it). False while the gap does not fit yet.
+  bool AlignWriter();
+  bool AlignReader();
   // Consumer: copies up to len published bytes out without waiting; returns the count.
   size_t Read(char* destination, size_t len);
   // Read with non-temporal stores: the bytes go to memory around the caches, and the destination

@@ -223,6 +223,10 @@ bool ShmTransport::Step(Direction* direction, bool sending, bool* progress, Stat
   char* at = direction->data + direction->done;
   const size_t left = direction->len - direction->done;
   if (direction->link != nullptr) {
+    if (!direction->aligned) {
+      direction->aligned = sending ? direction->link->out.AlignWriter() : direction->link->in.AlignReader();
+      if (!direction->aligned) return true;
+    }
     if (sending) {
       moved = direction->link->out.Write(at, left);
     } else if (direction->reducer != nullptr) {

@@ -95,6 +95,7 @@ class ShmTransport : public Transport {
     const ReceiveReducer* reducer = nullptr;  // recv only: reduce into data instead of copying
     bool uncached = false;                    // recv only: write data past the caches
     shm::Ring::Carry carry;
+    bool aligned = false;  // linked: the ring's stream is at the message's 64-byte boundary
     bool pending() const { return done < len; }
   };
 

@@ -108,3 +108,56 @@ def _run(np_, shm):
 @pytest.mark.parametrize("np_", [2, 3, 4])
 def test_shared_memory_matches_tcp(np_):
     assert _run(np_, shm=True) == _run(np_, shm=False)
+
+
+def _chunks_job():
+    """Runs on every rank with its own HORO_CHUNK_BYTES, which cuts the scatter-reduce of a
+    reducescatter (a ring allreduce on one host cuts rank 0's slices): (number of checks, failures)."""
+    import os
+    import traceback
+
+    import numpy as np
+
+    import rank_checks
+    from horo_core import basics
+    from horo_core import numpy_ops as ops
+
+    rank = int(os.environ["HORO_RANK"])
+    os.environ["HORO_CHUNK_BYTES"] = {0: "1048576", 1: "8192", 2: "300000"}[rank]
+    basics.init()
+    rt = basics.runtime()
+    n = basics.size()
+    c = rank_checks.Checks()
+    try:
+        for count in (1001, 300001, 1000003):
+            for step in range(2):  # the second time through the peer agreement
+                out = ops.allreduce(rt, np.full(count, rank + 1.0, dtype=np.float32), f"chunks.{count}")
+                c.same_array(f"allreduce of {count} floats, step {step}", out,
+                             np.full(count, n * (n + 1) / 2.0, dtype=np.float32))
+            rows = 3 * n + 1
+            block = ops.reducescatter(rt, np.full((rows, count // 100 + 1), rank + 1.0), f"chunks.rs.{count}")
+            my_rows = rows // n + (1 if rank < rows % n else 0)
+            c.same_array(f"reducescatter of {count // 100 + 1} columns", block,
+                         np.full((my_rows, count // 100 + 1), n * (n + 1) / 2.0))
+        # An odd-length message after them: the streams must still be in step.
+        odd = ops.broadcast(rt, np.arange(3, dtype=np.uint8) + rank, 0, "chunks.odd")
+        c.same_array("odd broadcast", odd, np.arange(3, dtype=np.uint8))
+        out = ops.allreduce(rt, np.full(300001, rank + 1.0, dtype=np.float32), "chunks.after")
+        c.same_array("allreduce after the odd broadcast", out, np.full(300001, n * (n + 1) / 2.0, dtype=np.float32))
+        ops.barrier(rt)
+    except Exception:  # noqa: BLE001 - reported to the test, which names the rank
+        c.fail(f"raised:\n{traceback.format_exc()}")
+    basics.shutdown()
+    return c.count, c.failures
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_ranks_with_different_chunks_over_shared_memory(np_):
+    # Each data-plane message starts at a 64-byte boundary of its ring (ShmTransport), so sender and
+    # receiver must cut the stream alike wherever a piece does not end on such a boundary; the
+    # scatter-reduce's chunks, which each rank sets for itself, are rounded to 64 bytes for that.
+    env = {"HORO_PEER_TIMEOUT_SECONDS": "20", "HORO_SMALL_MESSAGE_BYTES": "0"}
+    reports = horo_runner.run(_chunks_job, np=np_, env=env)
+    problems = [f"rank {r}: {f}" for r, (_, failures) in enumerate(reports) for f in failures]
+    assert not problems, "\n".join(problems[:40])
+    assert all(count == 11 for count, _ in reports), [count for count, _ in reports]

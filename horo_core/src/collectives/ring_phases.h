@@ -5,7 +5,7 @@
 // in every step and each member sends and receives (N-1)/N of the buffer per phase.
 //  * Scatter-reduce: N-1 steps. At step s member i sends block (i + final_shift - 1 - s) and
 //    receives block (i + final_shift - 2 - s), which it reduces into its own copy. The received
-//    block moves in chunks of at most chunk_bytes. Over shared memory each chunk is reduced
+//    block moves in chunks of at most chunk_bytes (rounded down to a multiple of 64 bytes, at least 64). Over shared memory each chunk is reduced
 //    straight out of the ring (Transport::SendRecvReduce), which saves copying it into a scratch
 //    buffer and reading it back; other transports receive it into one scratch buffer of chunk
 //    size, so memory stays bounded whatever the message size. After the last step member i holds

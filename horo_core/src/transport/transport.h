@@ -4,6 +4,10 @@
 //  * the data plane carries raw bytes of collectives. Only the thread running the runtime's pass
 //    (the background thread or a caller driving it, one at a time) uses it, always in the globally
 //    agreed order of responses, and both sides know every size in advance, so there is no framing.
+//    Sender and receiver cut the stream into the same messages (one Send, Recv or direction of a
+//    SendRecv each), except at boundaries that lie a multiple of 64 bytes into a message: the
+//    shared-memory transport starts every message at a 64-byte boundary of its ring, so that an
+//    odd-length message leaves the ones after it aligned.
 //    A peer that closes its connection yields HORO_ERR_PEER_LOST at once; a peer that makes no
 //    progress for data_timeout_seconds yields HORO_ERR_TIMEOUT.
 //  * the control plane carries framed negotiation messages between rank 0 (the coordinator) and

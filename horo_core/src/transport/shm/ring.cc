@@ -42,10 +42,6 @@ size_t Ring::Write(const char* source, size_t len) {
   return done;
 }
 
-namespace {
-constexpr uint64_t kMessageAlignment = 64;
-}  // namespace
-
 bool Ring::AlignWriter() {
   const uint64_t gap = (kMessageAlignment - (head_ & (kMessageAlignment - 1))) & (kMessageAlignment - 1);
   if (gap == 0) return true;
@@ -191,9 +187,9 @@ size_t Ring::ReadReduce(char* destination, size_t len, const ReceiveReducer& red
   });
 }
 
-bool Ring::CanWrite() {
+bool Ring::CanWrite(size_t at_least) {
   tail_ = shared_->tail.load(std::memory_order_acquire);
-  return head_ - tail_ < capacity_;
+  return capacity_ - (head_ - tail_) >= at_least;
 }
 
 bool Ring::CanRead() {

@@ -46,8 +46,10 @@ class Ring {
 
   // Producer: copies up to len bytes into free space without waiting; returns the count.
   size_t Write(const char* source, size_t len);
-  // Producer and consumer, before a message: skip to the next 64-byte boundary of the stream
-  // (the writer publishes the gap, the reader passes it). False while the gap does not fit yet.
+  // Producer and consumer, before a message: skip to the next kMessageAlignment-byte boundary of
+  // the stream (the writer publishes the gap, the reader passes it). False while the gap does not
+  // fit yet.
+  static constexpr size_t kMessageAlignment = 64;
   bool AlignWriter();
   bool AlignReader();
   // Consumer: copies up to len published bytes out without waiting; returns the count.
@@ -71,7 +73,9 @@ class Ring {
   // Fresh looks at the other side's counter, for the re-check before sleeping. They refresh the
   // calling side's private copy, so only the producer (CanWrite) or the consumer (CanRead) may call
   // them, under whatever serialises that side's Write or Read.
-  bool CanWrite();
+  // CanWrite: at least at_least bytes are free (a writer that must first publish a gap needs
+  // kMessageAlignment, or it would wake at once and spin).
+  bool CanWrite(size_t at_least = 1);
   bool CanRead();
   // Published bytes not read yet, from the shared counters alone: safe from any thread while the
   // consumer reads (a waiter that is not the consumer, ShmTransport::WaitControl).

@@ -279,7 +279,9 @@ void ShmTransport::Block(Direction* send, Direction* recv, std::chrono::microsec
   shm::Doorbell doorbell = links_.own->doorbell();
   const uint32_t armed = doorbell.Arm();
   const bool ready = closed_ ||
-                     (send->pending() && (send->link->out.CanWrite() || send->link->out.reader_closed())) ||
+                     (send->pending() &&
+                      (send->link->out.CanWrite(send->aligned ? 1 : shm::Ring::kMessageAlignment) ||
+                       send->link->out.reader_closed())) ||
                      (recv->pending() && (recv->link->in.CanRead() || recv->link->in.writer_closed()));
   if (ready) {
     doorbell.Disarm();

@@ -30,11 +30,11 @@ Status RingScatterReduce(const CommGroup& group, uint8_t* buffer, const RingBloc
   const int next = (me + 1) % members;
   const int previous = (me - 1 + members) % members;
   const int64_t element_size = static_cast<int64_t>(DataTypeSize(dtype));
-  // Chunks hold whole elements and are a multiple of 64 bytes, at least one such unit. Each rank
-  // sets its chunk itself (HORO_CHUNK_BYTES), so the neighbour may cut a block otherwise; the
-  // shared-memory transport starts every message at a 64-byte boundary of its ring, which keeps
-  // the two ends in step only if the pieces that end elsewhere, the blocks' last, are cut alike.
-  const int64_t unit = std::lcm<int64_t>(64, element_size);
+  // Chunks hold whole elements and are a multiple of the data plane's message alignment, at least
+  // one such unit. Each rank sets its chunk itself (HORO_CHUNK_BYTES), so the neighbour may cut a
+  // block otherwise; that is allowed only at multiples of the alignment (transport.h), and the
+  // pieces that end elsewhere, the blocks' last, every member cuts alike.
+  const int64_t unit = std::lcm<int64_t>(kDataMessageAlignment, element_size);
   const int64_t chunk = std::max<int64_t>(1, chunk_bytes / unit) * unit;
   std::vector<uint8_t> scratch;  // only where the transport cannot reduce on receive
 

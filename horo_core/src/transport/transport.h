@@ -5,9 +5,9 @@
 //    (the background thread or a caller driving it, one at a time) uses it, always in the globally
 //    agreed order of responses, and both sides know every size in advance, so there is no framing.
 //    Sender and receiver cut the stream into the same messages (one Send, Recv or direction of a
-//    SendRecv each), except at boundaries that lie a multiple of 64 bytes into a message: the
-//    shared-memory transport starts every message at a 64-byte boundary of its ring, so that an
-//    odd-length message leaves the ones after it aligned.
+//    SendRecv each), except at boundaries that lie a multiple of kDataMessageAlignment (64) bytes
+//    into a message: the shared-memory transport starts every message at such a boundary of its
+//    ring, so that an odd-length message leaves the ones after it aligned.
 //    A peer that closes its connection yields HORO_ERR_PEER_LOST at once; a peer that makes no
 //    progress for data_timeout_seconds yields HORO_ERR_TIMEOUT.
 //  * the control plane carries framed negotiation messages between rank 0 (the coordinator) and
@@ -25,6 +25,11 @@
 #include "common/status.h"
 
 namespace horo {
+
+// The data plane's message alignment (see above): the shared-memory transport starts every message
+// at a multiple of this many bytes of its ring's stream, and a message may be cut differently on
+// the two sides only at multiples of it.
+constexpr size_t kDataMessageAlignment = 64;
 
 // How SendRecvReduce combines received bytes: reduce(dst, src, count, context) must compute
 // dst[i] = dst[i] op src[i] for count elements of element_size bytes (at most 16). The transport

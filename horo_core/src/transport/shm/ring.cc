@@ -42,8 +42,15 @@ size_t Ring::Write(const char* source, size_t len) {
   return done;
 }
 
+namespace {
+
+// Bytes from a stream position to the next message boundary.
+uint64_t GapToBoundary(uint64_t position) { return (0 - position) & (kDataMessageAlignment - 1); }
+
+}  // namespace
+
 bool Ring::AlignWriter() {
-  const uint64_t gap = (kMessageAlignment - (head_ & (kMessageAlignment - 1))) & (kMessageAlignment - 1);
+  const uint64_t gap = GapToBoundary(head_);
   if (gap == 0) return true;
   if (capacity_ - (head_ - tail_) < gap) {
     tail_ = shared_->tail.load(std::memory_order_acquire);
@@ -55,7 +62,7 @@ bool Ring::AlignWriter() {
 }
 
 bool Ring::AlignReader() {
-  const uint64_t gap = (kMessageAlignment - (tail_ & (kMessageAlignment - 1))) & (kMessageAlignment - 1);
+  const uint64_t gap = GapToBoundary(tail_);
   if (gap == 0) return true;
   if (head_ - tail_ < gap) {
     head_ = shared_->head.load(std::memory_order_acquire);

@@ -46,10 +46,9 @@ class Ring {
 
   // Producer: copies up to len bytes into free space without waiting; returns the count.
   size_t Write(const char* source, size_t len);
-  // Producer and consumer, before a message: skip to the next kMessageAlignment-byte boundary of
-  // the stream (the writer publishes the gap, the reader passes it). False while the gap does not
-  // fit yet.
-  static constexpr size_t kMessageAlignment = 64;
+  // Producer and consumer, before a message: skip to the next kDataMessageAlignment-byte boundary
+  // of the stream (the writer publishes the gap, the reader passes it). False while the gap does
+  // not fit yet.
   bool AlignWriter();
   bool AlignReader();
   // Consumer: copies up to len published bytes out without waiting; returns the count.
@@ -74,7 +73,7 @@ class Ring {
   // calling side's private copy, so only the producer (CanWrite) or the consumer (CanRead) may call
   // them, under whatever serialises that side's Write or Read.
   // CanWrite: at least at_least bytes are free (a writer that must first publish a gap needs
-  // kMessageAlignment, or it would wake at once and spin).
+  // kDataMessageAlignment, or it would wake at once and spin).
   bool CanWrite(size_t at_least = 1);
   bool CanRead();
   // Published bytes not read yet, from the shared counters alone: safe from any thread while the

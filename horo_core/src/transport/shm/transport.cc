@@ -280,7 +280,7 @@ void ShmTransport::Block(Direction* send, Direction* recv, std::chrono::microsec
   const uint32_t armed = doorbell.Arm();
   const bool ready = closed_ ||
                      (send->pending() &&
-                      (send->link->out.CanWrite(send->aligned ? 1 : shm::Ring::kMessageAlignment) ||
+                      (send->link->out.CanWrite(send->aligned ? 1 : kDataMessageAlignment) ||
                        send->link->out.reader_closed())) ||
                      (recv->pending() && (recv->link->in.CanRead() || recv->link->in.writer_closed()));
   if (ready) {

@@ -35,12 +35,8 @@ raises a RuntimeError that names them and suggests ``find_unused_parameters=True
 ``no_sync()`` skips communication: gradients accumulate locally in ``.grad`` and the first
 synchronised backward after it reduces the accumulated values.
 
-``join()`` (uneven inputs) builds on Horo's join: a rank that leaves the context joins its process
-set, and from then on the core answers the other ranks' allreduces for it with zeros. Broadcasts
-cannot be answered that way, so inside the context forward finds the ranks still training with an
-allreduce and sends the buffers as a sum to which only the first of them contributes; the bucket
-order is agreed the same way. When every rank has joined, all take the model of the rank that left
-last (torch DDP's rule).
+``join()`` (uneven inputs) is in horo_torch/_ddp_join.py: ranks that leave it answer the others'
+allreduces with zeros until every rank has left.
 """
 import contextlib
 import threading
@@ -54,6 +50,8 @@ from horo_core import basics
 from horo_core.errors import HoroInvalidArgument
 from horo_core.process_sets import global_process_set
 from horo_torch import mpi_ops
+from horo_torch._ddp_gradients import dense_grad, wait_all, write_back
+from horo_torch._ddp_join import JoinMixin
 from horo_torch._ddp_setup import _adopt_torch_sync_batch_norms, _check_devices, _horo_hook_for, _to_device
 from horo_torch._weak_hooks import remove_when_collected, weak_hook
 from horo_torch.comm_hooks import GradBucket, allreduce_hook
@@ -106,7 +104,7 @@ def _keep_forward_helpers_out_of_compile(cls):
     cls._helpers_out_of_compile = True
 
 
-class DistributedDataParallel(torch.nn.Module):
+class DistributedDataParallel(JoinMixin, torch.nn.Module):
     """Wraps a module so that backward averages its gradients across the ranks of a process set.
 
     Takes torch DDP's arguments, so that a DDP script runs with ``process_set`` in place of
@@ -289,57 +287,6 @@ class DistributedDataParallel(torch.nn.Module):
         finally:
             self.require_backward_grad_sync = previous
 
-    @contextlib.contextmanager
-    def join(self, divide_by_initial_world_size=True, enable=True, throw_on_early_termination=False):
-        """Context manager for inputs of different lengths on different ranks (torch DDP's join).
-
-        Train inside it as usual. A rank whose inputs run out leaves the context and waits there,
-        taking part in the others' gradient allreduces with zeros, until every rank has left; then
-        every rank takes the parameters and buffers of the rank that left last.
-
-        Args:
-            divide_by_initial_world_size: average gradients over every rank of the set (True), or
-                over the ranks still training in that step (False).
-            enable: False makes the context do nothing (every rank has the same inputs).
-            throw_on_early_termination: raise a RuntimeError on every rank as soon as one rank's
-                inputs run out, instead of going on with the others.
-        Raises:
-            RuntimeError: with throw_on_early_termination, when a rank's inputs ran out first.
-        """
-        if not enable or self.process_set.size() == 1:
-            yield
-            return
-        self._join = {"divide_by_initial_world_size": bool(divide_by_initial_world_size),
-                      "throw": bool(throw_on_early_termination)}
-        raised = failed = False
-        try:
-            yield
-        except _EarlyTermination:
-            raised = failed = True
-            raise
-        except BaseException:
-            failed = True
-            raise
-        finally:
-            self._join = None
-            self._grad_scale = 1.0
-            last = mpi_ops.join_set(self.process_set)
-            # Every rank has joined: they are all here, and ordinary collectives work again.
-            self._agree_on_buckets(last)
-            if throw_on_early_termination:
-                flag = torch.tensor([1 if raised else 0], dtype=torch.int32)
-                mpi_ops.allreduce_(flag, name=f"{self._prefix}.join.terminated", op=mpi_ops.Sum,
-                                   process_set=self.process_set)
-                early = int(flag) > 0
-            else:
-                early = False
-            tensors = [("final.param", i, p) for i, p in enumerate(self._params_to_sync())]
-            tensors += [("final.buffer", i, b) for i, b in enumerate(self._buffers_to_sync())]
-            self._broadcast(tensors, root=last)
-            if early and not failed:
-                raise _EarlyTermination("DistributedDataParallel.join(throw_on_early_termination=True): a rank ran "
-                                        "out of inputs before the others")
-
     def register_comm_hook(self, state, hook):
         """Replaces how a bucket of gradients is communicated (DDP's ``register_comm_hook``).
 
@@ -484,50 +431,7 @@ class DistributedDataParallel(torch.nn.Module):
         with torch.no_grad():
             handles = [mpi_ops.broadcast_async_(t, root, name=f"{self._prefix}.{kind}.{i}",
                                                 process_set=self.process_set) for kind, i, t in tensors]
-            _wait_all(handles)
-
-    def _agree_on_buckets(self, last):
-        """After join(): a rank that joined before the first synchronised backward missed the bucket
-        rebuild the others did then; it takes their buckets from the rank that left last (which
-        trained longest, so took part in any rebuild)."""
-        rebuilt = torch.tensor([1 if self._rebuilt else 0], dtype=torch.int32)
-        mpi_ops.allreduce_(rebuilt, name=f"{self._prefix}.join.rebuilt", op=mpi_ops.Sum, process_set=self.process_set)
-        if int(rebuilt) in (0, self.process_set.size()):
-            return
-        layout = torch.tensor([self._generation] + [i for b in self._buckets for i in b.indices], dtype=torch.int64)
-        mpi_ops.broadcast_(layout, last, name=f"{self._prefix}.join.buckets", process_set=self.process_set)
-        if not self._rebuilt:
-            self._generation = int(layout[0])
-            self._set_buckets(self._layout(layout[1:].tolist()))
-            self._rebuilt = True
-            self._reset_iteration()
-
-    def _sync_while_joining(self):
-        """forward's collectives inside join(): ranks that left the context answer only allreduces
-        (with zeros), so the ranks still training find each other with one, and the buffers travel as
-        a sum to which only the first of them contributes."""
-        members = self.process_set.ranks if self.process_set.process_set_id != 0 else list(range(basics.size()))
-        training = torch.zeros(len(members), dtype=torch.int32)
-        training[members.index(basics.rank())] = 1
-        mpi_ops.allreduce_(training, name=f"{self._prefix}.join.training", op=mpi_ops.Sum,
-                           process_set=self.process_set)
-        count = int(training.sum())
-        if self._join["throw"] and count < len(members):
-            raise _EarlyTermination("DistributedDataParallel.join(throw_on_early_termination=True): rank(s) "
-                                    f"{[m for m, t in zip(members, training.tolist()) if not t]} ran out of inputs "
-                                    "before the others")
-        self._grad_scale = 1.0 if self._join["divide_by_initial_world_size"] else len(members) / count
-        source = self._join["source"] = members[training.tolist().index(1)]
-        if not self.will_sync_module_buffers():
-            return
-        buffers = self._buffers_to_sync()
-        with torch.no_grad():
-            if basics.rank() != source:
-                for b in buffers:
-                    b.zero_()
-            handles = [mpi_ops.allreduce_async_(b, name=f"{self._prefix}.join.buffer.{i}", op=mpi_ops.Sum,
-                                                process_set=self.process_set) for i, b in enumerate(buffers)]
-            _wait_all(handles)
+            wait_all(handles)
 
     # Backward ------------------------------------------------------------------------------------
 
@@ -574,7 +478,7 @@ class DistributedDataParallel(torch.nn.Module):
                 self._next_launch += 1
                 continue
             with torch.no_grad():
-                buffer = torch.cat([_dense_grad(p).reshape(-1) for p in bucket.params])
+                buffer = torch.cat([dense_grad(p).reshape(-1) for p in bucket.params])
             grad_bucket = GradBucket(k, bucket.name, buffer, bucket.params, k == len(self._buckets) - 1,
                                      self.process_set)
             self._futures[k] = self._comm_hook(self._comm_state, grad_bucket)
@@ -616,10 +520,13 @@ class DistributedDataParallel(torch.nn.Module):
             used[torch.tensor(sorted(self._used_since_sync), dtype=torch.long)] = 1
             usage = mpi_ops.allreduce_(used, name=f"{self._prefix}.usage", op=mpi_ops.Sum,
                                        process_set=self.process_set)
-        results = _wait_all(self._futures)
+        results = wait_all(self._futures)
         self._futures = [None] * len(self._buckets)
         self._used_since_sync = set()
-        self._write_back(results, usage)
+        # Under join(divide_by_initial_world_size=False), the division by the ranks still training:
+        # torch makes it for its own reduction only and leaves it to a registered hook, as here.
+        write_back(self._buckets, results, usage, self._grad_scale,
+                   1.0 if self._hook_registered else self._grad_scale)
         late = sorted(self._late)
         if not self._rebuilt:  # before raising: every rank must take part in the rebuild's broadcast
             self._rebuild_buckets()
@@ -639,36 +546,6 @@ class DistributedDataParallel(torch.nn.Module):
                 "parameters do not take part in computing the loss (and check that every forward output is "
                 "used in the loss). Their buckets were reduced with zeros so that no rank waits for ever.")
 
-    def _write_back(self, results, usage):
-        with torch.no_grad():
-            for bucket, flat in zip(self._buckets, results):
-                if isinstance(flat, torch.Tensor) and flat.is_sparse:
-                    (i,), (p,) = bucket.indices, bucket.params
-                    if usage is None or int(usage[i]) != 0:
-                        p.grad = flat * self._grad_scale if self._grad_scale != 1.0 else flat
-                    continue
-                expected = sum(p.numel() for p in bucket.params)
-                if not isinstance(flat, torch.Tensor) or flat.numel() != expected:
-                    got = flat.numel() if isinstance(flat, torch.Tensor) else type(flat).__name__
-                    raise ValueError(f"communication hook returned {got} for bucket {bucket.name}; "
-                                     f"expected a tensor of {expected} elements")
-                flat = flat.reshape(-1)
-                # Under join(divide_by_initial_world_size=False), the division by the ranks still
-                # training: torch makes it for its own reduction only and leaves it to a
-                # registered hook, as here.
-                scale = 1.0 if self._hook_registered else self._grad_scale
-                offset = 0
-                for i, p in zip(bucket.indices, bucket.params):
-                    chunk = flat[offset:offset + p.numel()].view_as(p)
-                    offset += p.numel()
-                    if scale != 1.0:
-                        chunk = chunk * scale
-                    if usage is not None and int(usage[i]) == 0:
-                        continue  # no rank used it: leave its gradient untouched, as DDP does
-                    if p.grad is None or p.grad.is_sparse:
-                        p.grad = chunk.to(device=p.device, dtype=p.dtype).clone()
-                    else:
-                        p.grad.copy_(chunk)
 
     def _rebuild_buckets(self):
         """Rebuilds the buckets, once, from rank 0's observed gradient order."""
@@ -690,47 +567,9 @@ class DistributedDataParallel(torch.nn.Module):
     def _abandon_iteration(self):
         """Waits out the collectives of a backward that failed midway, so that none stays in flight."""
         try:
-            _wait_all([f for f in self._futures if f is not None])
+            wait_all([f for f in self._futures if f is not None])
         except Exception:  # noqa: BLE001 - the failure was already reported by the failed backward
             pass
         self._callback_queued = False
         self._used_since_sync = set()
         self._reset_iteration()
-
-
-class _EarlyTermination(RuntimeError):
-    """join(throw_on_early_termination=True) found a rank that ran out of inputs first."""
-
-
-def _dense_grad(p):
-    """p's gradient as a dense tensor (zeros when it has none)."""
-    if p.grad is None:
-        return torch.zeros_like(p)
-    return p.grad.to_dense() if p.grad.is_sparse else p.grad
-
-
-def _wait_all(waitables):
-    """Waits for every handle or future (so no buffer is freed in flight); raises the first error.
-
-    Args:
-        waitables: Horo handles (ints) or objects with ``wait()``; None entries are skipped.
-    Returns:
-        The results, in order.
-    Raises:
-        The first exception raised while waiting.
-    """
-    results, error = [], None
-    for w in waitables:
-        try:
-            if w is None:
-                results.append(None)
-            elif isinstance(w, int):
-                results.append(mpi_ops.synchronize(w))
-            else:
-                results.append(w.wait())
-        except Exception as exc:  # noqa: BLE001 - re-raised below after the rest completed
-            error = error or exc
-            results.append(None)
-    if error is not None:
-        raise error
-    return results

@@ -1,0 +1,82 @@
+"""How ``horo_torch.ddp.DistributedDataParallel`` hands gradients to its collectives and takes them back:
+the dense gradient of a parameter, waiting for every bucket, and writing the reduced buckets into
+``.grad``."""
+import torch
+
+from horo_torch import mpi_ops
+
+
+def write_back(buckets, results, usage, grad_scale, bucket_scale):
+    """Writes each bucket's reduced flat tensor into the gradients of its parameters.
+
+    Args:
+        buckets: the buckets (horo_torch.ddp_buckets.Bucket), in launch order.
+        results: per bucket, what its communication hook's future returned: a flat tensor with the
+            bucket's number of elements, or a sparse gradient for a sparse bucket.
+        usage: None, or per parameter the number of ranks that used it (find_unused_parameters);
+            parameters no rank used keep their gradient.
+        grad_scale: the factor of a sparse gradient (join(divide_by_initial_world_size=False)).
+        bucket_scale: the factor of a dense bucket: grad_scale under Horo's own reduction, 1.0 for a
+            registered hook, which is left to divide as it sees fit (as torch does).
+    Raises:
+        ValueError: a hook returned something other than a tensor of the bucket's size.
+    """
+    with torch.no_grad():
+        for bucket, flat in zip(buckets, results):
+            if isinstance(flat, torch.Tensor) and flat.is_sparse:
+                (i,), (p,) = bucket.indices, bucket.params
+                if usage is None or int(usage[i]) != 0:
+                    p.grad = flat * grad_scale if grad_scale != 1.0 else flat
+                continue
+            expected = sum(p.numel() for p in bucket.params)
+            if not isinstance(flat, torch.Tensor) or flat.numel() != expected:
+                got = flat.numel() if isinstance(flat, torch.Tensor) else type(flat).__name__
+                raise ValueError(f"communication hook returned {got} for bucket {bucket.name}; "
+                                 f"expected a tensor of {expected} elements")
+            flat = flat.reshape(-1)
+            offset = 0
+            for i, p in zip(bucket.indices, bucket.params):
+                chunk = flat[offset:offset + p.numel()].view_as(p)
+                offset += p.numel()
+                if bucket_scale != 1.0:
+                    chunk = chunk * bucket_scale
+                if usage is not None and int(usage[i]) == 0:
+                    continue  # no rank used it: leave its gradient untouched, as DDP does
+                if p.grad is None or p.grad.is_sparse:
+                    p.grad = chunk.to(device=p.device, dtype=p.dtype).clone()
+                else:
+                    p.grad.copy_(chunk)
+
+
+def dense_grad(p):
+    """p's gradient as a dense tensor (zeros when it has none)."""
+    if p.grad is None:
+        return torch.zeros_like(p)
+    return p.grad.to_dense() if p.grad.is_sparse else p.grad
+
+
+def wait_all(waitables):
+    """Waits for every handle or future (so no buffer is freed in flight); raises the first error.
+
+    Args:
+        waitables: Horo handles (ints) or objects with ``wait()``; None entries are skipped.
+    Returns:
+        The results, in order.
+    Raises:
+        The first exception raised while waiting.
+    """
+    results, error = [], None
+    for w in waitables:
+        try:
+            if w is None:
+                results.append(None)
+            elif isinstance(w, int):
+                results.append(mpi_ops.synchronize(w))
+            else:
+                results.append(w.wait())
+        except Exception as exc:  # noqa: BLE001 - re-raised below after the rest completed
+            error = error or exc
+            results.append(None)
+    if error is not None:
+        raise error
+    return results

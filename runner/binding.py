@@ -10,9 +10,14 @@ Modes:
 
 * ``auto`` (the default): when two or more ranks share this host and there are at least as many
   physical cores as ranks among the CPUs hororun may use, each rank gets an equal share of whole
-  cores (SMT siblings stay together); otherwise nothing is bound. This is what Open MPI's
-  ``mpirun`` does for two ranks (``--bind-to core``).
-* ``core``: the same shares, and an error when there are more ranks than physical cores.
+  cores (SMT siblings stay together). This is what Open MPI's ``mpirun`` does for two ranks
+  (``--bind-to core``). With more ranks than cores, each rank gets one core, and ranks next to
+  each other share one (ranks 0 and 1 on the first of 2 cores, 2 and 3 on the second, for 4
+  ranks); unbound, the kernel kept moving the ranks between the cores, and which ranks happened
+  to share a core set a small allreduce's latency for seconds at a time (12 to 35 us for 4 ranks
+  on 2 cores, with 300 us stretches after other work; bound, 13-17 us throughout: docs/benchmarks.md,
+  "More ranks than cores, bound"). Open MPI binds nothing when oversubscribed.
+* ``core``: the shares of ``auto``, and an error when there are more ranks than physical cores.
 * ``none``: no binding (Horovod's ``horovodrun``, which starts ``mpirun -bind-to none``).
 
 The shares are contiguous in (package, core) order, so a rank's cores share a socket where they
@@ -99,7 +104,7 @@ def rank_cpu_sets(mode: str, local_size: int, allowed: Optional[Sequence[int]] =
     cores = physical_cores(allowed, read)
     if local_size > len(cores):
         if mode == "auto":
-            return unbound
+            return [frozenset(cores[local_rank * len(cores) // local_size]) for local_rank in range(local_size)]
         raise ValueError(f"--bind-to core: {local_size} ranks on this host but only {len(cores)} physical "
                          f"cores among the CPUs hororun may use ({format_cpus(allowed)}); use fewer ranks "
                          f"or --bind-to none")

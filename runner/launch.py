@@ -147,8 +147,9 @@ def _build_parser() -> argparse.ArgumentParser:
                         "it override it")
     p.add_argument("--bind-to", choices=BIND_MODES, default="auto",
                    help="CPUs of each rank: 'auto' gives every rank its own share of this host's "
-                        "cores when there are at least as many cores as ranks (2 or more), 'core' "
-                        "insists on it, 'none' binds nothing (default: auto)")
+                        "cores when there are at least as many cores as ranks (2 or more), and one "
+                        "core per rank, shared by neighbouring ranks, when there are more ranks; "
+                        "'core' insists on shares of their own, 'none' binds nothing (default: auto)")
     p.add_argument("--tcp", action="store_true",
                    help="keep NCCL (CUDA tensors) off InfiniBand: NCCL_IB_DISABLE=1 in the workers; "
                         "Horo's own transport is shared memory and TCP already")

@@ -110,8 +110,11 @@ def test_cpu_shares_keep_smt_siblings_and_packages_together(runner_path):
     assert physical_cores(range(8), read) == [[0, 4], [1, 5], [2, 6], [3, 7]]
     assert rank_cpu_sets("auto", 2, range(8), read) == [{0, 1, 4, 5}, {2, 3, 6, 7}]
     assert rank_cpu_sets("auto", 4, range(8), read) == [{0, 4}, {1, 5}, {2, 6}, {3, 7}]
-    # More ranks than cores: auto binds nothing, core refuses and says why.
-    assert rank_cpu_sets("auto", 5, range(8), read) == [None] * 5
+    # More ranks than cores: auto gives each rank one core, neighbours sharing; core refuses and
+    # says why.
+    assert rank_cpu_sets("auto", 5, range(8), read) == [{0, 4}, {0, 4}, {1, 5}, {2, 6}, {3, 7}]
+    assert rank_cpu_sets("auto", 4, [0, 1], lambda cpu, item: None) == [{0}, {0}, {1}, {1}]
+    assert rank_cpu_sets("auto", 3, [0, 1], lambda cpu, item: None) == [{0}, {0}, {1}]
     with pytest.raises(ValueError, match=r"5 ranks on this host but only 4 physical cores .*0-7"):
         rank_cpu_sets("core", 5, range(8), read)
     # Uneven shares: the first ranks get the extra core; a restricted mask is respected.
@@ -168,7 +171,10 @@ def test_bind_to_none_and_core(child_env):
     assert re.search(rf"--bind-to core: {too_many} ranks on this host but only \d+ physical cores",
                      proc.stderr.decode())
     assert proc.stdout == b""
-    # auto with more ranks than cores binds nothing.
-    assert affinities(hororun(child_env, "-np", too_many, *worker(AFFINITY))) == [allowed] * int(too_many)
+    # auto with more ranks than cores: one core per rank, ranks 0 and 1 sharing the first.
+    from horo_runner.binding import rank_cpu_sets
+    found = affinities(hororun(child_env, "-np", too_many, *worker(AFFINITY)))
+    assert found == rank_cpu_sets("auto", int(too_many), sorted(allowed))
+    assert found[0] == found[1] and set().union(*found) == allowed
     proc = hororun(child_env, "-np", "2", "--bind-to", "socket", *worker(AFFINITY))
     assert proc.returncode == 2 and "invalid choice: 'socket'" in proc.stderr.decode()

@@ -25,7 +25,7 @@ def test_allreduce_bench_under_hororun_with_and_without_binding():
     sizes."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HORO_", "HOROVOD_"))}
     bench = os.path.join(ROOT, "examples", "benchmarks", "allreduce_bench.py")
-    bindings = ["none", "core"] if len(os.sched_getaffinity(0)) >= 2 else ["none"]
+    bindings = ["none", "auto", "core"] if len(os.sched_getaffinity(0)) >= 2 else ["none", "auto"]
     for bind in bindings:
         proc = subprocess.run([sys.executable, bench, "-np", "2", "--launcher", "hororun", "--peers", "horo,floor",
                                "--sizes", "4,4K", "--repeats", "1", "--bind-to", bind], env=env, text=True,
@@ -107,6 +107,22 @@ def test_tight_loop_reports_what_a_call_costs():
         "switches"], proc.stdout
     # Every call takes a round at least (test_caller_progress.py checks that it takes about one).
     assert float(words[5]) >= 0.99, proc.stdout
+
+
+def test_allreduce_bench_under_mpirun_binds_its_ranks_as_hororun_does():
+    """Started by mpirun (--bind-to none), each rank binds itself to the CPUs hororun --bind-to auto
+    gives it: here 3 ranks, more than CI's 2 cores, so neighbouring ranks share a core."""
+    from horo_runner.binding import format_cpus, rank_cpu_sets
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HORO_", "HOROVOD_"))}
+    bench = os.path.join(ROOT, "examples", "benchmarks", "allreduce_bench.py")
+    proc = subprocess.run([sys.executable, bench, "-np", "3", "--launcher", "mpirun", "--peers", "horo,mpi",
+                           "--sizes", "4", "--repeats", "1"], env=env, text=True, capture_output=True,
+                          stdin=subprocess.DEVNULL, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    allowed = sorted(os.sched_getaffinity(0))
+    expected = [format_cpus(c if c is not None else allowed) for c in rank_cpu_sets("auto", 3, allowed)]
+    assert f"allreduce_bench: CPUs of the ranks: {' / '.join(expected)}\n" in proc.stdout, proc.stdout
+    assert "horo/mpi |" in proc.stdout, proc.stdout
 
 
 def test_small_call_cost_checks_every_pattern_under_mpirun():

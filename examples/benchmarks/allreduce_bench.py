@@ -31,7 +31,10 @@ in a ring (algbw for broadcast, algbw * (n-1)/n for allgather, alltoall and redu
 Started without a launcher, the script relaunches itself on ``-np`` ranks: under ``mpirun`` when
 mpi4py and mpirun are installed and ``mpi`` is among ``--peers`` (with ``mpi_yield_when_idle``),
 otherwise under ``hororun``; either way every peer runs in the same processes, with the same
-binding (``--bind-to none`` unless the script is given ``--bind-to core``). Before timing, every
+binding: ``--bind-to auto`` (the default) is what ``hororun`` does by default (each rank its own
+share of the cores, or with more ranks than cores one core each, neighbouring ranks sharing;
+runner/binding.py), ``core`` insists on shares of their own, ``none`` binds nothing. Under
+``mpirun`` each rank binds itself the same way, first thing. Before timing, every
 peer's result is checked once per size against the exact sum ``n(n+1)/2``.
 
 ``floor`` (``--peers horo,mpi,floor``) is a reference, not an allreduce: every rank at once reads
@@ -53,6 +56,7 @@ import time
 _LAUNCHER_VARS = ("HORO_RANK", "HOROVOD_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK",
                   "MV2_COMM_WORLD_RANK", "SLURM_PROCID")
 _ALL_PEERS = ("horo", "gloo", "mpi", "floor")
+_SELF_BIND = "ALLREDUCE_BENCH_BIND_TO"  # set for the ranks that mpirun starts
 _DEFAULT_PEERS = ("horo", "gloo", "mpi")
 _COLLECTIVES = ("allreduce", "broadcast", "allgather", "alltoall", "reducescatter")
 _PARTED = ("allgather", "alltoall", "reducescatter")  # a size is n parts of one float32 or more
@@ -119,9 +123,9 @@ def parse_args(argv=None):
                    help="ranks to start when run without a launcher (default 2)")
     p.add_argument("--launcher", choices=("auto", "mpirun", "hororun"), default="auto",
                    help="how to start the ranks when run without a launcher (default auto)")
-    p.add_argument("--bind-to", choices=("none", "core"), default="none",
-                   help="when run without a launcher: bind each rank to its own cores (core) or not "
-                        "(none, the default, as in docs/benchmarks.md's tables); passed to mpirun or hororun")
+    p.add_argument("--bind-to", choices=("auto", "core", "none"), default="auto",
+                   help="when run without a launcher: the CPUs of each rank, as hororun's --bind-to "
+                        "(default auto, hororun's default)")
     args = p.parse_args(argv)
     args.peers = [x.strip() for x in args.peers.split(",") if x.strip()]
     unknown = set(args.peers) - set(_ALL_PEERS)
@@ -156,6 +160,17 @@ def mpi4py_available():
         return False
 
 
+def bind_like_hororun(mode):
+    """Binds this rank, started by mpirun with --bind-to none, to the CPUs hororun --bind-to mode
+    would give it, before any thread starts (the threads inherit them)."""
+    from horo_runner.binding import rank_cpu_sets
+    local_rank = int(os.environ["OMPI_COMM_WORLD_LOCAL_RANK"])
+    local_size = int(os.environ["OMPI_COMM_WORLD_LOCAL_SIZE"])
+    cpus = rank_cpu_sets(mode, local_size)[local_rank]
+    if cpus is not None:
+        os.sched_setaffinity(0, cpus)
+
+
 def relaunch(args):
     """Starts this script on args.np ranks and returns their exit status."""
     bindir = os.path.dirname(sys.executable)
@@ -175,7 +190,9 @@ def relaunch(args):
         # instead of spinning, as Open MPI does by itself on oversubscribed nodes. A spinning rank
         # otherwise starves those threads and MPI's small-message times jump to whole scheduler
         # slices (4-16 ms) on a 2-core host.
-        cmd = [mpirun, "-np", str(args.np), "--oversubscribe", "--bind-to", args.bind_to, "--mca", "mpi_yield_when_idle", "1"]
+        # mpirun binds nothing; each rank binds itself as hororun would (bind_like_hororun).
+        cmd = [mpirun, "-np", str(args.np), "--oversubscribe", "--bind-to", "none", "--mca", "mpi_yield_when_idle", "1",
+               "-x", f"{_SELF_BIND}={args.bind_to}"]
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             cmd.append("--allow-run-as-root")
         cmd += script
@@ -446,6 +463,8 @@ def main(argv=None):
     args = parse_args(argv)
     if not launched():
         return relaunch(args)
+    if os.environ.get(_SELF_BIND):
+        bind_like_hororun(os.environ[_SELF_BIND])
 
     import torch
     import horo_torch as hvd
@@ -472,6 +491,11 @@ def main(argv=None):
     if rank == 0:
         print(f"allreduce_bench: {args.collective}, {n} ranks, peers {[p.name for p in peers]}, sizes {format_size(args.sizes[0])}.."
               f"{format_size(args.sizes[-1])}, {args.repeats} repeats", flush=True)
+
+    from horo_runner.binding import format_cpus
+    cpus = hvd.allgather_object(sorted(os.sched_getaffinity(0)), name="allreduce_bench.cpus")
+    if rank == 0:
+        print("allreduce_bench: CPUs of the ranks:", " / ".join(format_cpus(c) for c in cpus), flush=True)
 
     load_before = os.getloadavg()
     medians = sweep(args, peers, torch, rank, n)

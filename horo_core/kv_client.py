@@ -1,6 +1,7 @@
-"""The client side of the rendezvous key-value store (horo_core/kvstore.py has the wire protocol
-and the server): a :class:`KVClient` connects to a :class:`horo_core.kvstore.KVServer`,
-authenticates both ways, and then sends ``set``, ``get``, ``add`` and ``delete`` requests.
+"""The client side of the rendezvous key-value store: a :class:`KVClient` connects to a
+:class:`horo_core.kvstore.KVServer`, authenticates both ways, and then sends ``set``, ``get``,
+``add`` and ``delete`` requests. kvstore.py describes the protocol and holds the server, kv_wire.py
+the framing, proofs and errors.
 """
 from __future__ import annotations
 

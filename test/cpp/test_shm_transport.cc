@@ -1,9 +1,9 @@
-// sources: common/sha256.cc common/hmac.cc common/logging.cc transport/tcp/*.cc transport/shm/*.cc
+// sources: common/sha256.cc common/hmac.cc common/logging.cc transport/tcp/*.cc transport/shm/*.cc common/cpu_cache.cc
 //
 // Tests of the shared-memory data plane (ShmTransport over TcpTransport): ranks are threads (or a
 // forked child) on 127.0.0.1, so every pair is on one host unless a test overrides host names.
-// Checks: Send/Recv of 0, 1, odd sizes and 64 MB with pattern checks over default and tiny rings
-// (wrap-around), ring SendRecv on 2-4 ranks at once, a mesh mixing shared-memory and TCP pairs
+// Checks: the default ring size, Send/Recv of 0, 1, odd sizes and 64 MB with pattern checks over
+// default and tiny rings (wrap-around), ring SendRecv on 2-4 ranks at once, a mesh mixing shared-memory and TCP pairs
 // (host names overridden) including SendRecv with one direction of each kind, shared memory
 // disabled on one rank, fallback to TCP when a segment cannot be created, no segment left in
 // /dev/shm, a peer that Close()s, Close() from another thread, data timeouts, forked children
@@ -28,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/cpu_cache.h"
 #include "common/logging.h"
 #include "transport/shm/transport.h"
 #include "transport/tcp/transport.h"
@@ -132,9 +133,36 @@ void ExerciseMesh(Mesh& mesh, const std::vector<size_t>& sizes, const std::strin
 
 const std::vector<size_t> kSizes = {0, 1, 7, 1000, 65537, 1000003, kLarge};
 
+// Unset ring sizes: the core cache shared out among the same-host peers, a power of two from
+// 512 KiB to 4 MiB, and 512 KiB when the cache is unknown.
+void TestDefaultRingBytes() {
+  constexpr uint64_t K = 1024;
+  const struct {
+    size_t peers;
+    int64_t cache;
+    uint64_t expected;
+  } cases[] = {{1, 0, 512 * K},        {1, 512 * K, 512 * K}, {1, 1024 * K, 1024 * K}, {1, 1536 * K, 1024 * K},
+               {1, 2048 * K, 2048 * K}, {1, 32768 * K, 4096 * K}, {2, 1024 * K, 512 * K}, {3, 1024 * K, 512 * K},
+               {3, 2048 * K, 512 * K},  {2, 4096 * K, 2048 * K}, {0, 1024 * K, 512 * K}, {7, 256 * K, 512 * K}};
+  for (const auto& c : cases) {
+    const uint64_t got = DefaultRingBytes(c.peers, c.cache);
+    Check(got == c.expected, "DefaultRingBytes(" + std::to_string(c.peers) + " peers, cache " +
+                                 std::to_string(c.cache) + ") = " + std::to_string(got) + ", expected " +
+                                 std::to_string(c.expected));
+  }
+  Pass("ring size by default: the core cache shared out among the peers, a power of two from 512 KiB to 4 MiB");
+}
+
 void TestAllLocal(int n, uint64_t ring_bytes) {
-  const std::string tag = "[n=" + std::to_string(n) + " ring=" + std::to_string(ring_bytes >> 10) + "K] ";
+  const std::string tag =
+      "[n=" + std::to_string(n) + " ring=" + (ring_bytes ? std::to_string(ring_bytes >> 10) + "K" : "default") + "] ";
   Mesh mesh = BuildMesh(n, [&](RankSetup* s) { s->shm.ring_bytes = ring_bytes; });
+  const uint64_t expected = ring_bytes ? ring_bytes : DefaultRingBytes(static_cast<size_t>(n - 1), CoreCacheBytes());
+  for (int r = 0; r < n; ++r) {
+    const uint64_t got = mesh[r]->InboundRingBytes();
+    Check(got == expected, tag + "rank " + std::to_string(r) + " has rings of " + std::to_string(got) +
+                               " bytes, expected " + std::to_string(expected));
+  }
   ExpectLinks(mesh, [](int, int) { return true; }, tag);
   ExpectHostIds(mesh, std::vector<int>(n, 0), tag);
   Check(LeftoverSegments().empty(), tag + "segments left in /dev/shm after Connect");
@@ -660,6 +688,7 @@ int main() {
   TestForkedPeerDies(ChildDeath::kSigkillWhileSending);
   TestForkedPeerDies(ChildDeath::kExitWhileReceiving);
   TestForkedPeerDies(ChildDeath::kSigkillWhileParentReduces);
+  TestDefaultRingBytes();
   for (int n : {2, 3, 4}) TestAllLocal(n, ShmOptions().ring_bytes);
   TestAllLocal(2, uint64_t{4} << 20);
   TestAllLocal(3, uint64_t{64} << 10);

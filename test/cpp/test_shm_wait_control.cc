@@ -1,4 +1,4 @@
-// sources: common/sha256.cc common/hmac.cc common/logging.cc transport/tcp/*.cc transport/shm/*.cc
+// sources: common/sha256.cc common/hmac.cc common/logging.cc transport/tcp/*.cc transport/shm/*.cc common/cpu_cache.cc
 //
 // WaitControl beside PollControl on one rank, as HORO_CALLER_PROGRESS runs them: one thread reads
 // the control plane (PollControl, as a pass under the progress mutex does) while another waits on

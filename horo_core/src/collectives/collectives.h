@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "collectives/cpu_cache.h"
+#include "common/cpu_cache.h"
 #include "common/config.h"
 #include "common/dtype.h"
 #include "common/status.h"

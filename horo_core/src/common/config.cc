@@ -141,7 +141,9 @@ const std::vector<Setting>& Table() {
       HORO_STRING_SETTING("NCCL_LIBRARY", nccl_library,
                           "Path of the NCCL library used for CUDA tensors. Empty: the nvidia/nccl/lib folder of an installed nvidia-nccl-cu13/cu12 wheel, then the system libnccl.so.2. A path that does not load is an error, not a fallback."),
       HORO_INT_SETTING("SHM_RING_BYTES", shm_ring_bytes,
-                       "Bytes of the shared-memory ring per direction between two ranks of one host (a power of two >= 65536)."),
+                       "Bytes of the shared-memory ring per direction between two ranks of one host (a power of two >= 65536). "
+                       "0 (the default): a core's level-2 cache shared out among the rank's same-host peers, rounded "
+                       "down to a power of two, from 524288 to 4194304."),
       HORO_FLOAT_SETTING("SPIN_MICROSECONDS", spin_microseconds,
                          "How long a waiting thread (the background thread waiting for a same-host peer, a caller in synchronize()) spins, yielding its core, before it sleeps. Short waits then cost microseconds; 0 always sleeps at once. At most 1e6."),
       HORO_BOOL_SETTING("CALLER_PROGRESS", caller_progress,
@@ -212,9 +214,11 @@ Status LoadConfigFromEnv(Config* config) {
     return Status::InvalidArgument(var_of("RING_SLICE_BYTES") + " must be at least 4096, got " +
                                    std::to_string(parsed.ring_slice_bytes));
   }
-  if (parsed.shm_ring_bytes < (64 << 10) || (parsed.shm_ring_bytes & (parsed.shm_ring_bytes - 1)) != 0 ||
-      parsed.shm_ring_bytes > (int64_t{1} << 40)) {
-    return Status::InvalidArgument(var_of("SHM_RING_BYTES") + " must be a power of two between 65536 and 2^40");
+  if (parsed.shm_ring_bytes != 0 &&
+      (parsed.shm_ring_bytes < (64 << 10) || (parsed.shm_ring_bytes & (parsed.shm_ring_bytes - 1)) != 0 ||
+       parsed.shm_ring_bytes > (int64_t{1} << 40))) {
+    return Status::InvalidArgument(var_of("SHM_RING_BYTES") + " must be 0 (sized by the cache) or a power of two "
+                                   "between 65536 and 2^40");
   }
   // Bounded (11.6 days) so that every deadline made from it fits a clock's 64-bit count; NaN fails too.
   if (!(parsed.peer_timeout_seconds > 0 && parsed.peer_timeout_seconds <= 1e6)) {

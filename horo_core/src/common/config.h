@@ -34,7 +34,7 @@ struct Config {
   bool dynamic_process_sets = false;
   std::string hostname;                 // host identity for same-host detection; empty = gethostname()
   bool shm_disable = false;             // ranks of one host exchange data over TCP, not shared memory
-  int64_t shm_ring_bytes = 512 << 10;   // shared-memory ring per direction and same-host pair
+  int64_t shm_ring_bytes = 0;           // shared-memory ring per direction and same-host pair; 0: by the cache
   double spin_microseconds = 50.0;      // a waiting thread spins (yielding) this long before it sleeps
   bool caller_progress = true;          // a caller waiting on a handle runs the loop's passes itself
   bool coordinator_free = true;         // cached steps agreed between the ranks (coordinator/peer_agreement.h)

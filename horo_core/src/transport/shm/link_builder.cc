@@ -5,6 +5,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "common/cpu_cache.h"
 #include "common/logging.h"
 #include "common/sha256.h"
 
@@ -97,7 +98,9 @@ Status LinkBuilder::Run(LinkSet* result) {
   if (candidates.empty()) return Status::OK();
 
   // Round 2: offer a slot of this rank's segment to every candidate.
-  Status created = Segment::Create(static_cast<uint32_t>(candidates.size()), options_.ring_bytes, &result->own);
+  const uint64_t ring_bytes =
+      options_.ring_bytes != 0 ? options_.ring_bytes : DefaultRingBytes(candidates.size(), CoreCacheBytes());
+  Status created = Segment::Create(static_cast<uint32_t>(candidates.size()), ring_bytes, &result->own);
   if (!created.ok()) {
     HORO_LOG(kWarning, rank) << "shared memory unavailable, same-host peers use TCP: " << created.message();
   }

@@ -50,6 +50,9 @@ class ShmTransport : public Transport {
   Status Connect(const std::vector<std::string>& addresses);
   // True when the data plane to peer runs through shared memory.
   bool SharedMemoryPeer(int peer) const;
+  // Bytes of each ring in which same-host peers write to this rank (its segment's, ShmOptions::
+  // ring_bytes or DefaultRingBytes); 0 without a segment. Valid after Connect.
+  uint64_t InboundRingBytes() const { return links_.own ? links_.own->ring_bytes() : 0; }
 
   int rank() const override { return tcp_->rank(); }
   int size() const override { return tcp_->size(); }

@@ -1,5 +1,6 @@
-// The size of this CPU's last-level cache, which decides when a ring allreduce writes its result
-// past the caches (AllreduceOptions::uncached_result_bytes).
+// The sizes of this CPU's caches: the last-level cache, which decides when a ring allreduce writes
+// its result past the caches (AllreduceOptions::uncached_result_bytes), and a core's own (level 2)
+// cache, which sizes the shared-memory rings (shm/options.h, DefaultRingBytes).
 //
 // Non-temporal stores pay off only for a result that leaves the caches before anyone reads it. On
 // a host with a 32 MB L3 that is true from about 32 MB (docs/benchmarks.md, "Results written past
@@ -22,5 +23,9 @@ int64_t LastLevelCacheBytes();
 
 // max(16 MiB, LastLevelCacheBytes()): the default AllreduceOptions::uncached_result_bytes.
 int64_t DefaultUncachedResultBytes();
+
+// The level-2 data or unified cache of CPU 0 in bytes (sysfs, else sysconf), 0 if unknown. Read
+// once per process.
+int64_t CoreCacheBytes();
 
 }  // namespace horo

@@ -1,4 +1,4 @@
-// sources: collectives/*.cc transport/loopback/*.cc transport/counting/*.cc common/dtype.cc
+// sources: collectives/*.cc transport/loopback/*.cc transport/counting/*.cc common/dtype.cc common/cpu_cache.cc
 //
 // Host topology and the hierarchical allreduce over the loopback transport, ranks being threads
 // whose hub is given a host map, so that one process emulates ranks spread over hosts. Checks:

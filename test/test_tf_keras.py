@@ -271,6 +271,29 @@ def check_checkpoint_and_load(c, hvd, keras, tf):
         c.equal(f"training continues in step after load_model {i}", a, b)
 
 
+def check_names_alike_whatever_else_a_rank_built(c, hvd, keras, tf):
+    """Keras numbers optimizer names per process (adam, adam_1, ...): a rank that built another
+    optimizer first still reduces its gradients under the names its peers use, instead of waiting
+    for a name no peer submits."""
+    import horo_tf
+    n, r = hvd.size(), hvd.rank()
+    (xs, ys), _, _ = shard_and_global(n, r)
+    if r == 0:
+        keras.optimizers.Adam(0.01)  # as a rank that loads a compiled model first would
+    opt = hvd.DistributedOptimizer(keras.optimizers.Adam(0.01))
+    names = horo_tf.allgather_object(opt.name, name="optimizer-names")
+    c.same("Keras named the optimizers differently on the ranks", len(set(names)), n)
+    model = make_model(keras, 100 + r)
+    model.compile(optimizer=opt, loss="mse")
+    model.fit(xs, ys, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    weights = model.get_weights()
+    root = [hvd.broadcast(w, 0, name=f"named-alike.{i}") for i, w in enumerate(weights)]
+    for i, (a, b) in enumerate(zip(weights, root)):
+        c.equal(f"fit with optimizers named differently on the ranks: weights {i} agree", a, b)
+    c.same("horo_tf.keras exports Adasum, as horovod.keras does", hvd.Adasum, horo_tf.Adasum)
+
+
 def check_xla_and_functions(c, hvd, keras, tf):
     n, r = hvd.size(), hvd.rank()
     (xs, ys), _, _ = shard_and_global(n, r)
@@ -508,7 +531,7 @@ def check_local_variables(c, hvd, keras, tf):
 
 GROUPS = [check_fit_equivalence, check_gradient_accumulation, check_custom_loop, check_callbacks,
           check_broadcast_of_models_built_by_their_first_step,
-          check_checkpoint_and_load, check_xla_and_functions, check_mixed_precision, check_sync_batch_norm_fit,
+          check_checkpoint_and_load, check_names_alike_whatever_else_a_rank_built, check_xla_and_functions, check_mixed_precision, check_sync_batch_norm_fit,
           check_sparse_embedding_fit, check_local_variables]
 
 

@@ -22,7 +22,7 @@ from horo_tf.compression import Compression
 from horo_tf.gradient_reduction import ReductionOptions
 from horo_tf.keras import callbacks
 from horo_tf.keras.optimizer import DistributedOptimizer, PartialDistributedOptimizer, distributed_class
-from horo_tf.mpi_ops import Average, Sum
+from horo_tf.mpi_ops import Adasum, Average, Sum
 
 
 def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_factor=1.0, op=None,

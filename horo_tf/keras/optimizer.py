@@ -27,6 +27,8 @@ it is given a plain DistributedOptimizer under ``mixed_float16`` -- would check 
 gradients and skip the averaging on some ranks only, so it is refused when the optimizer is built,
 with a message that shows the order above.
 """
+import dataclasses
+import hashlib
 import sys
 
 import keras
@@ -97,9 +99,20 @@ class _DistributedMixin:
         local[id(var)] = var
 
     def _horo_reduce(self, grads, variables):
-        return reduce_gradients_keeping_local(grads, self._horo_reduction, variables,
+        return reduce_gradients_keeping_local(grads, self._horo_named_options(variables), variables,
                                               self.__dict__.get("_horo_local_vars") or {},
                                               self._horo_scale_local_gradients)
+
+    def _horo_named_options(self, variables):
+        """The reduction options, their operation names made for these variables: the base name
+        (DistributedOptimizer's name argument, else the wrapped class's name) and a digest of the
+        variables' dtypes and shapes. Nothing in the name counts objects this process made before,
+        so a rank that built other optimizers or models first (Keras numbers their names per
+        process: adam, adam_1, ...) still names its gradients as its peers do, and one optimizer
+        applied to two models' variables reduces each set under its own names."""
+        layout = ";".join(f"{v.dtype}{tuple(v.shape)}" for v in variables)
+        digest = hashlib.sha1(layout.encode()).hexdigest()[:12]
+        return dataclasses.replace(self._horo_reduction, name=f"{self._horo_reduction.name}.{digest}")
 
     def build(self, variables):
         """Builds the wrapped optimizer.
@@ -198,7 +211,9 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
 
     Args:
         optimizer: a keras.optimizers.Optimizer (its state, if already built, is not copied).
-        name: the new optimizer's name (default: optimizer's).
+        name: the new optimizer's name (default: optimizer's), and the prefix of its collectives'
+            names (default: the optimizer's class name, the same on every rank whatever other
+            optimizers a rank made first; with a name, give every rank the same).
         device_dense, device_sparse: accepted for Horovod compatibility.
         compression: Compression.none (default), .fp16 or .bf16.
         sparse_as_dense: reduce IndexedSlices gradients as dense tensors.
@@ -242,7 +257,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                                gradient_predivide_factor=gradient_predivide_factor,
                                groups=groups_option(groups, num_groups),
                                process_set=process_set or global_process_set,
-                               name=f"DistributedOptimizer.{config['name']}")
+                               name=f"DistributedOptimizer.{type(optimizer).__name__ if name is None else name}")
     cls = distributed_class(type(optimizer), options, backward_passes_per_step, average_aggregated_gradients,
                             scale_local_gradients)
     return cls.from_config(config)

@@ -7,6 +7,7 @@ import pickle
 import shutil
 import sys
 import tempfile
+import warnings
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from .hosts import parse_hostfile, parse_hosts
@@ -31,16 +32,16 @@ def _read_text(path: str) -> Optional[str]:
 # those of elastic training, which Horo does not have (refused, not to run a different job).
 _IGNORED_ARGUMENTS = ("ssh_port", "ssh_identity_file", "disable_cache", "use_gloo", "use_mpi", "mpi_args",
                       "network_interface")
-_ELASTIC_ARGUMENTS = ("min_np", "max_np", "slots", "reset_limit", "cooldown_range")
+_ELASTIC_ARGUMENTS = ("min_num_proc", "max_num_proc", "min_np", "max_np", "slots", "reset_limit", "cooldown_range")
 
 
 def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mapping[str, Any]] = None,
-        np: int = 1, hosts: Optional[str] = None, hostfile: Optional[str] = None,
+        num_proc: int = 1, hosts: Optional[str] = None, hostfile: Optional[str] = None,
         start_timeout: Optional[float] = None, output_filename: Optional[str] = None,
         verbose: bool = False, prefix_output_with_timestamp: bool = False,
         env: Optional[Mapping[str, str]] = None, executable: Optional[str] = None,
-        bind_to: str = "auto", **horovod_arguments) -> list[Any]:
-    """Runs ``fn(*args, **kwargs)`` in ``np`` worker processes, like ``hororun -np N``.
+        bind_to: str = "auto", np: Optional[int] = None, **horovod_arguments) -> list[Any]:
+    """Runs ``fn(*args, **kwargs)`` in ``num_proc`` worker processes, like ``hororun -np N``.
 
     The function and arguments are serialized with cloudpickle (pickle if it is not installed)
     into a private 0700 temporary directory that the workers read from local disk; return values
@@ -50,7 +51,7 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mappi
         fn: the function; it may call ``hvd.init()`` and use collectives.
         args: positional arguments for every rank.
         kwargs: keyword arguments for every rank.
-        np: number of processes.
+        num_proc: number of processes.
         hosts: ``"host:slots,..."`` as for ``-H`` (this machine only for now).
         hostfile: path of a hostfile, as for ``--hostfile``.
         start_timeout: seconds every rank has to register after the first one did (default:
@@ -62,11 +63,13 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mappi
         env: extra environment variables for the workers (e.g. ``HORO_CYCLE_TIME``).
         executable: Python interpreter for the workers (default ``sys.executable``).
         bind_to: CPUs of each rank, as for ``--bind-to``: ``auto``, ``core`` or ``none``.
+        np: the deprecated name of num_proc (as in ``horovod.run``, a DeprecationWarning; it counts
+            only while num_proc is 1).
         horovod_arguments: the rest of ``horovod.run``'s arguments. ``ssh_port``,
             ``ssh_identity_file``, ``disable_cache``, ``use_gloo``, ``use_mpi``, ``mpi_args`` and
             ``network_interface`` do not apply and are ignored with a warning; the elastic ones
-            (``min_np``, ``max_np``, ``slots``, ``reset_limit``, ``cooldown_range``) are refused
-            unless None.
+            (``min_num_proc``, ``max_num_proc``, their deprecated names ``min_np`` and ``max_np``,
+            ``slots``, ``reset_limit``, ``cooldown_range``) are refused unless None.
 
     Returns:
         Every rank's return value, in rank order.
@@ -74,11 +77,18 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mappi
     Raises:
         RuntimeError: a rank raised (the message names the rank and includes its traceback) or
             the job failed otherwise (a rank crashed, a start timeout, a signal).
-        ValueError: for invalid hosts, both ``hosts`` and ``hostfile``, ``bind_to="core"``
+        ValueError: for invalid hosts, both ``hosts`` and ``hostfile``, both ``use_gloo`` and
+            ``use_mpi``, ``bind_to="core"``
             with more ranks than cores, or a start timeout that is not a positive number.
         TypeError: an argument ``horovod.run`` does not have either.
         NotImplementedError: an elastic argument other than None.
     """
+    if np is not None:
+        warnings.warn("run(np=...) is deprecated, use num_proc", DeprecationWarning, stacklevel=2)
+        if num_proc == 1:
+            num_proc = np
+    if horovod_arguments.get("use_gloo") and horovod_arguments.get("use_mpi"):
+        raise ValueError("use_gloo and use_mpi choose different controllers; set at most one")
     for name, value in horovod_arguments.items():
         if name in _ELASTIC_ARGUMENTS:
             if value is not None:
@@ -113,7 +123,7 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mappi
             # -c rather than -m: the package imports run_task itself, and runpy warns when asked to
             # run a module that is already imported.
             command=[executable or sys.executable, "-c", _TASK_ENTRY, workdir],
-            num_proc=np, hosts=host_slots,
+            num_proc=num_proc, hosts=host_slots,
             # The start timeout the launcher waits is the one the workers get, whatever env says.
             settings_env={**(env or {}), "HORO_START_TIMEOUT": f"{start_timeout:g}", "PYTHONPATH": python_path},
             start_timeout=start_timeout, output_dir=output_filename,
@@ -128,7 +138,7 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mappi
                     message += f"\nrank {result.failed_rank} raised:\n{error}"
             raise RuntimeError(message)
         values = []
-        for rank in range(np):
+        for rank in range(num_proc):
             path = os.path.join(workdir, RESULT_FILE.format(rank=rank))
             try:
                 with open(path, "rb") as f:

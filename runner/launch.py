@@ -274,6 +274,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """
     parser = _build_parser()
     args = parser.parse_args(argv)
+    controllers = [o[-1] for o in (("--gloo",), ("--mpi",), ("--jsrun",)) if getattr(args, "ignored_" + _dest(o))]
+    if len(controllers) > 1:  # one mutually exclusive group in horovodrun
+        parser.error(f"{' and '.join(controllers)} choose different controllers; give at most one")
     for options, _ in _REFUSED_FLAGS:
         if getattr(args, "refused_" + _dest(options)) is not None:
             parser.error(f"{'/'.join(options)} is for elastic training, which Horo does not implement; "

@@ -1,7 +1,9 @@
 """Starts the workers of a job on this machine and supervises them until the job ends.
 
-Every worker runs in its own session (process group), with stdin closed and stdout/stderr piped
-through :mod:`horo_runner.output`. The job ends when every worker has exited 0, or at the first of:
+Every worker runs in its own session (process group), with stdout/stderr piped through
+:mod:`horo_runner.output`. Rank 0 reads the launcher's stdin, the other ranks an empty one (as
+mpirun forwards stdin to rank 0 only), so ``cat prompts.txt | hororun -np 2 python serve.py`` feeds
+one rank, not a racing pair. The job ends when every worker has exited 0, or at the first of:
 
 * a worker exits non-zero or is killed by a signal;
 * a monitor (e.g. the start-timeout watch) reports a failure;
@@ -156,7 +158,8 @@ class _Job:
             if worker.cpus is not None:
                 os.sched_setaffinity(0, worker.cpus)
             proc = subprocess.Popen(list(worker.command), env=dict(worker.env),
-                                    stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w,
+                                    stdin=None if worker.rank == 0 else subprocess.DEVNULL,
+                                    stdout=out_w, stderr=err_w,
                                     start_new_session=True, close_fds=True, cwd=self.options.cwd,
                                     preexec_fn=_die_with(os.getpid()))
         except BaseException:

@@ -72,7 +72,7 @@ def test_autotune_tunes_during_training_and_keeps_values_exact(tmp_path):
         # Set explicitly (to the default), so it must stay fixed.
         "HORO_CYCLE_TIME": "0",
     }
-    failures = horo_runner.run(_train_like, args=(STEP_BOUND,), np=2, env=env)
+    failures = horo_runner.run(_train_like, args=(STEP_BOUND,), num_proc=2, env=env)
     assert failures == [[], []]
 
     rows = _read_log(log)

@@ -214,7 +214,7 @@ def test_ranks_sharing_a_core_agree_one_round_per_call(np_, tmp_path):
     for attempt in range(3):
         done_file = str(tmp_path / f"pair_done.{attempt}")
         reports = horo_runner.run(_shared_core_job, args=(blocks, calls, pair_calls, done_file),
-                                  np=np_, env=env, bind_to="none")
+                                  num_proc=np_, env=env, bind_to="none")
         for rank, (failures, rounds, caller_passes, _) in enumerate(reports):
             assert failures == [], f"rank {rank}: {failures[:5]}"
             assert caller_passes > 0, f"rank {rank}: callers ran no pass"
@@ -265,7 +265,7 @@ def _poll_job(blocks, calls, pin):
 def _run_poll_job(np_, pin, blocks=8, calls=250):
     import horo_runner
 
-    reports = horo_runner.run(_poll_job, args=(blocks, calls, pin), np=np_, env={"HORO_PEER_TIMEOUT_SECONDS": "60"},
+    reports = horo_runner.run(_poll_job, args=(blocks, calls, pin), num_proc=np_, env={"HORO_PEER_TIMEOUT_SECONDS": "60"},
                               bind_to="none")
     for rank, (failures, _) in enumerate(reports):
         assert failures == [], f"rank {rank}: {failures[:5]}"

@@ -270,7 +270,7 @@ def _job(hosts, sets):
 
 
 def _run_job(hosts, sets):
-    reports = horo_runner.run(_job, args=(hosts, sets), np=len(hosts), env={"HORO_PEER_TIMEOUT_SECONDS": "60"})
+    reports = horo_runner.run(_job, args=(hosts, sets), num_proc=len(hosts), env={"HORO_PEER_TIMEOUT_SECONDS": "60"})
     problems = [f"rank {r}: {f}" for r, (_, failures, _, _) in enumerate(reports) for f in failures]
     assert not problems, "\n".join(problems[:40])
     assert all(count > 100 for count, _, _, _ in reports)

@@ -391,19 +391,19 @@ def test_run_api_takes_the_start_timeout_from_the_environment_too(runner_path, m
     import horo_runner
     monkeypatch.delenv("HORO_START_TIMEOUT", raising=False)
     monkeypatch.setenv("HOROVOD_START_TIMEOUT", "77")
-    assert horo_runner.run(_start_timeout_seen, np=1) == ["77"]
-    assert horo_runner.run(_start_timeout_seen, np=1, start_timeout=12.5) == ["12.5"]
+    assert horo_runner.run(_start_timeout_seen, num_proc=1) == ["77"]
+    assert horo_runner.run(_start_timeout_seen, num_proc=1, start_timeout=12.5) == ["12.5"]
     for bad in (0, float("inf"), float("nan")):
         with pytest.raises(ValueError, match="start_timeout must be > 0 and at most 1000000 seconds"):
-            horo_runner.run(_start_timeout_seen, np=1, start_timeout=bad)
+            horo_runner.run(_start_timeout_seen, num_proc=1, start_timeout=bad)
     monkeypatch.setenv("HOROVOD_START_TIMEOUT", "soon")
     with pytest.raises(ValueError, match="HOROVOD_START_TIMEOUT='soon' is not a number of seconds"):
-        horo_runner.run(_start_timeout_seen, np=1)
+        horo_runner.run(_start_timeout_seen, num_proc=1)
     # env's value is the one the launcher waits and the workers get; an explicit argument wins.
-    assert horo_runner.run(_start_timeout_seen, np=1, env={"HORO_START_TIMEOUT": "7"}) == ["7"]
-    assert horo_runner.run(_start_timeout_seen, np=1, start_timeout=9, env={"HORO_START_TIMEOUT": "7"}) == ["9"]
+    assert horo_runner.run(_start_timeout_seen, num_proc=1, env={"HORO_START_TIMEOUT": "7"}) == ["7"]
+    assert horo_runner.run(_start_timeout_seen, num_proc=1, start_timeout=9, env={"HORO_START_TIMEOUT": "7"}) == ["9"]
     monkeypatch.setenv("HORO_START_TIMEOUT", "55")  # Horovod's name in env still beats ours in the shell
-    assert horo_runner.run(_start_timeout_seen, np=1, env={"HOROVOD_START_TIMEOUT": "8"}) == ["8"]
+    assert horo_runner.run(_start_timeout_seen, num_proc=1, env={"HOROVOD_START_TIMEOUT": "8"}) == ["8"]
 
 
 def _python_path_seen():
@@ -414,7 +414,7 @@ def test_run_api_takes_horovods_arguments_and_env_pythonpath(runner_path, capfd)
     import horo_runner
     # horovod.run's arguments: those that do not apply are ignored with a warning, as hororun's
     # flags; elastic ones are refused; PYTHONPATH given in env reaches the workers.
-    paths = horo_runner.run(_python_path_seen, np=1, use_gloo=True, use_mpi=None, disable_cache=True,
+    paths = horo_runner.run(_python_path_seen, num_proc=1, use_gloo=True, use_mpi=None, disable_cache=True,
                             ssh_port=22, network_interface="eth0", min_np=None,
                             env={"PYTHONPATH": "/my/lib"})
     assert "/my/lib" in paths[0], paths
@@ -423,7 +423,11 @@ def test_run_api_takes_horovods_arguments_and_env_pythonpath(runner_path, capfd)
         assert f"ignoring run({name}=...)" in err, err
     assert "use_mpi" not in err
     with pytest.raises(NotImplementedError, match="max_np is for elastic training"):
-        horo_runner.run(_python_path_seen, np=1, max_np=4)
+        horo_runner.run(_python_path_seen, num_proc=1, max_np=4)
+    with pytest.raises(NotImplementedError, match="min_num_proc is for elastic training"):
+        horo_runner.run(_python_path_seen, num_proc=2, min_num_proc=1)
+    with pytest.raises(ValueError, match="use_gloo and use_mpi"):
+        horo_runner.run(_python_path_seen, num_proc=1, use_gloo=True, use_mpi=True)
     with pytest.raises(TypeError, match="unexpected keyword argument 'nprocs'"):
         horo_runner.run(_python_path_seen, nprocs=1)
 
@@ -509,6 +513,27 @@ def test_ignored_and_refused_horovod_flags(child_env):
     assert "--min-np/--min-num-proc is for elastic training" in refused.stderr.decode()
 
 
+def test_controller_flags_exclude_each_other(child_env):
+    """horovodrun takes one of --gloo, --mpi and --jsrun; hororun ignores each alone but refuses
+    a pair, as a job script that asks for both has a mistake in it."""
+    proc = hororun(child_env, "-np", "1", "--gloo", "--mpi", "true")
+    assert proc.returncode == 2
+    assert "--gloo and --mpi choose different controllers" in proc.stderr.decode()
+
+
+def test_stdin_reaches_rank_0_only(child_env):
+    """As mpirun: rank 0 reads what is piped into the launcher, the other ranks an empty stdin."""
+    code = """
+        import os, sys
+        print(os.environ["HORO_RANK"], repr(sys.stdin.read()))
+    """
+    proc = subprocess.run(hororun_cmd("-np", "2", *worker(code)), env=child_env, input=b"two\nlines\n",
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout.decode()
+    assert "[0]<stdout>:0 'two\\nlines\\n'\n" in out and "[1]<stdout>:1 ''\n" in out, out
+
+
 @pytest.mark.parametrize("args, message", [
     (["true"], "-np/--num-proc is required"),
     (["-np", "2"], "no command given"),
@@ -540,16 +565,19 @@ def fail_on_rank_one():
 
 def test_run_returns_results_in_rank_order(runner_path):
     import horo_runner
-    results = horo_runner.run(rank_times, args=(10,), np=3)
+    results = horo_runner.run(rank_times, args=(10,), num_proc=3)
     assert results == [{"rank": r, "size": 3, "value": 10 * r} for r in range(3)]
+    # np, horovod.run's deprecated name of num_proc, still counts, with Horovod's warning.
+    with pytest.warns(DeprecationWarning, match="use num_proc"):
+        assert [r["rank"] for r in horo_runner.run(rank_times, args=(1,), np=2)] == [0, 1]
     offset = 7  # a closure is shipped by value
-    assert horo_runner.run(lambda x: x + offset, kwargs={"x": 1}, np=2) == [8, 8]
+    assert horo_runner.run(lambda x: x + offset, kwargs={"x": 1}, num_proc=2) == [8, 8]
 
 
 def test_run_propagates_an_exception_with_its_traceback(runner_path):
     import horo_runner
     with pytest.raises(RuntimeError) as info:
-        horo_runner.run(fail_on_rank_one, np=2)
+        horo_runner.run(fail_on_rank_one, num_proc=2)
     message = str(info.value)
     assert "rank 1 exited with code 1" in message
     assert "Traceback (most recent call last)" in message

@@ -154,7 +154,7 @@ def test_ranks_start_bound_to_their_own_cpus(child_env):
     # The launcher itself keeps its own CPUs (it binds only the thread that starts a rank, and only
     # while it does).
     from horo_runner import run
-    assert run(lambda: sorted(os.sched_getaffinity(0)), np=2, bind_to="none") == [allowed] * 2
+    assert run(lambda: sorted(os.sched_getaffinity(0)), num_proc=2, bind_to="none") == [allowed] * 2
     assert sorted(os.sched_getaffinity(0)) == allowed
 
 

@@ -253,7 +253,7 @@ def _job(steps):
 
 @pytest.mark.parametrize("enabled", ["1", "0"])
 def test_processes_over_shared_memory_agree_between_ranks(enabled):
-    results = horo_runner.run(_job, args=(STEPS,), np=3, env={"HORO_COORDINATOR_FREE": enabled})
+    results = horo_runner.run(_job, args=(STEPS,), num_proc=3, env={"HORO_COORDINATOR_FREE": enabled})
     for failures, agreed, from_coordinator in results:
         assert failures == []
         assert agreed + from_coordinator == 9 * STEPS
@@ -733,7 +733,7 @@ def _random_job(seed, steps):
 
 
 def test_random_steps_between_processes_over_shared_memory():
-    results = horo_runner.run(_random_job, args=(6, 30), np=3, env={"HORO_CACHE_CAPACITY": "4"})
+    results = horo_runner.run(_random_job, args=(6, 30), num_proc=3, env={"HORO_CACHE_CAPACITY": "4"})
     for bad, agreed in results:
         assert bad == []
         assert agreed > 0

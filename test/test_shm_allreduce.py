@@ -91,7 +91,7 @@ def _job(counts):
 
 def _run(np_, shm):
     env = {"HORO_PEER_TIMEOUT_SECONDS": "60", "HORO_SMALL_MESSAGE_BYTES": "0", "HORO_SHM_DISABLE": "0" if shm else "1"}
-    reports = horo_runner.run(_job, args=(COUNTS,), np=np_, env=env)
+    reports = horo_runner.run(_job, args=(COUNTS,), num_proc=np_, env=env)
     problems = [f"rank {r}: {f}" for r, (_, failures, _, _) in enumerate(reports) for f in failures]
     assert not problems, "\n".join(problems[:40])
     assert all(count > 200 for count, _, _, _ in reports)
@@ -157,7 +157,7 @@ def test_ranks_with_different_chunks_over_shared_memory(np_):
     # receiver must cut the stream alike wherever a piece does not end on such a boundary; the
     # scatter-reduce's chunks, which each rank sets for itself, are rounded to 64 bytes for that.
     env = {"HORO_PEER_TIMEOUT_SECONDS": "20", "HORO_SMALL_MESSAGE_BYTES": "0"}
-    reports = horo_runner.run(_chunks_job, np=np_, env=env)
+    reports = horo_runner.run(_chunks_job, num_proc=np_, env=env)
     problems = [f"rank {r}: {f}" for r, (_, failures) in enumerate(reports) for f in failures]
     assert not problems, "\n".join(problems[:40])
     assert all(count == 11 for count, _ in reports), [count for count, _ in reports]

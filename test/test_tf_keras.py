@@ -548,5 +548,5 @@ def run_all_checks():
 
 
 def test_tf_keras():
-    reports = horo_runner.run(run_all_checks, np=2, env=CHILD_ENV)
+    reports = horo_runner.run(run_all_checks, num_proc=2, env=CHILD_ENV)
     assert_reports(reports, 2, GROUPS)

@@ -654,7 +654,7 @@ def run_all_checks():
 
 @pytest.mark.parametrize("size", SIZES, ids=[f"np{n}" for n in SIZES])
 def test_tf_collectives(size):
-    reports = horo_runner.run(run_all_checks, np=size, env=CHILD_ENV)
+    reports = horo_runner.run(run_all_checks, num_proc=size, env=CHILD_ENV)
     assert_reports(reports, size, GROUPS)
 
 
@@ -690,7 +690,7 @@ def _tf1_graph_broadcast():
 
 
 def test_broadcast_global_variables_in_a_tf1_graph():
-    reports = horo_runner.run(_tf1_graph_broadcast, np=2, env=CHILD_ENV)
+    reports = horo_runner.run(_tf1_graph_broadcast, num_proc=2, env=CHILD_ENV)
     for r, (before, v, w, broadcast) in enumerate(reports):
         assert before == [float(r + 1)] * 3
         assert (v, w) == ([1.0, 1.0, 1.0], 10.0), f"rank {r}: {v}, {w}"
@@ -787,7 +787,7 @@ def _retrace_and_wrap_inside():
 
 def test_unnamed_collectives_agree_when_one_rank_retraces_and_a_tape_wraps_inside_its_block():
     env = {**CHILD_ENV, "HORO_STALL_CHECK_TIME_SECONDS": "5", "HORO_STALL_SHUTDOWN_TIME_SECONDS": "30"}
-    reports = horo_runner.run(_retrace_and_wrap_inside, np=2, env=env)
+    reports = horo_runner.run(_retrace_and_wrap_inside, num_proc=2, env=env)
     for r, (n, steps, wrapped, names, nested) in enumerate(reports):
         assert len(names) == 2 and names[0] != names[1], f"rank {r}: {names}"
         assert nested == [[4.0, 4.0], [2.0, 4.0]], f"rank {r}: {nested}"

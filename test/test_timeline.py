@@ -222,7 +222,7 @@ def check_phase(trace, tag, next_tag, mark_cycles):
 def test_timeline_records_every_rank(tmp_path):
     paths = {tag: str(tmp_path / f"timeline_{tag}.json") for tag in "abd"}
     started = time.time() * 1e6
-    reports = horo_runner.run(timeline_job, args=(paths,), np=SIZE, env={**ENV, "HORO_TIMELINE": paths["a"]})
+    reports = horo_runner.run(timeline_job, args=(paths,), num_proc=SIZE, env={**ENV, "HORO_TIMELINE": paths["a"]})
     ended = time.time() * 1e6
     for r, report in enumerate(reports):
         assert report["problems"] == [], f"rank {r}: {report['problems']}"
@@ -253,7 +253,7 @@ def test_agreed_steps_start_when_the_ranks_agree(tmp_path):
     round completes; it once began at the last coordinator list, a step or more earlier."""
     path = str(tmp_path / "repeated.json")
     pause_s, steps = 0.25, 5
-    horo_runner.run(repeated_steps_job, args=(pause_s, steps), np=2, env={"HORO_TIMELINE": path})
+    horo_runner.run(repeated_steps_job, args=(pause_s, steps), num_proc=2, env={"HORO_TIMELINE": path})
     trace = Trace(path)
     for track in ("rank 0", "rank 1"):
         phases = trace.tracks[("allreduce.repeated", track)]
@@ -297,7 +297,7 @@ def test_switching_files_keeps_every_rank_and_pending_negotiations_show_the_wait
     there: the file shows rank 1 waiting for rank 0."""
     paths = {tag: str(tmp_path / f"{tag}.json") for tag in "ab"}
     late_s = 0.3
-    horo_runner.run(switch_job, args=(paths, late_s), np=2, env={"HORO_TIMELINE": "DYNAMIC"})
+    horo_runner.run(switch_job, args=(paths, late_s), num_proc=2, env={"HORO_TIMELINE": "DYNAMIC"})
     a, b = Trace(paths["a"]), Trace(paths["b"])
     for track in ("rank 0", "rank 1"):
         assert len(a.tracks[("allreduce.x", track)]) == 3, (track, a.tracks.keys())

@@ -785,7 +785,7 @@ def run_checks(size):
 
 @pytest.mark.parametrize("size", SIZES, ids=[f"np{n}" for n in SIZES])
 def test_ddp_matches_single_process(size):
-    results = horo_runner.run(run_checks, args=(size,), np=size, env=RUN_ENV)
+    results = horo_runner.run(run_checks, args=(size,), num_proc=size, env=RUN_ENV)
     problems = problems_in([report for report, _ in results])
     assert not problems, "\n".join(problems[:40])
     layouts = [layout for _, layout in results]

@@ -171,7 +171,7 @@ def test_mismatch_raises_on_every_rank_and_the_job_goes_on():
 
     import horo_torch as hvd
     cases = mismatch_cases(hvd, torch, 0)
-    results = horo_runner.run(mismatch_job, np=N)
+    results = horo_runner.run(mismatch_job, num_proc=N)
     for rank, entries in enumerate(results):
         assert [e["case"] for e in entries] == [c for c, _, _ in cases] + ["join"]
         for (case, _, message), entry in zip(cases, entries):
@@ -207,7 +207,7 @@ def invalid_splits_job():
 
 
 def test_invalid_splits_on_one_rank_raise_value_error_on_every_rank():
-    for rank, entry in enumerate(horo_runner.run(invalid_splits_job, np=N)):
+    for rank, entry in enumerate(horo_runner.run(invalid_splits_job, num_proc=N)):
         assert "value" not in entry, f"rank {rank}: no error"
         assert entry["error"] == "HoroInvalidArgument", f"rank {rank}"
         assert entry["message"] == ("alltoall tensor 'alltoall.bad.splits': rank 1 passed splits that sum to 2, "

@@ -195,7 +195,7 @@ def run_all():
 
 @pytest.fixture(scope="module")
 def reports():
-    return horo_runner.run(run_all, np=SIZE, env=ENV)
+    return horo_runner.run(run_all, num_proc=SIZE, env=ENV)
 
 
 def assert_tensors_equal(got, want, what):

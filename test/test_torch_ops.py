@@ -904,7 +904,7 @@ def run_all_checks():
 
 @pytest.mark.parametrize("size", SIZES, ids=[f"np{n}" for n in SIZES])
 def test_torch_collectives(size):
-    reports = horo_runner.run(run_all_checks, np=size, env={"HORO_PEER_TIMEOUT_SECONDS": "60"})
+    reports = horo_runner.run(run_all_checks, num_proc=size, env={"HORO_PEER_TIMEOUT_SECONDS": "60"})
     assert len(reports) == size
     groups = ["check_before_init", *[g.__name__ for g in GROUPS], "check_static_process_sets",
               "check_dynamic_process_sets", "after_shutdown"]

@@ -420,7 +420,7 @@ def check_equivalence(reports):
 
 @pytest.fixture(scope="module")
 def two_rank_reports():
-    return horo_runner.run(run_all, np=2, env=ENV)
+    return horo_runner.run(run_all, num_proc=2, env=ENV)
 
 
 def test_two_ranks_train_like_one_process_on_the_whole_batch(two_rank_reports):
@@ -428,7 +428,7 @@ def test_two_ranks_train_like_one_process_on_the_whole_batch(two_rank_reports):
 
 
 def test_three_ranks_train_like_one_process_on_the_whole_batch():
-    check_equivalence(horo_runner.run(run_all, kwargs={"equivalence_only": True}, np=3, env=ENV))
+    check_equivalence(horo_runner.run(run_all, kwargs={"equivalence_only": True}, num_proc=3, env=ENV))
 
 
 def test_distributed_optimizer_behaves_as_horovods(two_rank_reports):
@@ -559,7 +559,7 @@ def _adasum_training(steps=3):
 
 @pytest.mark.parametrize("size", [2, 3])
 def test_adasum_optimizer_combines_each_ranks_step(size):
-    for rank, (differences, behaviour) in enumerate(horo_runner.run(_adasum_training, np=size)):
+    for rank, (differences, behaviour) in enumerate(horo_runner.run(_adasum_training, num_proc=size)):
         assert all(d < 1e-12 for d in differences.values()), f"rank {rank}: {differences}"
         assert behaviour["skip_synchronize"][:2] == (
             "AssertionError", "Skipping synchronization is not supported when using Adasum optimizer."), behaviour

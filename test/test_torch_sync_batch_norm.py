@@ -197,5 +197,5 @@ def run_checks(size):
 
 @pytest.mark.parametrize("size", SIZES, ids=[f"np{n}" for n in SIZES])
 def test_sync_batch_norm_matches_single_process(size):
-    problems = problems_in(horo_runner.run(run_checks, args=(size,), np=size, env=RUN_ENV))
+    problems = problems_in(horo_runner.run(run_checks, args=(size,), num_proc=size, env=RUN_ENV))
     assert not problems, "\n".join(problems[:40])

@@ -254,7 +254,7 @@ def main(argv=None):
     import horo_runner
 
     args = parse_args(argv)
-    configs, results, tuned = horo_runner.run(bench, args=(args,), np=args.np)[0]
+    configs, results, tuned = horo_runner.run(bench, args=(args,), num_proc=args.np)[0]
     report(args, configs, results, tuned)
     return 0
 

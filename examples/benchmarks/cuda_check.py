@@ -259,7 +259,7 @@ def main():
     parser.add_argument("--np", type=int, default=2)
     args = parser.parse_args()
     import horo_runner
-    results = horo_runner.run(rank_main, np=args.np, env={"HORO_LOG_LEVEL": "INFO"})
+    results = horo_runner.run(rank_main, num_proc=args.np, env={"HORO_LOG_LEVEL": "INFO"})
     failed = False
     for r in results:
         print(f"rank {r['rank']} on {r['device']}: nccl_built={r['nccl_built']} cuda_built={r['cuda_built']} "

@@ -96,7 +96,7 @@ def run_jobs(args, sizes):
     for repeat in range(args.repeats):
         order = list(modes) if repeat % 2 == 0 else list(reversed(modes))
         for mode in order:
-            reports = horo_runner.run(worker, args=(sizes, args.hosts, args.seconds, args.collective), np=args.np,
+            reports = horo_runner.run(worker, args=(sizes, args.hosts, args.seconds, args.collective), num_proc=args.np,
                                       env={f"HORO_HIERARCHICAL_{args.collective.upper()}": modes[mode]})
             for s in sizes:
                 values[mode][s].append(max(r[s][0] for r in reports))

@@ -60,7 +60,7 @@ def main():
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as directory:
         reports = horo_runner.run(measure, args=(args.steps, args.blocks, args.tensors, args.elements, directory),
-                                  np=args.np, env={"HORO_TIMELINE": "DYNAMIC"})
+                                  num_proc=args.np, env={"HORO_TIMELINE": "DYNAMIC"})
     keys = reports[0]["times"].keys()
     # A collective goes at the pace of its slowest rank.
     slowest = {k: [max(r["times"][k][b] for r in reports) for b in range(args.blocks)] for k in keys}

@@ -11,10 +11,14 @@ one rank, not a racing pair. The job ends when every worker has exited 0, or at 
 
 A launcher killed outright (SIGKILL, the out-of-memory killer) cannot clean up: on Linux every
 worker asks the kernel for SIGKILL when the launcher dies (``PR_SET_PDEATHSIG``), so that no rank
-goes on alone holding its CPUs and GPUs, as Horovod's per-rank middleman ensures.
+goes on alone holding its CPUs and GPUs, and a watchdog process that the launcher starts first (in
+a session of its own) SIGKILLs every worker's process group once the launcher's end of a pipe
+closes without a word that the job is over: what the workers started (data loaders, servers)
+dies with them, as under Horovod's per-rank middleman.
 
 Then every worker still running gets SIGTERM on its whole process group, and SIGKILL after a grace
-period (a second Ctrl-C skips the grace period). The job's exit code is the failing worker's code,
+period (a second Ctrl-C skips the grace period). Processes that a worker left behind in its group
+when it exited get the same at the end of the job, so that none goes on alone. The job's exit code is the failing worker's code,
 ``128 + signal`` for a worker killed by a signal or for a signal to the launcher, 1 for a monitor
 failure and 127 when a worker cannot be started at all.
 """
@@ -39,6 +43,23 @@ Monitor = Callable[[], Optional[str]]
 (or may be left blocked; its thread is a daemon) once the job is over."""
 
 _READER_JOIN_S = 10.0  # a detached grandchild may hold a pipe open; do not wait on it forever
+_LEFTOVER_GRACE_S = 2.0  # a worker's leftover processes: SIGTERM, then SIGKILL after this long
+
+# The watchdog: reads one process group id per line until "done"; if its input ends first, the
+# launcher died without cleaning up, and every group gets SIGKILL.
+_WATCHDOG = """
+import os, signal, sys
+groups = []
+for line in sys.stdin:
+    if line.strip() == "done":
+        sys.exit(0)
+    groups.append(int(line))
+for group in groups:
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except OSError:
+        pass
+"""
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
@@ -138,6 +159,7 @@ class _Job:
         # SimpleQueue.put is reentrant, so the signal handler can post to it safely.
         self.events: "queue.SimpleQueue[tuple]" = queue.SimpleQueue()
         self.procs: dict[int, subprocess.Popen] = {}
+        self.watchdog: Optional[subprocess.Popen] = None
         self.running: set[int] = set()
         self.returncodes: dict[int, int] = {}
         self.readers: list[threading.Thread] = []
@@ -173,11 +195,50 @@ class _Job:
             os.close(err_w)
         self.procs[worker.rank] = proc
         self.running.add(worker.rank)
+        self.tell_watchdog(f"{proc.pid}\n")
         for fd, stream in ((out_r, "stdout"), (err_r, "stderr")):
             self.readers.append(self._thread(forward_pipe, fd, worker.rank, stream, self.sink,
                                              name=f"hororun-{stream}-{worker.rank}"))
         self._thread(lambda: self.events.put(("exit", worker.rank, proc.wait())),
                      name=f"hororun-wait-{worker.rank}")
+
+    def start_watchdog(self) -> None:
+        """Starts the watchdog of the module docstring; without it (it could not start) the job
+        runs as before, its workers still dying with the launcher."""
+        try:
+            self.watchdog = subprocess.Popen([sys.executable, "-I", "-S", "-c", _WATCHDOG], stdin=subprocess.PIPE,
+                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                             start_new_session=True, close_fds=True, text=True)
+        except OSError:
+            self.watchdog = None
+
+    def tell_watchdog(self, text: str) -> None:
+        if self.watchdog is None:
+            return
+        try:
+            self.watchdog.stdin.write(text)
+            self.watchdog.stdin.flush()
+        except OSError:  # it died: nothing more to tell it
+            self.watchdog = None
+
+    def release_watchdog(self) -> None:
+        if self.watchdog is not None:
+            self.tell_watchdog("done\n")
+            try:
+                self.watchdog.stdin.close()
+            except OSError:
+                pass
+            if self.watchdog is not None:
+                self.watchdog.wait()
+
+    def end_leftovers(self) -> None:
+        """SIGTERM what the exited workers left in their process groups, SIGKILL after a grace
+        period (their output pipes close when the last of them is gone)."""
+        self.signal_groups(self.procs, signal.SIGTERM)
+        deadline = time.monotonic() + _LEFTOVER_GRACE_S
+        for reader in self.readers:
+            reader.join(max(deadline - time.monotonic(), 0))
+        self.signal_groups(self.procs, signal.SIGKILL)
 
     def watch(self, monitor: Monitor) -> None:
         def run() -> None:
@@ -262,6 +323,7 @@ def execute(workers: Sequence[Worker], options: ExecOptions = ExecOptions(),
                 continue  # started under nohup: the job is meant to outlive the terminal
             previous_handlers[signum] = signal.signal(signum, on_signal)
     exit_code, failed_rank, message, interrupted = 0, None, None, False
+    job.start_watchdog()
     try:
         for worker in job.workers:
             try:
@@ -296,6 +358,8 @@ def execute(workers: Sequence[Worker], options: ExecOptions = ExecOptions(),
             signal.signal(signum, handler)
         if job.running:  # an unexpected exception: never leave orphans behind
             job.signal_groups(list(job.running), signal.SIGKILL)
+        job.end_leftovers()
+        job.release_watchdog()
         job.finish()
         sink.close()
     return JobResult(exit_code=exit_code, failed_rank=failed_rank, message=message,

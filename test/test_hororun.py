@@ -142,24 +142,26 @@ def test_rank_killed_by_signal(child_env):
 
 
 SLEEPING_WORKER = """
-    import os, time
-    print("ready", os.getpid(), flush=True)
+    import os, subprocess, time
+    helper = subprocess.Popen(["sleep", "3600"])  # as a data loader or a server the rank starts
+    print("ready", os.getpid(), helper.pid, flush=True)
     time.sleep(3600)
 """
 
 
 def start_sleeping_workers(child_env, n):
-    """hororun with n workers that sleep, once every worker has said so; returns it and their pids."""
+    """hororun with n workers that sleep, once every worker has said so; returns it and the pids
+    of the workers and of the process each of them started."""
     # SIGHUP at its default, whatever this test runs under (hororun keeps nohup's SIG_IGN).
     launcher = subprocess.Popen(hororun_cmd("-np", str(n), *worker(SLEEPING_WORKER)), env=child_env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                 preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     pids = []
     try:
-        while len(pids) < n:
+        while len(pids) < 2 * n:
             line = launcher.stdout.readline().decode()
             assert line, "hororun ended before every worker was ready"
-            pids.append(int(line.rsplit(" ", 1)[1]))
+            pids += [int(word) for word in line.split()[-2:]]
     except BaseException:
         launcher.kill()
         launcher.wait()
@@ -194,9 +196,10 @@ def test_sigterm_to_hororun_terminates_workers(child_env, signum):
                     pass
     assert launcher.returncode == 128 + signum
     assert f"hororun: received {signal.Signals(signum).name}; terminated 3 ranks" in err.decode()
-    for pid in pids:  # hororun reaped every worker before exiting
+    for pid in pids[::2]:  # hororun reaped every worker before exiting
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+    assert all(gone(pid) for pid in pids[1::2])  # and their helpers were terminated with them
 
 
 def test_hororun_under_nohup_outlives_the_terminal(child_env):
@@ -221,7 +224,7 @@ def test_hororun_under_nohup_outlives_the_terminal(child_env):
 
 def test_workers_die_with_a_killed_hororun(child_env):
     """hororun killed outright cannot clean up: the kernel kills its workers (PR_SET_PDEATHSIG)
-    instead of leaving them running alone."""
+    instead of leaving them running alone, and the watchdog what they started."""
     launcher, pids = start_sleeping_workers(child_env, 2)
     try:
         launcher.kill()
@@ -532,6 +535,22 @@ def test_stdin_reaches_rank_0_only(child_env):
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout.decode()
     assert "[0]<stdout>:0 'two\\nlines\\n'\n" in out and "[1]<stdout>:1 ''\n" in out, out
+
+
+def test_what_a_finished_rank_left_running_ends_with_the_job(child_env):
+    """A rank that exits 0 with a process of its own still running: the job ends, and so does
+    that process, instead of going on alone."""
+    proc = hororun(child_env, "-np", "2", *worker("""
+        import subprocess
+        print("helper", subprocess.Popen(["sleep", "3600"]).pid, flush=True)
+    """))
+    assert proc.returncode == 0, proc.stderr
+    helpers = [int(line.rsplit(" ", 1)[1]) for line in proc.stdout.decode().splitlines()]
+    assert len(helpers) == 2
+    deadline = time.monotonic() + 30
+    while not all(gone(pid) for pid in helpers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(gone(pid) for pid in helpers)
 
 
 @pytest.mark.parametrize("args, message", [

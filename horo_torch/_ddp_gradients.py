@@ -44,7 +44,7 @@ def raise_if_late(late, param_names):
             f"DistributedDataParallel: on rank {basics.rank()}, parameters [{names}] received gradient again in "
             "this backward pass after their bucket was reduced (a module run more than once under reentrant "
             "activation checkpointing, torch.utils.checkpoint(use_reentrant=True)); their gradients would be "
-            "wrong. Use use_reentrant=False.")
+            "wrong. Use use_reentrant=False, or static_graph=True if every iteration runs the same modules.")
 
 
 def raise_if_unused(missing, param_names):

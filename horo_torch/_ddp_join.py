@@ -3,7 +3,8 @@
 It builds on Horo's join: a rank that leaves the context joins its process set, and from then on
 the core answers the other ranks' allreduces for it with zeros. Broadcasts cannot be answered that
 way, so inside the context forward finds the ranks still training with an allreduce and sends the
-buffers as a sum to which only the first of them contributes; the bucket order is agreed the same
+buffers as a sum to which only the highest of them contributes (torch DDP's choice of the rank whose
+buffers count); the bucket order is agreed the same
 way. When every rank has joined, all take the model of the rank that left last (torch DDP's rule).
 
 ``JoinMixin`` holds the context and the collectives it needs; ``horo_torch.ddp.DistributedDataParallel``
@@ -95,7 +96,7 @@ class JoinMixin:
     def _sync_while_joining(self):
         """forward's collectives inside join(): ranks that left the context answer only allreduces
         (with zeros), so the ranks still training find each other with one, and the buffers travel as
-        a sum to which only the first of them contributes."""
+        a sum to which only the highest of them contributes."""
         members = self.process_set.ranks if self.process_set.process_set_id != 0 else list(range(basics.size()))
         training = torch.zeros(len(members), dtype=torch.int32)
         training[members.index(basics.rank())] = 1
@@ -107,7 +108,8 @@ class JoinMixin:
                                     f"{[m for m, t in zip(members, training.tolist()) if not t]} ran out of inputs "
                                     "before the others")
         self._grad_scale = 1.0 if self._join["divide_by_initial_world_size"] else len(members) / count
-        source = self._join["source"] = members[training.tolist().index(1)]
+        # The highest rank still training sends its buffers (torch DDP's authoritative rank).
+        source = self._join["source"] = max(m for m, t in zip(members, training.tolist()) if t)
         if not self.will_sync_module_buffers():
             return
         buffers = self._buffers_to_sync()

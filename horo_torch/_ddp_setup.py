@@ -86,8 +86,18 @@ def _horo_hook_for(hook, state):
             raise ValueError(f"register_comm_hook({name}): state is a torch.distributed process group; with Horo "
                              "pass None (the wrapper's process set) or a horo_torch.ProcessSet")
         return equivalents[hook]
-    if module.endswith(".debugging_hooks") or "compress_wrapper" in name:
-        return hook  # noop_hook communicates nothing; the wrappers cast around the hook they wrap
+    if module.endswith(".debugging_hooks"):
+        return hook  # noop_hook communicates nothing
+    wrapper = name.split(".<locals>")[0]
+    if wrapper in ("fp16_compress_wrapper", "bf16_compress_wrapper"):
+        # The wrappers cast around the hook they wrap, which may be one of torch's own: wrap its
+        # Horo equivalent instead.
+        inner = dict(zip(hook.__code__.co_freevars, (cell.cell_contents for cell in hook.__closure__ or ())))
+        wrapped = inner.get("hook")
+        if wrapped is None:
+            return hook
+        replacement = _horo_hook_for(wrapped, state)
+        return hook if replacement is wrapped else getattr(default_hooks, wrapper)(replacement)
     raise NotImplementedError(f"register_comm_hook: {module}.{name} communicates through torch.distributed, which "
                               "horo_torch.DistributedDataParallel does not use. Horo provides "
                               "horo_torch.comm_hooks.allreduce_hook, fp16_compress_hook and bf16_compress_hook "
@@ -102,11 +112,16 @@ def root_rank(process_set):
 
 
 class _Sink(torch.autograd.Function):
-    """Identity on the wrapper's outputs; its backward queues the wrapper's end-of-backward callback."""
+    """Identity on the wrapper's outputs; its backward queues the wrapper's end-of-backward callback.
+
+    An output the loss does not use passes None back, not zeros (as torch's _DDPSink), so that
+    parameters that feed only such outputs get no gradient: zeros would let weight decay and
+    momentum move them, and would hide them from the unused-parameter check."""
 
     @staticmethod
     def forward(ctx, owner, *tensors):
         ctx.owner = owner
+        ctx.set_materialize_grads(False)
         return tuple(t.clone() for t in tensors)
 
     @staticmethod

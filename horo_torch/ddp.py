@@ -25,12 +25,18 @@ fired in; rank 0's record is broadcast (hooks may fire in different orders on di
 every rank rebuilds its buckets from it, once: the "gradient order prediction" the DDP paper lists
 as future work.
 
-Unused parameters. With ``find_unused_parameters=True``, parameters that got no gradient in a
-synchronised backward are marked ready at its end (their accumulated gradient, or zeros, goes into
-the allreduce); one extra small allreduce counts on how many ranks each parameter was used, and the
-gradients of parameters no rank used are left untouched, as DDP does. With ``False``, such
-parameters are still reduced (as zeros) so that no rank waits for ever, and then ``backward``
-raises a RuntimeError that names them and suggests ``find_unused_parameters=True``.
+Unused parameters. With ``find_unused_parameters=True`` (or ``static_graph=True``), parameters that
+got no gradient in a synchronised backward are marked ready at its end (their accumulated gradient,
+or zeros, goes into the allreduce); one extra small allreduce counts on how many ranks each
+parameter was used, and the gradients of parameters no rank used are left untouched, as DDP does.
+With neither, such parameters are still reduced (as zeros) so that no rank waits for ever, and then
+``backward`` raises a RuntimeError that names them and suggests ``find_unused_parameters=True``.
+
+Static graph. With ``static_graph=True`` (or ``_set_static_graph()``), the first synchronised
+backward launches nothing before its end and counts how often each parameter's gradient is
+accumulated; later backwards launch a parameter's bucket only once its gradient has been
+accumulated that often. So a module run several times under reentrant activation checkpointing
+(``use_reentrant=True``) reduces its whole gradient, as torch DDP's static graph does.
 
 ``no_sync()`` skips communication: gradients accumulate locally in ``.grad`` and the first
 synchronised backward after it reduces the accumulated values.
@@ -81,11 +87,14 @@ class DistributedDataParallel(JoinMixin, torch.nn.Module):
             None: 25.
         find_unused_parameters: mark parameters that got no gradient as ready at the end of backward
             (see the module docstring).
-        check_reduction, gradient_as_bucket_view, static_graph, delay_all_reduce_named_params,
+        static_graph: the same parameters get their gradients, as often, in every iteration (see
+            the module docstring): unused parameters are then allowed, and so are modules run
+            several times under reentrant checkpointing.
+        check_reduction, gradient_as_bucket_view, delay_all_reduce_named_params,
             param_to_hook_all_reduce, skip_all_reduce_unused_params, bucket_cap_mb_list,
             batched_grad_copy: accepted for torch DDP compatibility; memory, scheduling and tracing
             hints there, with no effect on the gradients. Here gradients are always copied out of
-            the buckets, every parameter travels in the buckets, and no graph is assumed static.
+            the buckets, and every parameter travels in the buckets.
         mixed_precision: must be None (use torch.autocast).
         forward_sync_buffers: broadcast the buffers from the set's first rank at the start of a
             forward that follows a synchronising training forward (torch DDP's rule; so an
@@ -98,12 +107,14 @@ class DistributedDataParallel(JoinMixin, torch.nn.Module):
     under Horo, so they would silently normalise each rank's batch alone), are replaced by
     ``horo_torch.SyncBatchNorm`` over process_set, keeping their parameters and statistics.
     Raises:
-        ValueError: bucket_cap_mb is not positive, device_ids or output_device name a device the
+        ValueError: bucket_cap_mb is negative, device_ids or output_device name a device the
             module is not on, process_group or device_mesh is given, the set is not registered or
             this rank is not in it.
         NotImplementedError: mixed_precision is given.
-        RuntimeError: from ``backward``, when find_unused_parameters is False and parameters got no
-            gradient (after their buckets were reduced, so that the other ranks do not wait).
+        RuntimeError: no parameter of the module (outside those ignored) requires a gradient (torch
+            DDP's message); from ``backward``, when neither find_unused_parameters nor static_graph
+            is set and parameters got no gradient (after their buckets were reduced, so that the
+            other ranks do not wait).
     """
 
     def __init__(self, module, device_ids=None, output_device=None, dim=0, broadcast_buffers=None, init_sync=True,
@@ -116,8 +127,8 @@ class DistributedDataParallel(JoinMixin, torch.nn.Module):
         keep_forward_helpers_out_of_compile(DistributedDataParallel)
         if bucket_cap_mb is None:
             bucket_cap_mb = 25
-        if not bucket_cap_mb > 0:
-            raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
+        if not bucket_cap_mb >= 0:  # 0, as torch allows: one parameter per bucket
+            raise ValueError(f"bucket_cap_mb must not be negative, got {bucket_cap_mb}")
         if process_group is not None or device_mesh is not None:
             what = "process_group" if process_group is not None else "device_mesh"
             raise ValueError(f"{what} is torch.distributed's; pass process_set=hvd.ProcessSet(...) to train "
@@ -166,6 +177,9 @@ class DistributedDataParallel(JoinMixin, torch.nn.Module):
         self._join = None  # the options of the join() context this rank is in, or None
         self._grad_scale = 1.0  # join(divide_by_initial_world_size=False): size / ranks still training
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad and n not in self._ignored]
+        if not named:
+            raise RuntimeError("DistributedDataParallel is not needed when a module doesn't have any parameter "
+                               "that requires a gradient.")
         self._param_names = [n for n, _ in named]
         self._params = [p for _, p in named]
         self._bucket_cap_bytes = max(1, int(bucket_cap_mb * MIB))
@@ -187,6 +201,9 @@ class DistributedDataParallel(JoinMixin, torch.nn.Module):
         # collectives the other ranks never match).
         self._armed = False
         self._used_since_sync = set()
+        # static_graph: how often each parameter's gradient is accumulated in one backward, as the
+        # first synchronised backward counted (None until then).
+        self._expected_hits = None
         self._callback_queued = False
         self._lock = threading.Lock()  # hooks of parameters on different devices run on different threads
         self._reset_iteration()
@@ -226,8 +243,18 @@ class DistributedDataParallel(JoinMixin, torch.nn.Module):
         return self.require_forward_param_sync and self.forward_sync_buffers and bool(self._buffers_to_sync())
 
     def _set_static_graph(self):
-        """torch DDP's hint that the graph is the same every iteration; no effect here."""
+        """torch DDP's static_graph=True, set after construction (before the first backward)."""
         self.static_graph = True
+
+    @staticmethod
+    def _set_params_and_buffers_to_ignore_for_model(module, params_and_buffers_to_ignore):
+        """Names parameters and buffers (fully qualified, e.g. ``"fc.bias"``) that a wrapper of
+        module made after this call neither broadcasts nor reduces (torch DDP's method)."""
+        module._ddp_params_and_buffers_to_ignore = params_and_buffers_to_ignore
+        names = set(params_and_buffers_to_ignore)
+        for name, tensor in list(module.named_parameters()) + list(module.named_buffers()):
+            if name in names:
+                tensor._ddp_ignored = True
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -261,9 +288,9 @@ class DistributedDataParallel(JoinMixin, torch.nn.Module):
                 torch.distributed (PowerSGD, quantisation, local SGD).
         """
         if not callable(hook):
-            raise TypeError(f"hook must be callable, got {type(hook).__name__}")
+            raise TypeError("Communication hook must be callable.")
         if self._hook_registered:
-            raise RuntimeError("register_comm_hook can only be called once per DistributedDataParallel")
+            raise RuntimeError("register_comm_hook or register_builtin_comm_hook can only be called once.")
         hook = _horo_hook_for(hook, state)
         self._comm_state, self._comm_hook, self._hook_registered = state, hook, True
 
@@ -401,8 +428,13 @@ class DistributedDataParallel(JoinMixin, torch.nn.Module):
         self._next_launch = 0
         self._observed = []
         self._late = set()
+        self._hits = [0] * len(self._params)
 
     def _on_grad_ready(self, index):
+        if self._params[index].grad is None:
+            # The engine runs the hook even where no gradient arrived (an output the loss left out,
+            # whose gradient _Sink passes on as None): the parameter was not used.
+            return
         with self._lock:
             self._mark_ready(index)
 
@@ -411,6 +443,10 @@ class DistributedDataParallel(JoinMixin, torch.nn.Module):
             if not self._armed:
                 return  # no forward of this wrapper since the last backward: accumulate locally
             self._queue_finish()
+        if self.static_graph and self._sync_this_backward:
+            self._hits[index] += 1
+            if self._expected_hits is not None and self._hits[index] < self._expected_hits[index]:
+                return  # more of this parameter's gradient is still to come in this backward
         if self._ready[index]:
             # A second accumulation in one backward (reentrant checkpointing runs one backward per
             # segment): fine while its bucket waits, stale once the bucket went out.
@@ -422,7 +458,8 @@ class DistributedDataParallel(JoinMixin, torch.nn.Module):
         self._used_since_sync.add(index)
         if self._sync_this_backward:
             self._pending[self._bucket_of[index]] -= 1
-            self._launch_ready_buckets()
+            if not self.static_graph or self._expected_hits is not None:
+                self._launch_ready_buckets()  # the first static backward launches at its end
 
     def _launch_ready_buckets(self):
         while self._next_launch < len(self._buckets) and self._pending[self._next_launch] == 0:
@@ -453,12 +490,14 @@ class DistributedDataParallel(JoinMixin, torch.nn.Module):
             self._armed = False
 
     def _synchronize_gradients(self):
+        if self.static_graph and self._expected_hits is None:
+            self._expected_hits = list(self._hits)
         missing = [i for i, ready in enumerate(self._ready) if not ready]
         for i in missing:
             self._pending[self._bucket_of[i]] -= 1
         self._launch_ready_buckets()
         usage = None
-        if self.find_unused_parameters:
+        if self.find_unused_parameters or self.static_graph:
             used = torch.zeros(len(self._params), dtype=torch.int32)
             used[torch.tensor(sorted(self._used_since_sync), dtype=torch.long)] = 1
             usage = mpi_ops.allreduce_(used, name=f"{self._prefix}.usage", op=mpi_ops.Sum,
@@ -474,7 +513,7 @@ class DistributedDataParallel(JoinMixin, torch.nn.Module):
         if not self._rebuilt:  # before raising: every rank must take part in the rebuild's broadcast
             self._rebuild_buckets()
         raise_if_late(late, self._param_names)
-        if not self.find_unused_parameters:
+        if not (self.find_unused_parameters or self.static_graph):
             raise_if_unused(missing, self._param_names)
 
     def _rebuild_buckets(self):
@@ -483,7 +522,7 @@ class DistributedDataParallel(JoinMixin, torch.nn.Module):
         order = self._observed + [i for b in self._buckets for i in b.indices if i not in seen]
         agreed = torch.tensor(order, dtype=torch.int64)
         if self._join is not None and "source" in self._join:
-            # Ranks that left join() answer allreduces only: the first rank still training contributes.
+            # Ranks that left join() answer allreduces only: the highest rank still training contributes.
             if basics.rank() != self._join["source"]:
                 agreed.zero_()
             mpi_ops.allreduce_(agreed, name=f"{self._prefix}.rebuild", op=mpi_ops.Sum, process_set=self.process_set)

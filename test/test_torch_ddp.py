@@ -104,6 +104,34 @@ class Normed(torch.nn.Module):
         return self.fc2(torch.tanh(self.norm(self.fc1(x))))
 
 
+class TwoHeads(torch.nn.Module):
+    """Two outputs; the losses below use the first only, so head_b gets no gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.trunk = torch.nn.Linear(5, 6)
+        self.head_a = torch.nn.Linear(6, 3)
+        self.head_b = torch.nn.Linear(6, 3)
+
+    def forward(self, x, rank=None):
+        h = torch.tanh(self.trunk(x))
+        return self.head_a(h), self.head_b(h)
+
+
+class RunTwiceCheckpointed(torch.nn.Module):
+    """fc3 runs twice, each time under reentrant checkpointing: its gradient is accumulated twice
+    per backward, in two inner backward passes."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = torch.nn.Linear(5, 5), torch.nn.Linear(5, 3), torch.nn.Linear(3, 3)
+
+    def forward(self, x, rank=None):
+        from torch.utils.checkpoint import checkpoint
+        h = torch.tanh(self.fc2(torch.tanh(self.fc1(x))))
+        return checkpoint(self.fc3, checkpoint(self.fc3, h, use_reentrant=True), use_reentrant=True)
+
+
 def batch(step, rows, dtype):
     g = torch.Generator().manual_seed(1000 + step)
     return torch.randn(rows, 5, generator=g).to(dtype), torch.randn(rows, 3, generator=g).to(dtype)
@@ -131,7 +159,7 @@ def reference_step(ref, opt, step, size, dtype, routed, micro=1):
 
 
 def train_and_compare(hvd, c, what, model_cls, opt_fn, steps=3, hook=None, tol=1e-10, dtype=torch.float64,
-                      find_unused=False, routed=False, micro=1, process_set=None, on_step=None):
+                      find_unused=False, routed=False, micro=1, process_set=None, on_step=None, static_graph=False):
     """Trains the DDP wrapper and the reference side by side; checks the parameters after every step.
 
     Returns:
@@ -144,7 +172,8 @@ def train_and_compare(hvd, c, what, model_cls, opt_fn, steps=3, hook=None, tol=1
     ref = model_cls().to(dtype)
     torch.manual_seed(0)
     ddp = DistributedDataParallel(model_cls().to(dtype), bucket_cap_mb=TINY_BUCKETS_MB,
-                                  find_unused_parameters=find_unused, process_set=process_set)
+                                  find_unused_parameters=find_unused, process_set=process_set,
+                                  static_graph=static_graph)
     if hook is not None:
         ddp.register_comm_hook(None, hook)
     ref_opt, opt = opt_fn(ref.parameters()), opt_fn(ddp.parameters())
@@ -291,6 +320,11 @@ def check_compression_hooks(hvd, c):
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     train_and_compare(hvd, c, "torch's fp16_compress_wrapper", Mlp, sgd, tol=2e-3, dtype=torch.float32,
                       hook=default_hooks.fp16_compress_wrapper(comm_hooks.allreduce_hook))
+    # Around torch's own allreduce_hook, which would communicate through torch.distributed.
+    train_and_compare(hvd, c, "torch's fp16_compress_wrapper(torch's allreduce_hook)", Mlp, sgd, tol=2e-3,
+                      dtype=torch.float32, hook=default_hooks.fp16_compress_wrapper(default_hooks.allreduce_hook))
+    train_and_compare(hvd, c, "torch's bf16_compress_wrapper(torch's allreduce_hook)", Mlp, sgd, tol=2e-2,
+                      dtype=torch.float32, hook=default_hooks.bf16_compress_wrapper(default_hooks.allreduce_hook))
 
     def halved_sum_hook(state, bucket):  # an average written as a sum halved in a then() callback
         handle = hvd.allreduce_async_(bucket.buffer(), name=bucket.name(), op=hvd.Sum)
@@ -391,7 +425,9 @@ def check_hook_api(hvd, c):
              lambda: ddp.register_comm_hook(None, comm_hooks.allreduce_hook))
     c.raises("hook not callable", TypeError, "callable",
              lambda: DistributedDataParallel(Mlp()).register_comm_hook(None, 3))
-    c.raises("bucket_cap_mb", ValueError, "positive", lambda: DistributedDataParallel(Mlp(), bucket_cap_mb=0))
+    c.raises("bucket_cap_mb", ValueError, "negative", lambda: DistributedDataParallel(Mlp(), bucket_cap_mb=-1))
+    c.same("bucket_cap_mb=0 (torch takes it): one parameter per bucket",
+           len(DistributedDataParallel(Mlp(), bucket_cap_mb=0).buckets), 4)
     # done() tells whether the collective completed, as torch's Future.done does (polled, not waited).
     future = comm_hooks.HandleFuture(hvd.allreduce_async(torch.ones(3), name="hook_api.done", op=hvd.Sum))
     for _ in range(10 ** 7):
@@ -407,6 +443,52 @@ def check_hook_api(hvd, c):
     for p, q in zip(ddp.module.parameters(), solo.parameters()):
         c.close("a no-op hook leaves local gradients", p.grad, q.grad, 1e-12)
     c.same("one call per bucket, unique names", len(names) == len(set(names)) == len(ddp.buckets), True)
+
+
+def check_outputs_left_out_and_static_graphs(hvd, c):
+    """A model output the loss leaves out gives its parameters no gradient (None, not zeros: AdamW
+    would decay them); static_graph=True allows unused parameters and a module run twice under
+    reentrant checkpointing, as in torch DDP; a module with nothing to train is refused."""
+    from horo_torch.ddp import DistributedDataParallel
+    n, rank = hvd.size(), hvd.rank()
+
+    def adamw(params):
+        return torch.optim.AdamW(params, lr=0.01, weight_decay=0.5)
+
+    torch.manual_seed(0)
+    ref = TwoHeads().double()
+    start = ref.head_b.weight.detach().clone()
+    torch.manual_seed(0)
+    ddp = DistributedDataParallel(TwoHeads().double(), find_unused_parameters=True)
+    ref_opt, opt = adamw(ref.parameters()), adamw(ddp.parameters())
+    for step in range(3):
+        x, y = batch(step, n * BATCH, torch.float64)
+        ref_opt.zero_grad()
+        torch.nn.functional.mse_loss(ref(x)[0], y).backward()
+        ref_opt.step()
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(ddp(rows(x, rank))[0], rows(y, rank)).backward()
+        opt.step()
+    for (name, p), q in zip(ddp.module.named_parameters(), ref.parameters()):
+        c.close(f"an output left out of the loss, AdamW: {name}", p.detach(), q.detach(), 1e-10)
+    c.same("its head's gradient stays None and its weight where it started",
+           (ddp.module.head_b.weight.grad is None, torch.equal(ddp.module.head_b.weight.detach(), start)),
+           (True, True))
+    torch.manual_seed(0)
+    ddp = DistributedDataParallel(TwoHeads().double())
+    x, y = batch(0, n * BATCH, torch.float64)
+    c.raises("an output left out, without find_unused_parameters", RuntimeError, "head_b.weight",
+             lambda: torch.nn.functional.mse_loss(ddp(rows(x, rank))[0], rows(y, rank)).backward())
+
+    ddp = train_and_compare(hvd, c, "static_graph, parameters unused", Branchy, adam, routed=True,
+                            static_graph=True)
+    c.same("static_graph: a parameter no rank used keeps a None gradient", ddp.module.never.weight.grad is None, True)
+    train_and_compare(hvd, c, "static_graph, a module run twice under reentrant checkpointing",
+                      RunTwiceCheckpointed, sgd, static_graph=True)
+    frozen = Mlp()
+    frozen.requires_grad_(False)
+    c.raises("nothing to train", RuntimeError, "DistributedDataParallel is not needed",
+             lambda: DistributedDataParallel(frozen))
 
 
 def check_process_set(hvd, c, pair):
@@ -453,7 +535,8 @@ def problems_in(reports):
 
 def check_join(hvd, c):
     """Rank r has 2 + r batches. Inside join(), a rank whose batches ran out answers the others'
-    allreduces with zeros; forward's buffers come from the first rank still training; at the end
+    allreduces with zeros; forward's buffers come from the highest rank still training (torch's
+    choice); at the end
     every rank takes the model of the rank that left last. A single-process reference replays it."""
     import copy
 
@@ -474,7 +557,7 @@ def check_join(hvd, c):
         buffers = {r: [b.clone() for b in ref.buffers()] for r in range(n)}  # each rank's after its forward
         for t in range(max(steps)):
             training = [r for r in range(n) if t < steps[r]]
-            synced = buffers[training[0]]
+            synced = buffers[training[-1]]
             ref_opt.zero_grad()
             for r in training:
                 with torch.no_grad():
@@ -644,7 +727,7 @@ def check_torch_ddp_behaviour(hvd, c, size):
     model = Mlp().double()
     with torch.no_grad():
         model.fc2.bias.fill_(rank)
-    model._ddp_params_and_buffers_to_ignore = ["fc2.bias"]
+    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ["fc2.bias"])
     ddp = DistributedDataParallel(model)
     c.same("an ignored parameter is not broadcast", ddp.module.fc2.bias.tolist(), [float(rank)] * 3)
     local_loss(ddp, *mine, rank).backward()
@@ -774,6 +857,7 @@ def run_checks(size):
         "unused_without_flag": lambda c: check_unused_without_flag(hvd, c),
         "state_broadcast": lambda c: check_state_broadcast(hvd, c),
         "hook_api": lambda c: check_hook_api(hvd, c),
+        "outputs_left_out_and_static_graphs": lambda c: check_outputs_left_out_and_static_graphs(hvd, c),
         "process_set": lambda c: check_process_set(hvd, c, pair),
         "join": lambda c: check_join(hvd, c),
         "torch_ddp_behaviour": lambda c: check_torch_ddp_behaviour(hvd, c, size),

@@ -5,6 +5,7 @@ import json
 import os
 import pickle
 import shutil
+import signal
 import sys
 import tempfile
 import warnings
@@ -76,7 +77,8 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mappi
 
     Raises:
         RuntimeError: a rank raised (the message names the rank and includes its traceback) or
-            the job failed otherwise (a rank crashed, a start timeout, a signal).
+            the job failed otherwise (a rank crashed, a start timeout, SIGTERM or SIGHUP).
+        KeyboardInterrupt: SIGINT (Ctrl-C) reached this process; the workers were terminated.
         ValueError: for invalid hosts, both ``hosts`` and ``hostfile``, both ``use_gloo`` and
             ``use_mpi``, ``bind_to="core"``
             with more ranks than cores, or a start timeout that is not a positive number.
@@ -129,6 +131,9 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mappi
             start_timeout=start_timeout, output_dir=output_filename,
             prefix_timestamp=prefix_output_with_timestamp, verbose=verbose, bind_to=bind_to)
         result = run_job(spec)
+        if result.exit_code == 128 + signal.SIGINT and result.failed_rank is None:
+            # Ctrl-C reached the launcher (the workers are gone): the caller's own KeyboardInterrupt.
+            raise KeyboardInterrupt(f"hororun: {result.message}")
         if result.exit_code != 0:
             message = f"hororun: {result.message}"
             if result.failed_rank is not None:

@@ -166,7 +166,7 @@ def _build_parser() -> argparse.ArgumentParser:
                         help="fusion buffer size in MiB; 0 disables fusion (HORO_FUSION_THRESHOLD)")
     tuning.add_argument("--cycle-time-ms", type=_non_negative_number, metavar="MS",
                         help="background cycle time in milliseconds (HORO_CYCLE_TIME)")
-    tuning.add_argument("--cache-capacity", type=int, metavar="N",
+    tuning.add_argument("--cache-capacity", type=_non_negative_int, metavar="N",
                         help="response cache entries; 0 disables it (HORO_CACHE_CAPACITY)")
     hierarchical = tuning.add_mutually_exclusive_group()
     hierarchical.add_argument("--hierarchical-allreduce", action="store_true",
@@ -223,9 +223,9 @@ def _build_parser() -> argparse.ArgumentParser:
                        help="disable the stall check (HORO_STALL_CHECK_DISABLE=1)")
     stall.add_argument("--stall-check", dest="no_stall_check", action="store_false", default=False,
                        help=argparse.SUPPRESS)
-    stall.add_argument("--stall-check-warning-time-seconds", type=int, metavar="SECONDS",
+    stall.add_argument("--stall-check-warning-time-seconds", type=_non_negative_int, metavar="SECONDS",
                        help="warn about a stall after this long (HORO_STALL_CHECK_TIME_SECONDS)")
-    stall.add_argument("--stall-check-shutdown-time-seconds", type=int, metavar="SECONDS",
+    stall.add_argument("--stall-check-shutdown-time-seconds", type=_non_negative_int, metavar="SECONDS",
                        help="shut down after a stall this long; 0 never "
                             "(HORO_STALL_SHUTDOWN_TIME_SECONDS)")
 

@@ -556,6 +556,7 @@ def test_what_a_finished_rank_left_running_ends_with_the_job(child_env):
 @pytest.mark.parametrize("args, message", [
     (["true"], "-np/--num-proc is required"),
     (["-np", "2"], "no command given"),
+    (["-np", "1", "--cache-capacity", "-5", "true"], "must be >= 0, got -5"),
     (["-np", "2", "-H", "otherhost:2", "true"], "remote hosts are not supported yet: otherhost"),
     (["-np", "3", "-H", "localhost:2", "true"], "requested 3 processes but the hosts provide "
                                                  "only 2 slots"),
@@ -591,6 +592,35 @@ def test_run_returns_results_in_rank_order(runner_path):
         assert [r["rank"] for r in horo_runner.run(rank_times, args=(1,), np=2)] == [0, 1]
     offset = 7  # a closure is shipped by value
     assert horo_runner.run(lambda x: x + offset, kwargs={"x": 1}, num_proc=2) == [8, 8]
+
+
+def test_ctrl_c_during_run_is_a_keyboard_interrupt(child_env):
+    """Ctrl-C while horo_runner.run waits: the workers are terminated and the caller gets a
+    KeyboardInterrupt, which its own handler catches, not a RuntimeError."""
+    caller = subprocess.Popen(worker("""
+        import time
+        import horo_runner
+
+        def sleeper():
+            print("ready", flush=True)
+            time.sleep(3600)
+
+        try:
+            horo_runner.run(sleeper, num_proc=2)
+        except KeyboardInterrupt as e:
+            print("interrupted:", e, flush=True)
+    """), env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    try:
+        for _ in range(2):
+            assert caller.stdout.readline().decode().endswith("ready\n")
+        caller.send_signal(signal.SIGINT)
+        out, err = caller.communicate(timeout=60)
+    finally:
+        if caller.poll() is None:
+            caller.kill()
+            caller.wait()
+    assert caller.returncode == 0, err.decode()
+    assert "interrupted: hororun: received SIGINT; terminated 2 ranks" in out.decode()
 
 
 def test_run_propagates_an_exception_with_its_traceback(runner_path):

@@ -169,6 +169,20 @@ def start_sleeping_workers(child_env, n):
     return launcher, pids
 
 
+def signal_when_ready(proc, signum, ready_lines=1):
+    """Reads ready_lines lines ending in "ready" from proc's stdout, sends it signum and returns
+    (out, err) once it exits; kills it if it has not exited within a minute."""
+    try:
+        for _ in range(ready_lines):
+            assert proc.stdout.readline().decode().endswith("ready\n")
+        proc.send_signal(signum)
+        return proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def gone(pid):
     """The process has exited (a zombie that its new parent has not reaped yet counts)."""
     try:
@@ -211,14 +225,7 @@ def test_hororun_under_nohup_outlives_the_terminal(child_env):
         print("done", flush=True)
     """)), env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
         preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
-    try:
-        assert launcher.stdout.readline().decode().endswith("ready\n")
-        launcher.send_signal(signal.SIGHUP)
-        out, err = launcher.communicate(timeout=60)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.wait()
+    out, err = signal_when_ready(launcher, signal.SIGHUP)
     assert launcher.returncode == 0 and out.decode().endswith("done\n"), (out, err)
 
 
@@ -610,15 +617,7 @@ def test_ctrl_c_during_run_is_a_keyboard_interrupt(child_env):
         except KeyboardInterrupt as e:
             print("interrupted:", e, flush=True)
     """), env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
-    try:
-        for _ in range(2):
-            assert caller.stdout.readline().decode().endswith("ready\n")
-        caller.send_signal(signal.SIGINT)
-        out, err = caller.communicate(timeout=60)
-    finally:
-        if caller.poll() is None:
-            caller.kill()
-            caller.wait()
+    out, err = signal_when_ready(caller, signal.SIGINT, ready_lines=2)
     assert caller.returncode == 0, err.decode()
     assert "interrupted: hororun: received SIGINT; terminated 2 ranks" in out.decode()
 

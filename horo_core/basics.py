@@ -39,6 +39,7 @@ class _State:
         self.homogeneous = True
         self.dynamic = False
         self.process_sets = {}
+        self.aliases = []  # listed process sets that stand for another set (see init)
         self.names = {}
         self.generation = itertools.count()
         self.atexit_registered = False
@@ -201,8 +202,18 @@ def init(comm=None, process_sets=None):
         _state.process_sets = {0: global_process_set}
         global_process_set.ranks = list(range(size))
         global_process_set.mpi_comm = mpi_comm
+        # A listed set with the ranks of the global set, or of a set listed before it, stands for
+        # that set (Horovod does not register such a set again either, and aborting init over it
+        # would stop scripts whose sets coincide at a small size, e.g. "the even ranks" on 2 ranks).
+        ids = {tuple(range(size)): 0}
         for ps in static_sets:
-            register_process_set(ps)
+            known = ids.get(tuple(ps.ranks))
+            if known is None:
+                register_process_set(ps)
+                ids[tuple(ps.ranks)] = ps.process_set_id
+            else:
+                ps.process_set_id = known
+                _state.aliases.append(ps)
         if not _state.atexit_registered:
             atexit.register(shutdown)
             _state.atexit_registered = True
@@ -214,10 +225,10 @@ def shutdown():
         rt, _state.runtime = _state.runtime, None
         if rt is not None:
             rt.destroy()
-        for ps in _state.process_sets.values():
+        for ps in list(_state.process_sets.values()) + _state.aliases:
             if ps is not global_process_set:
                 ps.process_set_id = None
-        _state.process_sets = {}
+        _state.process_sets, _state.aliases = {}, []
         if _state.kv_server is not None:
             _state.kv_server.stop()
             _state.kv_server = None

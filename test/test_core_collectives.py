@@ -115,11 +115,32 @@ def test_peer_timeout_setting_is_bounded(value):
     ("HORO_CYCLE_TIME", "nan", "HORO_CYCLE_TIME='nan' is not a valid float"),
     ("HOROVOD_SPIN_MICROSECONDS", "NaN", "HOROVOD_SPIN_MICROSECONDS='NaN' is not a valid float"),
     ("HORO_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "nan", "HORO_AUTOTUNE_GAUSSIAN_PROCESS_NOISE='nan' is not a valid float"),
+    # A negative capacity once switched the cache off silently; a number past int64 was clamped.
+    ("HOROVOD_CACHE_CAPACITY", "-5", "HOROVOD_CACHE_CAPACITY must be >= 0 \\(0 disables the cache\\), got -5"),
+    ("HORO_FUSION_THRESHOLD", "99999999999999999999999",
+     "HORO_FUSION_THRESHOLD='99999999999999999999999' is not a valid int"),
+    # Settings read from words name the words.
+    ("HOROVOD_LOG_LEVEL", "bogus", "HOROVOD_LOG_LEVEL='bogus' is not one of: TRACE, DEBUG, INFO, WARNING, ERROR or FATAL"),
+    ("HORO_HIERARCHICAL_ALLREDUCE", "2", "HORO_HIERARCHICAL_ALLREDUCE='2' is not one of: auto, 1 or 0"),
 ])
 def test_duration_settings_are_bounded(name, value, message):
     # Before, inf overflowed the start deadline, and NaN passed the checks of cycle time and spin.
     with pytest.raises(Exception, match=message):
         World(1, rank_env=lambda r: {name: value})
+
+
+def test_empty_horo_setting_leaves_horovods_and_two_values_are_named(monkeypatch, capfd):
+    """An empty HORO_<name> counts as unset, so HOROVOD_<name> applies; when both are set to
+    different values, HORO_<name> applies and init says which one it ignored."""
+    from horo_core import config
+    monkeypatch.setenv("HORO_STALL_CHECK_DISABLE", "")
+    monkeypatch.setenv("HOROVOD_STALL_CHECK_DISABLE", "1")
+    monkeypatch.setenv("HORO_CACHE_CAPACITY", "")
+    monkeypatch.setenv("HOROVOD_CACHE_CAPACITY", "7")
+    assert (config.value("STALL_CHECK_DISABLE"), config.value("CACHE_CAPACITY")) == ("1", "7")
+    with World(1, rank_env=lambda r: {"HORO_CYCLE_TIME": "2", "HOROVOD_CYCLE_TIME": "7"}):
+        pass
+    assert "HORO_CYCLE_TIME='2' applies; HOROVOD_CYCLE_TIME='7' is ignored" in capfd.readouterr().err
 
 
 def test_wait_without_a_bound_waits_and_nan_is_refused():

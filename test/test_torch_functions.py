@@ -277,3 +277,24 @@ def test_sparse_allreduce(reports):
         assert s["Average"] == (True, (torch.tensor(rows) / 3).tolist())
         assert s["Max"][0] == "ValueError" and "only be reduced with Average or Sum" in s["Max"][1]
         assert s["dense input"][0] == "ValueError" and "want a sparse COO tensor" in s["dense input"][1]
+
+
+def _coinciding_sets():
+    import horo_torch as hvd
+    everyone, second, again = hvd.ProcessSet([0, 1]), hvd.ProcessSet([1]), hvd.ProcessSet([1])
+    hvd.init(process_sets=[everyone, second, again])
+    ids = [everyone.process_set_id, second.process_set_id, again.process_set_id]
+    alone = hvd.allreduce(torch.ones(1), op=hvd.Sum, process_set=again).item() if hvd.rank() == 1 else None
+    total = hvd.allreduce(torch.ones(1), op=hvd.Sum, process_set=everyone).item()  # after rank 1's own
+    hvd.shutdown()
+    return ids, total, alone, again.process_set_id
+
+
+def test_listed_sets_that_coincide_stand_for_one_set():
+    """hvd.init(process_sets=[...]) with a set of every rank, and a set listed twice: init goes on
+    (as Horovod's), and each such set stands for the one with its ranks."""
+    results = horo_runner.run(_coinciding_sets, num_proc=2, env=ENV)
+    for rank, (ids, total, alone, after) in enumerate(results):
+        assert ids[0] == 0 and ids[1] == ids[2] and ids[1] not in (None, 0), ids
+        assert total == 2.0 and alone == (1.0 if rank == 1 else None) and after is None
+

@@ -1,5 +1,6 @@
 #include "common/config.h"
 
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <functional>
@@ -23,8 +24,9 @@ struct Setting {
 
 bool ParseInt(const std::string& text, int64_t* out) {
   char* end = nullptr;
+  errno = 0;
   long long v = std::strtoll(text.c_str(), &end, 10);
-  if (end == text.c_str() || *end != '\0') return false;
+  if (end == text.c_str() || *end != '\0' || errno == ERANGE) return false;  // ERANGE: out of int64's range
   *out = v;
   return true;
 }
@@ -187,6 +189,14 @@ const char* KindName(Kind kind) {
   return "?";
 }
 
+// What a value that does not parse should have been: the kind, or for the settings read from
+// words the first sentence of their description (e.g. "auto, 1 or 0").
+std::string Expected(const Setting& s) {
+  if (s.kind != Kind::kString) return std::string("a valid ") + KindName(s.kind);
+  const std::string doc = s.doc;
+  return "one of: " + doc.substr(0, doc.find('.'));
+}
+
 }  // namespace
 
 Status LoadConfigFromEnv(Config* config) {
@@ -194,20 +204,29 @@ Status LoadConfigFromEnv(Config* config) {
   // The variable to name in an error: the one the user set (HOROVOD_... counts), else HORO_....
   const auto var_of = [&parsed](const std::string& name) { return parsed.VariableName(name); };
   for (const Setting& s : Table()) {
+    // HORO_<name> wins over HOROVOD_<name>; a variable set to the empty string counts as not set,
+    // so that an empty HORO_<name> (a script's export HORO_TIMELINE=) does not hide HOROVOD_<name>.
     for (const char* prefix : {"HORO_", "HOROVOD_"}) {
       std::string var = std::string(prefix) + s.name;
       const char* text = std::getenv(var.c_str());
-      if (text == nullptr) continue;
+      if (text == nullptr || *text == '\0') continue;
       if (!s.parse(text, &parsed)) {
-        return Status::InvalidArgument("environment variable " + var + "='" + text + "' is not a valid " +
-                                       KindName(s.kind));
+        return Status::InvalidArgument("environment variable " + var + "='" + text + "' is not " + Expected(s));
       }
       parsed.from_environment.insert(s.name);
       parsed.set_by[s.name] = var;
-      break;  // HORO_ wins over HOROVOD_
+      const char* other = std::getenv(("HOROVOD_" + std::string(s.name)).c_str());
+      if (prefix == std::string("HORO_") && other != nullptr && *other != '\0' && std::string(other) != text) {
+        parsed.notes.push_back(var + "='" + text + "' applies; HOROVOD_" + s.name + "='" + other + "' is ignored");
+      }
+      break;
     }
   }
   if (parsed.fusion_threshold_bytes < 0) return Status::InvalidArgument(var_of("FUSION_THRESHOLD") + " must be >= 0");
+  if (parsed.cache_capacity < 0) {
+    return Status::InvalidArgument(var_of("CACHE_CAPACITY") + " must be >= 0 (0 disables the cache), got " +
+                                   std::to_string(parsed.cache_capacity));
+  }
   if (parsed.chunk_bytes <= 0) return Status::InvalidArgument(var_of("CHUNK_BYTES") + " must be > 0");
   if (parsed.ring_slice_bytes < 4096) {
     // Each slice costs 2 (N-1) steps: tiny ones would turn a large allreduce into millions of steps.

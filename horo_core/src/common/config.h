@@ -51,6 +51,8 @@ struct Config {
   int64_t autotune_bayes_opt_max_samples = 20;
   double autotune_gaussian_process_noise = 0.8;
 
+  // Settings given under both names with different values: which one applies (logged at init).
+  std::vector<std::string> notes;
   // Names (without prefix) of the settings that came from the environment rather than defaults.
   std::set<std::string> from_environment;
   bool IsSetExplicitly(const std::string& name) const { return from_environment.count(name) > 0; }

@@ -41,6 +41,7 @@ Status Runtime::Create(const horo_init_options_t& options, std::shared_ptr<Loopb
   HORO_RETURN_IF_ERROR(LoadConfigFromEnv(&config));
   SetLogLevel(config.log_level);
   SetLogHideTime(config.log_hide_time);
+  for (const std::string& note : config.notes) HORO_LOG(kWarning, options.rank) << note;
   std::unique_ptr<Runtime> rt(new Runtime(config, options.rank, options.size));
   if (hub) {
     if (hub->size() != options.size) {
@@ -341,7 +342,9 @@ Status Runtime::Shutdown() {
 }
 
 Status Runtime::StartTimeline(const std::string& path, bool mark_cycles) {
-  if (stopped_) return StoppedStatus();
+  // A timeline that the settings never enabled is the caller's error on every rank, whether or not
+  // the job has already stopped on this one.
+  if (stopped_ && timeline_->api_enabled()) return StoppedStatus();
   return timeline_->Start(path, mark_cycles, started_);
 }
 

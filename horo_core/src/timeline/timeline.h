@@ -54,6 +54,7 @@ class Timeline {
   // api_enabled: HORO_TIMELINE is set (to a path or DYNAMIC); Horovod refuses start_timeline
   // otherwise. transport: the control plane to rank 0, and Wake() for the background thread.
   Timeline(int rank, int size, bool api_enabled, Transport* transport);
+  bool api_enabled() const { return api_enabled_; }
   ~Timeline();
 
   // Control, from any thread. Called on every rank, like Horovod. Rank 0 creates path and writes

@@ -11,6 +11,7 @@ import time
 from typing import List, Optional, Sequence, Tuple
 
 from horo_core._binding import check, ffi, last_error, lib
+from horo_core.errors import HoroInvalidArgument
 
 # The message of a call made after the runtime was destroyed (no call into the core was made, so
 # horo_last_error() has nothing to say about it).
@@ -75,12 +76,31 @@ class PreparedRun:
         self.op_type, self.tensor, self.options, self._keep = op_type, tensor, options, keep
 
 
+def _c_name(name):
+    """name as the C string the core keys operations by. A NUL would end it early, so that names
+    that differ after it would meet as one."""
+    if "\x00" in name:
+        raise HoroInvalidArgument(f"operation name {name!r} contains a NUL character")
+    return ffi.new("char[]", name.encode())
+
+
+def _c_splits(splits):
+    """An alltoall's splits as int64s; a split that is not a whole number is an error, not truncated."""
+    values = []
+    for s in splits:
+        value = int(s)
+        if value != s:
+            raise HoroInvalidArgument(f"alltoall splits must be whole numbers, got {list(splits)!r}")
+        values.append(value)
+    return ffi.new("int64_t[]", values or [0])
+
+
 def prepare_run(op_type, name, dtype, shape, process_set_id=0, reduce_op=None, prescale_factor=1.0,
                 postscale_factor=1.0, root_rank=0, caller_waits=True, splits=None) -> PreparedRun:
     """Describes an operation on one host tensor: for Runtime.run_prepared (synchronous), or with
     caller_waits=False for Runtime.enqueue_prepared (asynchronous). splits: an alltoall's rows per
     rank (None: equal parts)."""
-    c_name = ffi.new("char[]", name.encode())
+    c_name = _c_name(name)
     c_shape = ffi.new("int64_t[]", list(shape) or [0])
     t = ffi.new("horo_tensor_t*")
     t.name = c_name
@@ -90,7 +110,7 @@ def prepare_run(op_type, name, dtype, shape, process_set_id=0, reduce_op=None, p
     options = Runtime._options(process_set_id, reduce_op, prescale_factor, postscale_factor, root_rank, caller_waits)
     keep = (c_name, c_shape)
     if splits is not None:
-        c_splits = ffi.new("int64_t[]", [int(s) for s in splits] or [0])
+        c_splits = _c_splits(splits)
         options.splits = c_splits
         options.num_splits = len(splits)
         keep += (c_splits,)
@@ -319,7 +339,7 @@ class Runtime:
                                  caller_waits)
             opts.ready_event = ffi.cast("void*", ready_event)
         if splits is not None:
-            split_arr = ffi.new("int64_t[]", [int(s) for s in splits])
+            split_arr = _c_splits(splits)
             keep.append(split_arr)
             opts.splits = split_arr
             opts.num_splits = len(splits)
@@ -328,7 +348,7 @@ class Runtime:
         for i, spec in enumerate(specs):
             name = self._c_names.get(spec.name)
             if name is None:
-                name = _cached(self._c_names, spec.name, ffi.new("char[]", spec.name.encode()))
+                name = _cached(self._c_names, spec.name, _c_name(spec.name))
             shape = self._c_shapes.get(spec.shape)
             if shape is None:
                 shape = _cached(self._c_shapes, spec.shape, ffi.new("int64_t[]", list(spec.shape) or [0]))
@@ -444,10 +464,12 @@ class Runtime:
             active.pop()
         return out[0]
 
-    def poll(self, handle) -> bool:
+    def poll(self, handle, driving=False) -> bool:
+        """Whether the handle completed. driving: for a thread that polls in a loop, which then
+        moves the collectives itself (horo_poll_driving) instead of starving the thread that would."""
         done = ffi.new("int32_t*")
         with self._use() as rt:
-            check(lib.horo_poll(rt, handle, done))
+            check((lib.horo_poll_driving if driving else lib.horo_poll)(rt, handle, done))
         return bool(done[0])
 
     def wait(self, handle, timeout=None):

@@ -100,7 +100,8 @@ def poll(handle):
     pending = _handle_map.get(handle)
     if pending is None:
         raise ValueError(f"unknown handle {handle}")
-    return all(pending.runtime.poll(h) for h in pending.core_handles)
+    # A loop of poll() calls holds this thread's core: each call moves the collectives a step.
+    return all(pending.runtime.poll(h, driving=True) for h in pending.core_handles)
 
 
 def synchronize(handle):

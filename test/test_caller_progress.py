@@ -105,6 +105,33 @@ def test_handle_whose_caller_said_it_waits_but_polls_still_completes():
             rt.destroy()
 
 
+def test_a_caller_that_polls_in_a_loop_moves_the_collective_itself():
+    """poll(driving=True), the user's poll(): a loop of them runs the negotiation and the data
+    movement on the polling thread (the background thread, left asleep by caller_waits, need not
+    get the core the loop holds)."""
+    world = World(2)
+    try:
+        def body(rt):
+            before = rt.stats().passes_by_callers
+            outs = []
+            for i in range(20):
+                values = np.full(3, rt.rank + 1.0 + i, dtype=np.float32)
+                handle, out = _allreduce(rt, f"driven.{i}", values, caller_waits=True)
+                while not rt.poll(handle, driving=True):
+                    pass
+                rt.wait_release(handle)
+                outs.append(out)
+            return outs, rt.stats().passes_by_callers - before
+
+        for outs, passes in world.run(body):
+            for i, out in enumerate(outs):
+                np.testing.assert_array_equal(out, np.full(3, 3.0 + 2 * i, dtype=np.float32))
+            assert passes > 0
+    finally:
+        for rt in world.runtimes:
+            rt.destroy()
+
+
 def test_async_operations_complete_while_nobody_waits():
     """Enqueued without caller_waits, a batch completes through the background thread alone;
     waiting afterwards finds every handle done."""

@@ -184,8 +184,26 @@ def test_duplicate_name_in_flight(world3):
         return error, out
 
     results = world3.run(body)
-    assert "already in flight" in results[0][0] and "dup" in results[0][0]
+    assert "an allreduce of a tensor named 'dup' is already in flight" in results[0][0]
     assert all(np.all(out == 3) for _, out in results)
+
+
+def test_names_with_nul_and_fractional_splits_are_refused():
+    """A NUL would end the name the core sees, so that names differing after it met as one; a
+    fractional split was truncated into a different layout."""
+    from horo_core import dtypes
+    from horo_core.runtime import TensorSpec, prepare_run
+    with World(1) as world:
+        def body(rt):
+            x = np.ones(4, np.float32)
+            with pytest.raises(HoroInvalidArgument, match="contains a NUL character"):
+                rt.enqueue(lib.HORO_ALLREDUCE, [TensorSpec("a\x00b", x.ctypes.data, x.ctypes.data,
+                                                           dtypes.FLOAT32, x.shape)])
+            with pytest.raises(HoroInvalidArgument, match="contains a NUL character"):
+                prepare_run(lib.HORO_ALLREDUCE, "a\x00c", dtypes.FLOAT32, x.shape)
+            with pytest.raises(HoroInvalidArgument, match=r"splits must be whole numbers, got \[1.5, 2.5\]"):
+                ops.alltoall(rt, x, "fractional", splits=[1.5, 2.5])
+        world.run(body)
 
 
 def test_join_contributes_neutral_values_and_returns_last_rank():

@@ -278,6 +278,11 @@ horo_status_t horo_run_result_at(horo_runtime_t* rt, int32_t op_type, const horo
                                  horo_result_t* result, horo_handle_t* handle);
 
 horo_status_t horo_poll(horo_runtime_t* rt, horo_handle_t handle, int32_t* done);
+/* horo_poll for a thread that polls in a loop (the user's poll()): while the handle is pending, the
+ * calling thread runs one pass of negotiation and data movement itself, unless another thread of
+ * this rank runs one, and yields its core when that moved nothing, so that a polling loop does not
+ * starve the thread that would complete the handle. */
+horo_status_t horo_poll_driving(horo_runtime_t* rt, horo_handle_t handle, int32_t* done);
 /* Blocks until the handle completes or timeout_seconds pass (< 0, infinite or above 1e6: no limit;
  * NaN: HORO_ERR_INVALID_ARGUMENT); meanwhile the calling
  * thread may run the negotiation and the collective itself (HORO_CALLER_PROGRESS).

@@ -170,6 +170,16 @@ horo_status_t horo_poll(horo_runtime_t* rt, horo_handle_t handle, int32_t* done)
   HORO_API_END();
 }
 
+horo_status_t horo_poll_driving(horo_runtime_t* rt, horo_handle_t handle, int32_t* done) {
+  HORO_API_BEGIN();
+  HORO_REQUIRE_RUNTIME(rt);
+  bool d = false;
+  horo::Status st = rt->impl->PollDriving(handle, &d);
+  *done = d ? 1 : 0;
+  return SetError(st);
+  HORO_API_END();
+}
+
 horo_status_t horo_wait(horo_runtime_t* rt, horo_handle_t handle, double timeout_seconds) {
   HORO_API_BEGIN();
   HORO_REQUIRE_RUNTIME(rt);

@@ -16,8 +16,10 @@ Status TensorQueue::Add(std::vector<TensorEntry>* entries) {
   for (const TensorEntry& e : *entries) {
     const Request& r = e.request;
     if (table_.count(Lookup(r.process_set_id, &r.name)) || (entries->size() > 1 && !seen.insert(r.name).second)) {
+      const std::string op = OpTypeName(r.op_type);
+      const std::string article = op.find_first_of("aeiou") == 0 ? "an " : "a ";
       return Status(HORO_ERR_DUPLICATE_NAME,
-                    "a " + std::string(OpTypeName(r.op_type)) + " of a tensor named '" + r.name +
+                    article + op + " of a tensor named '" + r.name +
                         "' is already in flight; names of concurrent operations must be unique");
     }
   }

@@ -74,6 +74,11 @@ class Runtime {
   // HandleManager::Wait; meanwhile the calling thread may run the negotiation and the collectives
   // itself (see runtime_progress.cc).
   Status Wait(int64_t handle, double timeout_seconds);
+  // Whether the handle completed (as HandleManager::Poll). A caller that polls in a loop holds its
+  // core, which the background thread may need: when callers drive, each poll that finds the
+  // handle pending runs one pass itself (unless another thread of this rank runs one), and yields
+  // the core when that pass moved nothing.
+  Status PollDriving(int64_t handle, bool* done);
   // Starts adding (ranks) or removing (id) a process set; the handle's result value is the id.
   Status ChangeProcessSet(bool add, const std::vector<int32_t>& ranks, int32_t id, horo_handle_t* handle);
 

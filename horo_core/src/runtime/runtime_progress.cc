@@ -145,6 +145,25 @@ Status Runtime::Wait(int64_t handle, double timeout_seconds) {
   return handles_.Wait(handle, timeout_seconds);
 }
 
+Status Runtime::PollDriving(int64_t handle, bool* done) {
+  HORO_RETURN_IF_ERROR(handles_.Poll(handle, done));
+  if (*done || !callers_drive_) return Status::OK();
+  std::shared_ptr<const std::atomic<bool>> flag = handles_.DoneFlag(handle);
+  bool progress = false;
+  if (flag && (queue_.HasRequests() || transport_->ControlPending() || answer_owed_.load(std::memory_order_relaxed))) {
+    std::unique_lock<std::mutex> lock(progress_mutex_, std::try_to_lock);
+    if (lock.owns_lock() && !loop_ended_ && !Pass(0, &progress, flag.get())) loop_ended_ = true;
+  }
+  if (progress) {
+    caller_passes_.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    SpinRound();
+  }
+  // Whatever this pass left (or the loop's end) is the background thread's again.
+  if (loop_ended_ || queue_.HasRequests()) WakeBackground();
+  return handles_.Poll(handle, done);
+}
+
 void Runtime::Drive(const std::atomic<bool>& done, std::chrono::steady_clock::time_point deadline) {
   using Clock = std::chrono::steady_clock;
   const auto spin = std::chrono::nanoseconds(static_cast<int64_t>(config_.spin_microseconds * 1e3));

@@ -94,6 +94,17 @@ def test_async_step_checks_its_values_on_two_ranks():
     assert "[0]<stdout>:2 ranks: " in proc.stdout and "per step of 5 async allreduces" in proc.stdout, proc.stdout
 
 
+def test_poll_loop_bench_checks_each_way_of_waiting():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HORO_", "HOROVOD_"))}
+    bench = os.path.join(ROOT, "examples", "benchmarks", "poll_loop_bench.py")
+    proc = subprocess.run([sys.executable, "-m", "horo_runner.launch", "-np", "2", sys.executable, bench, "--calls",
+                           "20", "--repeats", "1"], env=env, text=True, capture_output=True, stdin=subprocess.DEVNULL,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for way in ("synchronize", "busy poll", "poll and sleep 0.1 ms"):
+        assert f"[0]<stdout>:| {way} | " in proc.stdout, proc.stdout
+
+
 def test_tight_loop_reports_what_a_call_costs():
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HORO_", "HOROVOD_"))}
     bench = os.path.join(ROOT, "examples", "benchmarks", "tight_loop.py")

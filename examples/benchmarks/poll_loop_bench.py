@@ -5,7 +5,7 @@
 Every rank runs --calls allreduces of --floats float32 (``allreduce_async`` then the wait) three
 ways, taking turns --repeats times: ``synchronize`` at once; ``while not hvd.poll(h): pass`` (a
 busy poll, as scripts that overlap their own work with communication write it); and the same loop
-with ``time.sleep(1e-4)`` in it. It prints, per way, the median over repeats of the slowest rank's
+with ``time.sleep(1e-4)`` in it, and checks the last result of each. It prints, per way, the median over repeats of the slowest rank's
 mean time per call. docs/benchmarks.md ("A caller that polls in a loop") has the results.
 """
 import argparse
@@ -43,8 +43,10 @@ def main():
             for _ in range(args.calls):
                 h = hvd.allreduce_async(t, name="poll_loop")
                 wait(h)
-                hvd.synchronize(h)
+                out = hvd.synchronize(h)
             mean = (time.perf_counter() - start) / args.calls
+            if not torch.equal(out, t):  # the average of every rank's ones
+                raise SystemExit(f"rank {hvd.rank()}: {way} gave {out[:4].tolist()}..., expected ones")
             times[way].append(hvd.allreduce(torch.tensor([mean]), op=hvd.Max, name="poll_loop.time").item())
     if hvd.rank() == 0:
         print(f"{hvd.size()} ranks, {args.floats} float32, {args.calls} calls x {args.repeats} repeats; "

@@ -2,8 +2,9 @@
 
 Each function validates its arguments, names the operation (see ``_bridge``) and runs it eagerly or
 as one ``tf.numpy_function`` inside a ``tf.function``. The results are differentiable with
-``tf.custom_gradient``, with the gradients of Horovod's TensorFlow ops: of an allreduce the
-allreduce of the gradient with the same op, of an allgather the averaged allreduce of the gradient
+``tf.custom_gradient``, with the gradients of Horovod's TensorFlow ops: of an allreduce with Sum
+or Average the allreduce of the gradient with the same op (Min, Max, Product and Adasum raise:
+Horovod's same-op allreduce is not their gradient), of an allgather the averaged allreduce of the gradient
 sliced to this rank's rows, of a broadcast the averaged allreduce kept on the root (zeros
 elsewhere), of an alltoall the reverse alltoall, and of a reducescatter the allgather of the
 gradient times the pre- and postscale factors, and times the set's size for Sum (Horovod's factor,

@@ -1,12 +1,15 @@
 """Allreduce on torch tensors, single and grouped, in place or not, synchronous or not (Horovod's
-names, re-exported by horo_torch.mpi_ops). The gradient of an allreduce is an allreduce.
+names, re-exported by horo_torch.mpi_ops). The gradient of an allreduce is an allreduce with the
+same op, for Sum, Average and Adasum; for Min, Max and Product it raises, as in horo_tf: Horovod
+reduces the incoming gradient with the op, which is not the gradient of those ops.
 """
 import torch
 
 from horo_core import basics
 from horo_core._binding import lib
+from horo_core.errors import HoroUnsupportedError
 from horo_core.process_sets import global_process_set
-from horo_core.reduce_ops import resolve_op
+from horo_core.reduce_ops import Max, Min, Product, resolve_op
 from horo_core.runtime import prepare_run
 from horo_torch import device
 from horo_torch._calls import (_caller, _copy_back, _dtype_code, _enqueue, _host_output, _is_host_contiguous,
@@ -151,6 +154,18 @@ def _allreduce_now(tensor, name, op, prescale_factor, postscale_factor, process_
     return _now(allreduce_async, tensor, None, name, op, prescale_factor, postscale_factor, process_set)
 
 
+def _gradient_op(op):
+    """op, for the allreduce of an allreduce's incoming gradient.
+
+    Raises:
+        HoroUnsupportedError: op is Min, Max or Product, whose gradient that allreduce is not.
+    """
+    if op in (Min, Max, Product):
+        raise HoroUnsupportedError("the gradient of an allreduce is defined for Sum, Average and Adasum only; "
+                                   "detach the input of an allreduce with op=Min, Max or Product")
+    return op
+
+
 class HorovodAllreduce(torch.autograd.Function):
     """Allreduce whose gradient is the allreduce of the incoming gradient with the same op."""
 
@@ -161,7 +176,8 @@ class HorovodAllreduce(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = allreduce(grad_output, op=ctx.op, prescale_factor=ctx.scales[0], postscale_factor=ctx.scales[1],
+        grad = allreduce(grad_output, op=_gradient_op(ctx.op), prescale_factor=ctx.scales[0],
+                         postscale_factor=ctx.scales[1],
                          process_set=ctx.process_set)
         return grad, None, None, None, None, None
 
@@ -248,7 +264,7 @@ class HorovodGroupedAllreduce(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grad_outputs):
-        grads = grouped_allreduce(list(grad_outputs), op=ctx.op, prescale_factor=ctx.scales[0],
+        grads = grouped_allreduce(list(grad_outputs), op=_gradient_op(ctx.op), prescale_factor=ctx.scales[0],
                                   postscale_factor=ctx.scales[1], process_set=ctx.process_set)
         return (None, None, None, None, None, *grads)
 

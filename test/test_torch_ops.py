@@ -678,6 +678,13 @@ def check_autograd(hvd, c, env):
     c.equal("allreduce scaled grad", grad_of(lambda t: hvd.allreduce(t, op=hvd.Sum, prescale_factor=2.0,
                                                                      postscale_factor=0.5 ** 4), x),
             sum_w / 8)
+    # Min, Max and Product: Horovod would reduce the incoming gradient with the op, which is not
+    # their gradient; every rank raises instead (no collective is issued, so none waits).
+    for op in (hvd.Min, hvd.Max, hvd.Product):
+        c.raises(f"allreduce op {op} grad", [NotImplementedError], "defined for Sum, Average and Adasum only",
+                 lambda: grad_of(lambda t: hvd.allreduce(t, op=op), x))
+        c.raises(f"grouped_allreduce op {op} grad", [NotImplementedError], "defined for Sum, Average and Adasum",
+                 lambda: grad_of(lambda t: hvd.grouped_allreduce([t], op=op)[0], x))
     xs = [x.clone().requires_grad_(True), torch.full((4,), 1.0, dtype=torch.float64, requires_grad=True)]
     ys = hvd.grouped_allreduce(xs, op=hvd.Sum)
     sum(((y * weight(r, y.shape)).sum() for y in ys)).backward()

@@ -106,6 +106,10 @@ class Runtime {
   // executes the responses it has. *progress tells whether anything happened. Returns false when
   // the runtime stopped. caller_done: the handle of the caller that runs the pass (Drive), if any.
   bool Pass(int poll_ms, bool* progress, const std::atomic<bool>* caller_done = nullptr);
+  // One pass on a caller's thread (Drive, PollDriving) whose handle is done: none when nothing is
+  // queued or arrived, or when another thread of this rank runs one. Returns whether it moved
+  // something.
+  bool CallerPass(const std::atomic<bool>& done);
   // A caller waiting on done runs passes while they make progress (see runtime_progress.cc), starting none
   // after deadline.
   void Drive(const std::atomic<bool>& done, std::chrono::steady_clock::time_point deadline);

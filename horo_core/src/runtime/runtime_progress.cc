@@ -145,15 +145,22 @@ Status Runtime::Wait(int64_t handle, double timeout_seconds) {
   return handles_.Wait(handle, timeout_seconds);
 }
 
+bool Runtime::CallerPass(const std::atomic<bool>& done) {
+  // A pass with nothing queued and no control message would only poll: look first, cheaply.
+  if (!queue_.HasRequests() && !transport_->ControlPending() && !answer_owed_.load(std::memory_order_relaxed)) {
+    return false;
+  }
+  bool progress = false;
+  std::unique_lock<std::mutex> lock(progress_mutex_, std::try_to_lock);
+  if (lock.owns_lock() && !loop_ended_ && !Pass(0, &progress, &done)) loop_ended_ = true;
+  return progress;
+}
+
 Status Runtime::PollDriving(int64_t handle, bool* done) {
   HORO_RETURN_IF_ERROR(handles_.Poll(handle, done));
   if (*done || !callers_drive_) return Status::OK();
   std::shared_ptr<const std::atomic<bool>> flag = handles_.DoneFlag(handle);
-  bool progress = false;
-  if (flag && (queue_.HasRequests() || transport_->ControlPending() || answer_owed_.load(std::memory_order_relaxed))) {
-    std::unique_lock<std::mutex> lock(progress_mutex_, std::try_to_lock);
-    if (lock.owns_lock() && !loop_ended_ && !Pass(0, &progress, flag.get())) loop_ended_ = true;
-  }
+  const bool progress = flag && CallerPass(*flag);
   if (progress) {
     caller_passes_.fetch_add(1, std::memory_order_relaxed);
   } else {
@@ -184,12 +191,7 @@ void Runtime::Drive(const std::atomic<bool>& done, std::chrono::steady_clock::ti
   // A pass already under way is not interrupted (it may move a large collective), so a timed wait
   // can overrun its deadline by one pass; it never starts another after it.
   while (!done.load(std::memory_order_acquire) && !loop_ended_ && (!timed || Clock::now() < deadline)) {
-    bool progress = false;
-    // A pass with nothing queued and no control message would only poll: look first, cheaply.
-    if (queue_.HasRequests() || transport_->ControlPending() || answer_owed_.load(std::memory_order_relaxed)) {
-      std::unique_lock<std::mutex> lock(progress_mutex_, std::try_to_lock);
-      if (lock.owns_lock() && !loop_ended_ && !Pass(0, &progress, &done)) loop_ended_ = true;
-    }
+    const bool progress = CallerPass(done);
     if (progress) {
       caller_passes_.fetch_add(1, std::memory_order_relaxed);
       idle_rounds = 0;

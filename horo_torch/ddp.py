@@ -62,6 +62,7 @@ from horo_torch._ddp_join import JoinMixin
 from horo_torch._ddp_setup import (_adopt_torch_sync_batch_norms, _check_devices, _horo_hook_for, _Sink, _to_device,
                                    keep_forward_helpers_out_of_compile, root_rank)
 from horo_torch._weak_hooks import remove_when_collected, weak_hook
+from horo_torch.functions import gather_if_different
 from horo_torch.comm_hooks import GradBucket, allreduce_hook
 from horo_torch.ddp_buckets import MIB, Bucket, assign_buckets
 
@@ -207,6 +208,7 @@ class DistributedDataParallel(JoinMixin, torch.nn.Module):
         self._callback_queued = False
         self._lock = threading.Lock()  # hooks of parameters on different devices run on different threads
         self._reset_iteration()
+        self._verify_same_model()
         if init_sync:
             self._broadcast_state(init_sync_buffers)
         self._hook_handles = [p.register_post_accumulate_grad_hook(self._make_hook(i))
@@ -397,6 +399,36 @@ class DistributedDataParallel(JoinMixin, torch.nn.Module):
     def _buffers_to_sync(self):
         return [b for n, b in self.module.named_buffers() if n not in self._ignored]
 
+    def _verify_same_model(self):
+        """Raises RuntimeError on every rank of the set when the ranks' parameters differ in number,
+        shape or dtype, as torch DDP does at construction: their buckets and broadcasts would not
+        match, and the ranks would wait for each other. Also compares the buffers that forwards
+        broadcast. One 8-byte allgather when the models agree."""
+        def layout(tensors):
+            return [(tuple(t.shape), str(t.dtype).replace("torch.", "")) for t in tensors]
+        mine = (layout(self._params), layout(self._buffers_to_sync()))
+        models = gather_if_different(mine, f"{self._prefix}.model", self.process_set)
+        if models is None:
+            return
+        members = self.process_set._members()
+        me = basics.rank()
+        own_params, own_buffers = mine
+        for rank, (params, buffers) in zip(members, models):
+            if len(params) != len(own_params):
+                raise RuntimeError(f"DDP expects same model across all ranks, but Rank {me} has {len(own_params)} "
+                                   f"params, while rank {rank} has inconsistent {len(params)} params.")
+        for rank, (params, buffers) in zip(members, models):
+            for index, (a, b) in enumerate(zip(own_params, params)):
+                if a != b:
+                    raise RuntimeError(f"DDP expects same model across all ranks: params[{index}] "
+                                       f"({self._param_names[index]}) in this process (rank {me}) with sizes "
+                                       f"{list(a[0])} and dtype {a[1]} appears not to match sizes and dtype "
+                                       f"{list(b[0])} {b[1]} of the same param in rank {rank}.")
+            if len(buffers) != len(own_buffers) or buffers != own_buffers:
+                raise RuntimeError(f"DDP expects same model across all ranks, but Rank {me} has buffers "
+                                   f"{_shapes(own_buffers)}, while rank {rank} has inconsistent buffers "
+                                   f"{_shapes(buffers)}.")
+
     def _broadcast_state(self, buffers=True):
         """Copies parameters (and buffers) from the set's first rank."""
         tensors = [("param", i, p) for i, p in enumerate(self._params_to_sync())]
@@ -542,3 +574,8 @@ class DistributedDataParallel(JoinMixin, torch.nn.Module):
         self._callback_queued = False
         self._used_since_sync = set()
         self._reset_iteration()
+
+
+def _shapes(layout):
+    """A layout of (shape, dtype) pairs as a short text: [[4, 4] float32, [4] int64]."""
+    return "[" + ", ".join(f"{list(shape)} {dtype}" for shape, dtype in layout) + "]"

@@ -9,6 +9,8 @@ call them with data you trust from the ranks of your own job.
 ``sparse_allreduce_async`` reduces a sparse COO gradient by gathering every rank's indices and
 values, which is how DistributedOptimizer handles ``nn.Embedding(sparse=True)``.
 """
+import hashlib
+
 import cloudpickle
 import torch
 
@@ -113,8 +115,11 @@ def broadcast_parameters(params, root_rank, prefix="Parameter.", process_set=glo
     Returns:
         None.
     Raises:
-        ValueError: params is not a dict or iterable, or an entry is not a tensor.
-        HorovodInternalError: a broadcast failed (for example shapes differ between ranks).
+        ValueError: params is not a dict or iterable, or an entry is not a tensor; on every rank of
+            process_set, when a rank's entries are not tensors or differ from root_rank's in number,
+            names, shapes or dtypes (found before anything is sent, at the cost of one 8-byte
+            allgather).
+        HorovodInternalError: a broadcast failed.
     """
     if isinstance(params, dict):
         entries = sorted(params.items(), key=lambda item: str(item[0]))
@@ -123,19 +128,83 @@ def broadcast_parameters(params, root_rank, prefix="Parameter.", process_set=glo
                          f"got {type(params).__name__}")
     else:
         entries = [item if isinstance(item, tuple) else (None, item) for item in params]
-    handles = []
+    layout = _parameters_layout(entries)
+    _broadcast_parameters_check(layout, root_rank, prefix, process_set)
+    if isinstance(layout, str):  # every rank found the same problem
+        raise ValueError(f"broadcast_parameters: {layout}")
+    handles = [broadcast_async_(tensor, root_rank, f"{prefix}{label}", process_set)
+               for (label, _, _), (_, tensor) in zip(layout, entries)]
+    for handle in handles:
+        synchronize(handle)
+
+
+def _parameters_layout(entries):
+    """What broadcast_parameters sends, as the ranks compare it: (name, shape, dtype) per entry, or
+    the text of this rank's first entry that is not a (name, tensor) pair."""
+    layout = []
     for index, entry in enumerate(entries):
         if len(entry) != 2:
-            raise ValueError(f"broadcast_parameters: entry {index} is a tuple of {len(entry)} items; "
-                             "want (name, tensor)")
+            return f"entry {index} is a tuple of {len(entry)} items; want (name, tensor)"
         name, tensor = entry
         label = index if name is None else name
         if not isinstance(tensor, torch.Tensor):
-            raise ValueError(f"broadcast_parameters: '{label}' is a {type(tensor).__name__}, not a tensor; "
-                             "send other objects with broadcast_object")
-        handles.append(broadcast_async_(tensor, root_rank, f"{prefix}{label}", process_set))
-    for handle in handles:
-        synchronize(handle)
+            return f"'{label}' is a {type(tensor).__name__}, not a tensor; send other objects with broadcast_object"
+        layout.append((str(label), tuple(tensor.shape), str(tensor.dtype).replace("torch.", "")))
+    return layout
+
+
+def _describe_entry(entry):
+    if entry is None:
+        return "nothing"
+    label, shape, dtype = entry
+    return f"'{label}' {list(shape)} {dtype}"
+
+
+def _first_difference(mine, theirs):
+    """The first position where two layouts of (label, shape, dtype) differ, described."""
+    for index in range(max(len(mine), len(theirs))):
+        a = mine[index] if index < len(mine) else None
+        b = theirs[index] if index < len(theirs) else None
+        if a != b:
+            return index, _describe_entry(a), _describe_entry(b)
+    return None
+
+
+def _broadcast_parameters_check(layout, root_rank, prefix, process_set):
+    """Raises ValueError, on every rank of process_set, when a rank's entries are not tensors or
+    differ from root_rank's in number, names, shapes or dtypes: such ranks would otherwise send
+    broadcasts that their peers never match and wait for each other forever."""
+    layouts = gather_if_different(layout, f"{prefix}layout", process_set)
+    if layouts is None:
+        return
+    members = process_set._members()
+    own = {rank: value for rank, value in zip(members, layouts)}
+    problems = [f"rank {rank}: {value}" for rank, value in own.items() if isinstance(value, str)]
+    if not problems:
+        reference = own.get(root_rank)
+        if reference is None:  # an invalid root: the broadcasts will say so
+            return
+        for rank, value in own.items():
+            if rank == root_rank or value == reference:
+                continue
+            index, got, want = _first_difference(value, reference)
+            problems.append(f"rank {rank} has {len(value)} tensors, root rank {root_rank} {len(reference)}; at "
+                            f"position {index} rank {rank} has {got} where the root has {want}")
+    raise ValueError("broadcast_parameters: every rank must pass the same names, shapes and dtypes: " +
+                     "; ".join(problems))
+
+
+def gather_if_different(layout, name, process_set=global_process_set):
+    """Every rank's layout (a picklable value whose repr identifies it), in the order of
+    process_set's ranks, when they are not all equal; None when they are. Agreeing costs one 8-byte
+    allgather of a digest of repr(layout); only a disagreement gathers the layouts themselves."""
+    if process_set.size() == 1:
+        return None
+    digest = int.from_bytes(hashlib.blake2b(repr(layout).encode(), digest_size=8).digest(), "little", signed=True)
+    digests = synchronize(allgather_async(torch.tensor([digest], dtype=torch.int64), f"{name}.digest", process_set))
+    if bool((digests == digests[0]).all()):
+        return None
+    return allgather_object(layout, name=f"{name}.all", process_set=process_set)
 
 
 # Optimizer state ---------------------------------------------------------------------------------

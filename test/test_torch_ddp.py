@@ -405,6 +405,22 @@ def check_state_broadcast(hvd, c):
              lambda: DistributedDataParallel(Mlp(), process_group=object()))
     DistributedDataParallel(Mlp(), device_ids=["cpu"], output_device="cpu")  # the module's own device
 
+    # A model that differs on one rank is an error on every rank at construction, as in torch DDP,
+    # init_sync or not: its broadcasts and buckets would not match the others'.
+    last = hvd.size() - 1
+    more = torch.nn.Sequential(Mlp(), torch.nn.Linear(1, 1)) if rank == last else torch.nn.Sequential(Mlp())
+    c.raises("a layer more on the last rank", RuntimeError, "params, while rank",
+             lambda: DistributedDataParallel(more, init_sync=False))
+    wide = torch.nn.Linear(3, 2 if rank == last else 4)
+    c.raises("a wider layer on the last rank", RuntimeError, "appears not to match sizes and dtype",
+             lambda: DistributedDataParallel(wide))
+    counted = Mlp()
+    if rank == last:
+        counted.register_buffer("seen", torch.zeros(1))
+    c.raises("a buffer more on the last rank", RuntimeError, "has inconsistent buffers",
+             lambda: DistributedDataParallel(counted))
+    DistributedDataParallel(Mlp())  # the ranks agree again afterwards
+
 
 def check_hook_api(hvd, c):
     from horo_torch.ddp import DistributedDataParallel

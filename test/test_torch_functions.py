@@ -71,6 +71,18 @@ def check_parameters(hvd, rank):
 
     report["not a tensor"] = capture(lambda: hvd.broadcast_parameters({"lr": 0.1}, root_rank=0))
     report["not iterable"] = capture(lambda: hvd.broadcast_parameters(5, root_rank=0))
+
+    # What only some ranks pass wrong is an error on every rank, before anything is sent: a model
+    # with a layer fewer (rank 2), a layer of another width (rank 1), a non-tensor (rank 0).
+    model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(3 if rank != 2 else 2)])
+    if rank == 1:
+        model[1] = torch.nn.Linear(4, 5)
+    report["different models"] = capture(lambda: hvd.broadcast_parameters(model.state_dict(), root_rank=0))
+    state = dict(model.state_dict(), extra=0.5) if rank == 0 else model.state_dict()
+    report["one rank's non-tensor"] = capture(lambda: hvd.broadcast_parameters(state, root_rank=1))
+    model = torch.nn.Linear(2, 2)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)  # the ranks still agree afterwards
+    report["agree afterwards"] = values(model.state_dict().values())
     return report
 
 
@@ -230,6 +242,15 @@ def test_broadcast_parameters(reports):
                                                    "objects with broadcast_object")
         assert p["not iterable"] == ("ValueError", "broadcast_parameters: params must be a dict or a list of (name, "
                                                    "tensor) pairs, got int")
+        assert p["different models"] == (
+            "ValueError", "broadcast_parameters: every rank must pass the same names, shapes and dtypes: rank 1 has 6 "
+            "tensors, root rank 0 6; at position 2 rank 1 has '1.bias' [5] float32 where the root has '1.bias' [4] "
+            "float32; rank 2 has 4 tensors, root rank 0 6; at position 4 rank 2 has nothing where the root has "
+            "'2.bias' [4] float32")
+        assert p["one rank's non-tensor"] == (
+            "ValueError", "broadcast_parameters: every rank must pass the same names, shapes and dtypes: rank 0: "
+            "'extra' is a float, not a tensor; send other objects with broadcast_object")
+        assert_tensors_equal(p["agree afterwards"], reports[0]["parameters"]["agree afterwards"], f"rank {rank}")
 
 
 def test_broadcast_optimizer_state(reports):

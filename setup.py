@@ -43,7 +43,7 @@ setup(
     long_description=LONG_DESCRIPTION,
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
-    packages=["horo_core", "horo_torch", "horo_tf", "horo_tf.keras", "horo_runner"],
+    packages=["horo_core", "horo_torch", "horo_tf", "horo_tf.data", "horo_tf.keras", "horo_runner"],
     package_dir={"horo_runner": "runner"},
     package_data={"horo_core": ["include/horo/horo.h"]},
     cffi_modules=["horo_core/_build_ffi.py:ffibuilder"],

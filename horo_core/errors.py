@@ -76,6 +76,14 @@ def elastic_import_error(module_name):
     return ImportError(_elastic_message(module_name), name=module_name)
 
 
+def data_service_import_error(module_name):
+    """The ImportError of ``import horo_tf.compute_service`` / ``horo_tf.data`` (Horovod's tf.data
+    service modules), which names what is missing instead of Python's bare "No module named"."""
+    return ImportError(f"{module_name}: Horovod's tf.data service (TfDataServiceConfig, compute_service, "
+                       "compute_worker) is not implemented in Horo; shard the dataset per rank with "
+                       "dataset.shard(hvd.size(), hvd.rank()) (README, 'Not supported yet')", name=module_name)
+
+
 def error_for(lib, code, message):
     """Returns the exception instance for a non-OK status code of the C ABI."""
     classes = {

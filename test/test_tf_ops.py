@@ -724,6 +724,15 @@ def test_elastic_is_refused_by_name():
             exec(f"from {module.__name__} import elastic", {})
 
 
+def test_data_service_is_refused_by_name():
+    """Horovod's tf.data service modules (not implemented) name what is missing on import."""
+    for statement in ("from horo_tf.compute_service import TfDataServiceConfig", "import horo_tf.data",
+                      "from horo_tf.data.compute_service import TfDataServiceConfig"):
+        with pytest.raises(ImportError, match=r"horo_tf\.(compute_service|data): Horovod's tf.data service .* not "
+                                              r"implemented in Horo"):
+            exec(statement, {})
+
+
 def _retrace_and_wrap_inside():
     """Two cases that once failed: a tf.function that only one rank traces again (a shorter last
     batch there) with unnamed collectives in it (the ranks' call-order names then differed and

@@ -1,0 +1,5 @@
+"""Horovod's horovod.tensorflow.compute_service (the tf.data service) has no counterpart: importing this
+module raises an ImportError that says so, instead of Python's bare "No module named"."""
+from horo_core.errors import data_service_import_error
+
+raise data_service_import_error(__name__)

@@ -568,6 +568,22 @@ def check_join(hvd, c, env):
             got = hvd.allreduce(torch.full((5,), values[r]), op=getattr(hvd, op), name=f"join.{op}.{i}")
             c.equal(f"allreduce {op} while rank {n - 1} joined (round {i})", got,
                     torch.full((5,), float(want)))
+    # The joined rank's neutral values are not scaled: a prescale factor applies to real inputs only.
+    mine = torch.tensor([values[r], -2.0 * values[r]])
+    scaled = torch.stack([torch.tensor([values[s], -2.0 * values[s]]) * -1.5 for s in active])
+    for op, want in [("Product", scaled.prod(0)), ("Max", scaled.max(0).values), ("Min", scaled.min(0).values)]:
+        got = hvd.allreduce(mine, op=getattr(hvd, op), prescale_factor=-1.5, name=f"join.scaled.{op}")
+        c.equal(f"allreduce {op} with prescale_factor while rank {n - 1} joined", got, want)
+    ints = torch.tensor([100 * (r + 1), -7], dtype=torch.int32)
+    c.equal("int32 Min with prescale_factor while joined",
+            hvd.allreduce(ints, op=hvd.Min, prescale_factor=-1.0, name="join.scaled.int"),
+            torch.tensor([-100 * (n - 1), 7], dtype=torch.int32))
+    group = [torch.full((3,), values[r]), torch.full((2,), values[r] + 1)]  # fused: the members are small
+    want = [torch.full((3,), float(torch.tensor([2 * values[s] for s in active]).prod())),
+            torch.full((2,), float(torch.tensor([2 * (values[s] + 1) for s in active]).prod()))]
+    for i, (g, w) in enumerate(zip(hvd.grouped_allreduce(group, op=hvd.Product, prescale_factor=2.0,
+                                                         name="join.scaled.group"), want)):
+        c.equal(f"grouped Product with prescale_factor while joined, member {i}", g, w)
     h = hvd.allreduce_async_(torch.full((3,), r + 1, dtype=torch.int32), op=hvd.Sum, name="join.async")
     c.equal("allreduce_async_ while joined", hvd.synchronize(h),
             torch.full((3,), sum(s + 1 for s in active), dtype=torch.int32))

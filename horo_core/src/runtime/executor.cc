@@ -222,7 +222,8 @@ Status Executor::ReduceInPlace(const CommGroup& group, Slot& slot) {
   if (slot.entry.output != slot.entry.input) {
     std::memcpy(slot.entry.output, slot.entry.input, count * DataTypeSize(r.dtype));
   }
-  Scale(slot.entry.output, count, r.dtype, r.prescale_factor);
+  // A joined rank's stand-in holds the op's neutral value, which scaling would change.
+  if (slot.present) Scale(slot.entry.output, count, r.dtype, r.prescale_factor);
   HORO_RETURN_IF_ERROR(ReduceAcrossGroup(group, r, slot.entry.output, count));
   Finish(slot, Status::OK());
   return Status::OK();
@@ -234,7 +235,7 @@ Status Executor::RunAdasum(const CommGroup& group, Slot& slot) {
   const int64_t bytes = count * static_cast<int64_t>(DataTypeSize(r.dtype));
   void* out = slot.entry.output;
   if (out != slot.entry.input) std::memcpy(out, slot.entry.input, bytes);
-  Scale(out, count, r.dtype, r.prescale_factor);
+  if (slot.present) Scale(out, count, r.dtype, r.prescale_factor);
   if (group.size() > 1 && count > 0) {
     // Each member combines every vector itself, in the same order: size times the tensor's memory,
     // and the same bits everywhere (Horovod's recursive halving spreads the work instead).
@@ -289,11 +290,13 @@ Status Executor::RunAllreduce(const CommGroup& group, std::vector<Slot>& slots) 
   uint8_t* buffer = FusionBuffer(total * esize);
   int64_t offset = 0;
   for (const Slot* s : fused) {
-    const int64_t bytes = s->response->NumElements() * esize;
-    std::memcpy(buffer + offset, s->entry.input, bytes);
-    offset += bytes;
+    const int64_t count = s->response->NumElements();
+    std::memcpy(buffer + offset, s->entry.input, count * esize);
+    // Scaled member by member: a joined rank's stand-ins hold the op's neutral value, which
+    // scaling would change (Product, Min and Max).
+    if (s->present) Scale(buffer + offset, count, dtype, head.prescale_factor);
+    offset += count * esize;
   }
-  Scale(buffer, total, dtype, head.prescale_factor);
   HORO_RETURN_IF_ERROR(ReduceAcrossGroup(group, head, buffer, total));
   trace_.Activity("MEMCPY_OUT_FUSION_BUFFER");
   offset = 0;

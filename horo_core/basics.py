@@ -85,6 +85,13 @@ def _rendezvous(info, mpi_comm):
             MPI.Init_thread()
             atexit.register(lambda: MPI.Is_finalized() or MPI.Finalize())
         comm = mpi_comm or MPI.COMM_WORLD
+        if mpi_comm is None and (comm.Get_rank(), comm.Get_size()) != (info.rank, info.size):
+            # Each rank would start a rendezvous of its own and wait for peers that never come.
+            raise HoroInvalidArgument(
+                f"the launcher ({info.family}) says rank {info.rank} of {info.size}, but mpi4py's MPI says rank "
+                f"{comm.Get_rank()} of {comm.Get_size()}: mpi4py is built against another MPI than the one "
+                f"that launched this job ({MPI.Get_library_version().splitlines()[0].strip()}); install the "
+                "mpi4py of the launcher's MPI, or launch with hororun")
         server = None
         payload = None
         if comm.Get_rank() == 0:
@@ -105,7 +112,13 @@ def _rendezvous(info, mpi_comm):
             if kept is not None:
                 kept[1].stop()
             _state.hosted_rendezvous = None
-            _state.hosted_rendezvous = ((host, port, info.secret), KVServer(host, port, info.secret).start())
+            try:
+                server = KVServer(host, port, info.secret).start()
+            except OSError as e:
+                raise OSError(e.errno, f"rank {info.rank} could not listen for the rendezvous on {host}:{port} "
+                                       f"(port from {info.rendezvous_origin}): {e.strerror}. Another job may hold "
+                                       "it; set HORO_RENDEZVOUS_PORT to a free port on every rank") from e
+            _state.hosted_rendezvous = ((host, port, info.secret), server)
             atexit.register(_stop_hosted_rendezvous)
     server = None  # the hosted rendezvous outlives this init; see _State
     if info.secret_is_weak:

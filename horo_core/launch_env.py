@@ -4,7 +4,8 @@ This module is the one place that reads launcher environment variables. :func:`d
 first family that is present, in this order (ECOSYSTEM.md §1.2):
 
  1. ``HORO_*``          hororun
- 2. ``HOROVOD_*``       horovodrun --gloo, Ray, Spark (Horovod's HTTP rendezvous)
+ 2. ``HOROVOD_*``       horovodrun --gloo, Ray, Spark: recognised so that ``init`` can refuse them by
+                        name (their rendezvous is Horovod's unauthenticated HTTP store)
  3. torchrun           ``RANK``/``WORLD_SIZE`` (+``LOCAL_RANK``/``LOCAL_WORLD_SIZE``, ``MASTER_*``)
  4. Open MPI           ``OMPI_COMM_WORLD_*``
  5. PMIx               ``PMIX_RANK``
@@ -15,7 +16,12 @@ first family that is present, in this order (ECOSYSTEM.md §1.2):
 10. otherwise a single process (rank 0 of 1)
 
 Launcher variables beat Slurm's: ``mpirun`` or ``torchrun`` inside an ``sbatch`` allocation leaves
-``SLURM_*`` describing the batch step, not the rank. A family with some but not all of its required
+``SLURM_*`` describing the batch step, not the rank. Except when srun itself is the MPI launcher
+(``srun --mpi=pmix`` or ``pmi2``: the MPI variables give the step's own rank and size): Slurm's
+route then, which needs no mpi4py.
+
+The rendezvous that rank 0 hosts listens on torchrun's ``MASTER_PORT + 1``, TF_CONFIG's first port
++ 1, or under srun on ``15000 + (job id * 16 + step id) % 17000`` (steps of one job may run at once). A family with some but not all of its required
 variables raises :class:`ValueError` naming what is missing.
 
 Modifiers honoured by every family: ``HORO_HOSTNAME`` (the host this rank reports, for local
@@ -59,6 +65,8 @@ HOROVOD_HTTP = "horovod-http"
 """Rendezvous protocol of Horovod's unauthenticated HTTP KV store (``PUT/GET /<scope>/<key>``)."""
 
 _SLURM_PORT_BASE = 15000
+_SLURM_PORT_RANGE = 17000  # ports 15000-31999, below Linux's ephemeral range
+_SLURM_STEPS_PER_JOB = 16
 _SLURM_SPECIAL_STEP_IDS = 4294967290  # batch, extern, interactive and pending steps are >= this
 
 
@@ -87,6 +95,9 @@ class LaunchInfo:
         bind_host: local address for the data plane's listening sockets.
         needs_mpi_bootstrap: True for the MPI families: rank 0 starts the KV server on
             ``(bind_host, 0)`` and broadcasts its address and the secret over MPI.
+        rendezvous_origin: where the port of a rendezvous that a rank hosts came from
+            (``"torchrun's MASTER_PORT + 1"``, the Slurm rule, ``"HORO_RENDEZVOUS_PORT"``...), for
+            the error when that port is taken; None otherwise.
     """
 
     family: str
@@ -104,6 +115,7 @@ class LaunchInfo:
     secret_is_weak: bool
     bind_host: str
     needs_mpi_bootstrap: bool
+    rendezvous_origin: Optional[str] = None
 
     @property
     def topology_known(self) -> bool:
@@ -200,17 +212,21 @@ class _Partial:
     hostname: Optional[str] = None
     rendezvous: Optional[tuple[str, int]] = None
     rendezvous_protocol: Optional[str] = None
+    rendezvous_origin: Optional[str] = None
     hosts_rendezvous: bool = False
     weak_secret_source: Optional[str] = None
     needs_mpi_bootstrap: bool = False
 
 
-def _hosted_rendezvous(env: _Env, default_host: str, default_port: int) -> tuple[str, int]:
-    """The rendezvous rank 0 hosts, moved by HORO_RENDEZVOUS_ADDR/PORT when given."""
+def _hosted_rendezvous(env: _Env, p: _Partial, default_host: str, default_port: int, origin: str) -> None:
+    """Sets the rendezvous rank 0 hosts, moved by HORO_RENDEZVOUS_ADDR/PORT when given, and where
+    its port came from (for the error when it is taken)."""
     host = env.text("HORO_RENDEZVOUS_ADDR") or default_host
     port_text = env.text("HORO_RENDEZVOUS_PORT")
-    port = _port(port_text, "HORO_RENDEZVOUS_PORT") if port_text else default_port
-    return host, port
+    if port_text:
+        p.rendezvous, p.rendezvous_origin = (host, _port(port_text, "HORO_RENDEZVOUS_PORT")), "HORO_RENDEZVOUS_PORT"
+    else:
+        p.rendezvous, p.rendezvous_origin = (host, default_port), origin
 
 
 # ----------------------------------------------------------------------------------------------
@@ -270,7 +286,7 @@ def _read_torchrun(env: _Env) -> Optional[_Partial]:
             env.require("torchrun", "MASTER_ADDR", "MASTER_PORT")
         default_host = master[0] if master else ""
         default_port = _port(master[1], "MASTER_PORT") + 1 if master else 0
-        p.rendezvous = _hosted_rendezvous(env, default_host, default_port)
+        _hosted_rendezvous(env, p, default_host, default_port, "torchrun's MASTER_PORT + 1")
         p.rendezvous_protocol = HORO_KV
         p.hosts_rendezvous = p.rank == 0
         p.weak_secret_source = env.text("TORCHELASTIC_RUN_ID") or (
@@ -284,6 +300,8 @@ def _read_mpi(family: str, rank_var: str, size_var: str, local_rank_var: str,
         if not env.any(rank_var, size_var):
             return None
         env.require(family, rank_var, size_var)
+        if family != "openmpi" and _srun_launched(env, env.integer(rank_var), env.integer(size_var)):
+            return None
         return _Partial(family, env.integer(rank_var), env.integer(size_var),
                         local_rank=env.integer(local_rank_var), local_size=env.integer(local_size_var),
                         hosts_rendezvous=env.integer(rank_var) == 0, needs_mpi_bootstrap=True)
@@ -299,18 +317,39 @@ def _read_pmix(env: _Env) -> Optional[_Partial]:
         raise ValueError("incomplete pmix launch environment: PMIX_RANK is set but the world "
                          "size is not (expected SLURM_STEP_NUM_TASKS or SLURM_NTASKS)")
     rank = env.integer("PMIX_RANK")
+    if _srun_launched(env, rank, None):
+        return None
     return _Partial("pmix", rank, env.integer(size_var), local_rank=env.integer("SLURM_LOCALID"),
                     hosts_rendezvous=rank == 0, needs_mpi_bootstrap=True)
 
 
-def _in_srun_step(env: _Env) -> bool:
+def _slurm_step(env: _Env) -> Optional[int]:
+    """The id of the srun step this process belongs to; None outside one (a batch script's own
+    step is not an srun step)."""
     step = env.text("SLURM_STEP_ID") or env.text("SLURM_STEPID")
     if step is None or not env.has("SLURM_PROCID"):
-        return False
+        return None
     try:
-        return int(step) < _SLURM_SPECIAL_STEP_IDS
+        value = int(step)
     except ValueError:
-        return False  # "batch", "extern", "interactive"
+        return None  # "batch", "extern", "interactive"
+    return value if value < _SLURM_SPECIAL_STEP_IDS else None
+
+
+def _in_srun_step(env: _Env) -> bool:
+    return _slurm_step(env) is not None
+
+
+def _srun_launched(env: _Env, rank: Optional[int], size: Optional[int]) -> bool:
+    """Whether srun itself started this process under an MPI plugin (``srun --mpi=pmix`` or
+    ``pmi2`` sets PMIx/PMI variables besides Slurm's): the step's rank and size are the MPI
+    family's. Horo then takes Slurm's route, which needs no mpi4py. An MPI launcher run inside a
+    step (``srun -n1 mpirun ...``) gives ranks and sizes that differ from the step's."""
+    if not _in_srun_step(env):
+        return False
+    step_size = next((env.integer(n) for n in ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS")
+                      if env.has(n)), None)
+    return rank == env.integer("SLURM_PROCID") and (size is None or size == step_size)
 
 
 def _read_slurm(env: _Env) -> Optional[_Partial]:
@@ -340,15 +379,21 @@ def _read_slurm(env: _Env) -> Optional[_Partial]:
                 p.cross_rank, p.cross_size = having.index(node_id), len(having)
     p.hostname = env.text("SLURMD_NODENAME") or (nodes[node_id] if node_id is not None else None)
     job_id = env.text("SLURM_JOB_ID")
+    step_id = _slurm_step(env)
+    # Job and step both pick the port and the key: two srun steps of one job may run at once
+    # (``srun ... & srun ... & wait``), and each is a job of its own for Horo.
     digits = re.sub(r"\D", "", job_id)
-    default_port = _SLURM_PORT_BASE + (int(digits[-4:]) if digits else 0)
-    p.rendezvous = _hosted_rendezvous(env, nodes[0], default_port)
+    default_port = _SLURM_PORT_BASE + ((int(digits) if digits else 0) * _SLURM_STEPS_PER_JOB + step_id) \
+        % _SLURM_PORT_RANGE
+    _hosted_rendezvous(env, p, nodes[0], default_port,
+                       f"Slurm job {job_id} step {step_id}: {_SLURM_PORT_BASE} + (job * {_SLURM_STEPS_PER_JOB} + "
+                       f"step) % {_SLURM_PORT_RANGE}")
     p.rendezvous_protocol = HORO_KV
     if node_id is not None and p.local_rank is not None:
         p.hosts_rendezvous = node_id == 0 and p.local_rank == 0
     else:
         p.hosts_rendezvous = rank == 0
-    p.weak_secret_source = job_id
+    p.weak_secret_source = f"{job_id}.{step_id}"
     return p
 
 
@@ -382,7 +427,7 @@ def _read_tf_config(env: _Env) -> Optional[_Partial]:
     p = _Partial("tf_config", rank, len(members), t.local_rank, t.local_size, t.cross_rank,
                  t.cross_size, hostname=hosts[rank])
     if p.size > 1:
-        p.rendezvous = _hosted_rendezvous(env, hosts[0], first_port + 1)
+        _hosted_rendezvous(env, p, hosts[0], first_port + 1, "TF_CONFIG's first port + 1")
         p.rendezvous_protocol = HORO_KV
         p.hosts_rendezvous = rank == 0
         p.weak_secret_source = json.dumps(cluster, sort_keys=True)
@@ -482,4 +527,5 @@ def detect(environ: Optional[Mapping[str, str]] = None) -> LaunchInfo:
         secret_is_weak=weak,
         bind_host=_bind_host(env, partial),
         needs_mpi_bootstrap=partial.needs_mpi_bootstrap,
+        rendezvous_origin=partial.rendezvous_origin,
     )

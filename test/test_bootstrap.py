@@ -3,6 +3,7 @@ step and mpirun. Each rank reports what init() told it and the result of one all
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -110,3 +111,31 @@ def test_under_mpirun(worker, mpi_initialized, tmp_path):
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     check(reports([out.stdout]), 2)
+
+
+def test_a_taken_rendezvous_port_is_named(worker):
+    """Under torchrun, rank 0 hosts Horo's rendezvous on MASTER_PORT + 1; when another job holds
+    that port the error names it, where it came from and how to choose another."""
+    master = free_port()
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", master + 1))
+        holder.listen()
+        env = clean_env()
+        env.update({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
+                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master)})
+        out = subprocess.run([sys.executable, worker], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode != 0
+    assert (f"rank 0 could not listen for the rendezvous on 127.0.0.1:{master + 1} (port from torchrun's "
+            "MASTER_PORT + 1)") in out.stderr, out.stderr
+    assert "set HORO_RENDEZVOUS_PORT to a free port on every rank" in out.stderr
+
+
+def test_mpi4py_of_another_mpi_is_named(worker):
+    """MPICH's launcher (PMI_RANK/PMI_SIZE) with mpi4py built on Open MPI: mpi4py sees a world of
+    one. Each rank would host a rendezvous of its own and wait 30 s for peers; init says why at once."""
+    env = clean_env()
+    env.update({"PMI_RANK": "1", "PMI_SIZE": "2"})
+    out = subprocess.run([sys.executable, worker], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode != 0
+    assert ("the launcher (pmi) says rank 1 of 2, but mpi4py's MPI says rank 0 of 1: mpi4py is built against "
+            "another MPI") in out.stderr, out.stderr

@@ -205,7 +205,7 @@ def test_slurm_step():
     # nodes gnode10..12 have 2 tasks, gnode20 has 1: local rank 1 exists on the first three only
     assert (info.local_rank, info.local_size, info.cross_rank, info.cross_size) == (1, 2, 2, 3)
     assert info.hostname == "gnode12"
-    assert info.rendezvous == ("gnode10", 15000 + 4567) and not info.hosts_rendezvous
+    assert info.rendezvous == ("gnode10", 31072) and not info.hosts_rendezvous  # 15000 + (job * 16 + step) % 17000
     assert info.secret_is_weak
     assert info.secret == detect(slurm_env(SLURM_PROCID="0", SLURM_LOCALID="0",
                                            SLURM_NODEID="0")).secret
@@ -215,13 +215,38 @@ def test_slurm_step():
 def test_slurm_first_node_first_task_hosts():
     info = detect(slurm_env(SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NODEID="0",
                             SLURMD_NODENAME="gnode10"))
-    assert info.hosts_rendezvous and info.rendezvous == ("gnode10", 19567)
+    assert info.hosts_rendezvous and info.rendezvous == ("gnode10", 31072)
     assert (info.local_rank, info.local_size, info.cross_rank, info.cross_size) == (0, 2, 0, 4)
 
 
 def test_slurm_port_override_and_short_job_id():
     assert detect(slurm_env(HORO_RENDEZVOUS_PORT="23456")).rendezvous == ("gnode10", 23456)
-    assert detect(slurm_env(SLURM_JOB_ID="77")).rendezvous == ("gnode10", 15077)
+    assert detect(slurm_env(SLURM_JOB_ID="77")).rendezvous == ("gnode10", 16232)
+    assert detect(slurm_env(HORO_RENDEZVOUS_PORT="23456")).rendezvous_origin == "HORO_RENDEZVOUS_PORT"
+    assert "Slurm job 1234567 step 0" in detect(slurm_env()).rendezvous_origin
+
+
+def test_two_steps_of_one_slurm_job_get_their_own_port_and_key():
+    """srun ... & srun ... & wait: two steps of one job run at once and must not meet."""
+    first, second = detect(slurm_env()), detect(slurm_env(SLURM_STEP_ID="1"))
+    assert (first.rendezvous, second.rendezvous) == (("gnode10", 31072), ("gnode10", 31073))
+    assert first.secret != second.secret
+
+
+@pytest.mark.parametrize("mpi", [{"PMIX_RANK": "5"}, {"PMI_RANK": "5", "PMI_SIZE": "7"}])
+def test_srun_with_an_mpi_plugin_takes_the_slurm_route(mpi):
+    """srun --mpi=pmix (or pmi2) sets its MPI plugin's variables besides Slurm's; the step is the
+    job, and Slurm's route needs no mpi4py."""
+    info = detect({**slurm_env(), **mpi})
+    assert (info.family, info.rank, info.size) == ("slurm", 5, 7) and not info.needs_mpi_bootstrap
+
+
+def test_an_mpi_launcher_inside_a_step_is_still_mpi():
+    """srun -n1 mpiexec -n 4 ...: the step has one task, the MPI job four."""
+    step = slurm_env(SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NODEID="0", SLURM_STEP_NUM_TASKS="1",
+                     SLURM_STEP_TASKS_PER_NODE="1")
+    assert detect({**step, "PMI_RANK": "0", "PMI_SIZE": "4"}).family == "pmi"
+    assert detect({**step, "PMI_RANK": "2", "PMI_SIZE": "4"}).family == "pmi"
 
 
 def test_slurm_batch_script_without_srun_is_single_process():

@@ -242,7 +242,8 @@ bool Coordinator::AppendShutdownIfDue(ResponseList* out) {
   } else if (!shutdown_requested_.empty()) {
     std::ostringstream os;
     os << "Horo has been shut down: rank " << *shutdown_requested_.begin()
-       << " called shutdown() or finished. Collectives submitted after one of the ranks finished cannot complete";
+       << " called shutdown() or finished: its script ended, or raised an exception (which that rank's log "
+          "shows). Collectives submitted after one of the ranks finished cannot complete";
     EmitShutdown(HORO_ERR_SHUT_DOWN, os.str(), out);
   } else {
     return false;

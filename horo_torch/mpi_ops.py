@@ -122,8 +122,9 @@ def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
 
 def join(device=-1):
     """Declares that this rank has no more data. Until every rank has joined, the ranks that have
-    joined take part in other ranks' allreduces with neutral values (zeros for Sum/Average).
-    Blocks until all ranks joined.
+    joined take part in other ranks' allreduces with neutral values, which no prescale factor
+    changes: zeros for Sum/Average, ones for Product, the dtype's largest value for Min and its
+    smallest for Max (Horovod sends zeros for every op). Blocks until all ranks joined.
 
     Args:
         device: accepted for Horovod compatibility; stand-in tensors live in host memory.

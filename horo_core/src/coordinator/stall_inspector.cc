@@ -13,7 +13,10 @@ namespace horo {
 std::string DescribeMissing(const std::vector<StalledTensor>& stalled) {
   std::map<int32_t, std::vector<std::string>> by_rank;
   for (const StalledTensor& t : stalled) {
-    for (int32_t r : t.missing_ranks) by_rank[r].push_back(t.name);
+    // The set tells apart a tensor that one rank submitted in another process set.
+    const std::string name =
+        t.process_set_id == 0 ? t.name : t.name + " (process set " + std::to_string(t.process_set_id) + ")";
+    for (int32_t r : t.missing_ranks) by_rank[r].push_back(name);
   }
   std::ostringstream os;
   bool first_rank = true;

@@ -267,10 +267,26 @@ def _read_horovod(env: _Env) -> Optional[_Partial]:
                                  "HOROVOD_GLOO_RENDEZVOUS_PORT", HOROVOD_HTTP)
 
 
+def _refuse_leftover_torch_variables(env: _Env) -> None:
+    """RANK and WORLD_SIZE set by hand, without torchrun (which also sets TORCHELASTIC_RUN_ID),
+    beat an MPI launcher's variables: when the two disagree on the world size they are leftovers of
+    another launch, and each rank would train alone, silently."""
+    if env.has("TORCHELASTIC_RUN_ID"):
+        return
+    size = env.integer("WORLD_SIZE")
+    for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"):
+        launched = env.integer(name)
+        if launched is not None and launched != size:
+            raise ValueError(f"RANK/WORLD_SIZE say rank {env.integer('RANK')} of {size}, but the MPI launcher's "
+                             f"{name} is {launched}: unset RANK and WORLD_SIZE (left over from another launch?) "
+                             "or make them agree with the launcher")
+
+
 def _read_torchrun(env: _Env) -> Optional[_Partial]:
     if not env.any("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID"):
         return None
     env.require("torchrun", "RANK", "WORLD_SIZE")
+    _refuse_leftover_torch_variables(env)
     p = _Partial("torchrun", env.integer("RANK"), env.integer("WORLD_SIZE"),
                  local_rank=env.integer("LOCAL_RANK"), local_size=env.integer("LOCAL_WORLD_SIZE"))
     if p.local_rank is not None and p.local_size is not None:

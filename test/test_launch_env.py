@@ -272,6 +272,18 @@ def test_launcher_variables_beat_slurm():
     assert (info.family, info.rank) == ("openmpi", 6)
 
 
+def test_leftover_torch_variables_under_mpirun_are_refused():
+    """RANK=0 WORLD_SIZE=1 left in the shell, then mpirun -np 2: each rank would train alone."""
+    mpirun = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}
+    with pytest.raises(ValueError, match="RANK/WORLD_SIZE say rank 0 of 1, but the MPI launcher's "
+                                         "OMPI_COMM_WORLD_SIZE is 2"):
+        detect({**mpirun, "RANK": "0", "WORLD_SIZE": "1"})
+    # Agreeing by hand, or torchrun started by mpirun (one agent per MPI rank), stay torchrun's.
+    agreeing = {**mpirun, "RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    assert detect(agreeing).family == "torchrun"
+    assert detect({**torchrun_env(rank=3), **mpirun}).family == "torchrun"
+
+
 def test_precedence_order():
     everything = {**hororun_env(rank=0, size=2), "HOROVOD_RANK": "1", "HOROVOD_SIZE": "2",
                   "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1",

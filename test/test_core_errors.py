@@ -82,12 +82,30 @@ def test_allgather_trailing_shape_mismatch(world3):
         assert "'g'" in m and "shapes" in m, m
 
 
+def test_undefined_reductions_fail_on_every_rank(world3):
+    """Whether the op is defined for the dtype is the coordinator's check: every rank gets it."""
+    for fn, kind, text in [
+            (lambda rt: ops.allreduce(rt, np.ones(2, np.bool_), "bad.bool", op=lib.HORO_OP_AVERAGE),
+             HoroInvalidArgument, "allreduce tensor 'bad.bool': Average is not defined for bool tensors"),
+            (lambda rt: ops.allreduce(rt, np.ones(2, np.bool_), "bad.bool.scale", prescale_factor=2.0),
+             HoroInvalidArgument, "scale factors are not defined for bool tensors"),
+            (lambda rt: ops.reducescatter(rt, np.ones(3, np.float32), "bad.adasum", op=lib.HORO_OP_ADASUM),
+             HoroUnsupportedError, "Adasum applies to allreduce only")]:
+        _, errors = world3.run_collecting(fn)
+        for r, e in enumerate(errors):
+            assert isinstance(e, kind) and text in str(e), f"rank {r}: {e!r}"
+    # One rank alone with Adasum of integers: the others (floats) fail with it at once, where they
+    # used to wait for a tensor that rank had refused by itself.
+    _, errors = world3.run_collecting(lambda rt: ops.allreduce(
+        rt, np.ones(2, np.int32 if rt.rank == 1 else np.float32), "bad.mixed", op=lib.HORO_OP_ADASUM))
+    for r, e in enumerate(errors):
+        assert isinstance(e, HoroMismatchError) and "data types" in str(e), f"rank {r}: {e!r}"
+    after = world3.run(lambda rt: ops.allreduce(rt, np.ones(3, dtype=np.float32), "after.undefined"))
+    assert all(np.all(o == 3) for o in after)
+
+
 def test_local_validation_errors(world3):
     rt = world3.runtimes[0]
-    with pytest.raises(HoroInvalidArgument, match="Average is not defined for bool"):
-        ops.allreduce(rt, np.ones(2, np.bool_), "bad.bool", op=lib.HORO_OP_AVERAGE)
-    with pytest.raises(HoroUnsupportedError, match="Adasum applies to allreduce only"):
-        ops.reducescatter(rt, np.ones(3, np.float32), "bad.adasum", op=lib.HORO_OP_ADASUM)
     with pytest.raises(HoroInvalidArgument, match="process set 9 does not exist"):
         ops.allreduce(rt, np.ones(2, np.float32), "bad.set", process_set_id=9)
     # The runtime is still healthy.

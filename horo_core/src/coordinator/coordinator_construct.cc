@@ -93,6 +93,9 @@ Response Coordinator::Construct(int32_t set_id, const std::string& name, const P
   // here so that every rank gets the error.
   message = InvalidArguments(pending.by_rank, members);
   if (!message.empty()) return ErrorResponse(set_id, name, HORO_ERR_INVALID_ARGUMENT, message);
+  horo_status_t code = HORO_OK;
+  message = request_checks::UndefinedReduction(first, &code);
+  if (!message.empty()) return ErrorResponse(set_id, name, code, message);
 
   Response r;
   r.kind = ResponseKind::kOp;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "collectives/adasum.h"
+
 namespace horo {
 namespace request_checks {
 
@@ -42,6 +44,29 @@ std::string GroupOf(const Request& r) {
 std::string MembersText(const std::vector<int32_t>& members) {
   std::vector<int64_t> v(members.begin(), members.end());
   return ShapeText(v);
+}
+
+std::string UndefinedReduction(const Request& agreed, horo_status_t* code) {
+  if (agreed.op_type != OpType::kAllreduce && agreed.op_type != OpType::kReducescatter) return std::string();
+  const std::string label = std::string(OpTypeName(agreed.op_type)) + " tensor " + Quote(agreed.name);
+  *code = HORO_ERR_INVALID_ARGUMENT;
+  if (agreed.reduce_op == ReduceOp::kAdasum) {
+    if (agreed.op_type != OpType::kAllreduce) {
+      *code = HORO_ERR_UNSUPPORTED;
+      return label + ": Adasum applies to allreduce only";
+    }
+    if (!AdasumSupports(agreed.dtype)) {
+      return label + ": Adasum is defined for float16, bfloat16, float32 and float64 tensors, got " +
+             DataTypeName(agreed.dtype);
+    }
+  }
+  if (agreed.dtype == DataType::kBool && agreed.reduce_op == ReduceOp::kAverage) {
+    return label + ": Average is not defined for bool tensors; use Sum, Min or Max";
+  }
+  if (agreed.dtype == DataType::kBool && (agreed.prescale_factor != 1.0 || agreed.postscale_factor != 1.0)) {
+    return label + ": scale factors are not defined for bool tensors";
+  }
+  return std::string();
 }
 
 std::string InvalidArguments(const std::map<int32_t, Request>& by_rank, const std::vector<int32_t>& members) {

@@ -51,6 +51,10 @@ bool GroupsDiffer(const std::map<int32_t, Request>& by_rank);
 // The grouped call a request belongs to, described for the error.
 std::string GroupOf(const Request& r);
 
+// Why the ranks' agreed reduction is not defined for their tensor (Adasum of integers or of a
+// reducescatter, Average or scale factors of bools), with its status code; empty if it is.
+std::string UndefinedReduction(const Request& agreed, horo_status_t* code);
+
 // The first invalid root rank or alltoall split among the requests, described; empty if none.
 std::string InvalidArguments(const std::map<int32_t, Request>& by_rank, const std::vector<int32_t>& members);
 

@@ -149,22 +149,12 @@ Status Runtime::ValidateTensor(OpType op, const horo_tensor_t& t, const horo_op_
       if (!IsValidReduceOp(options.reduce_op)) {
         return Status::InvalidArgument(label() + ": unknown reduce op " + std::to_string(options.reduce_op));
       }
+      // Whether the op is defined for the dtype (Adasum of integers, Average of bools...) is the
+      // coordinator's check (request_checks.h), so that a rank that alone passed such a tensor
+      // fails with the others instead of leaving them waiting.
       const ReduceOp rop = static_cast<ReduceOp>(options.reduce_op);
-      if (rop == ReduceOp::kAdasum) {
-        if (op != OpType::kAllreduce) return Status::Unsupported(label() + ": Adasum applies to allreduce only");
-        if (!AdasumSupports(dtype)) {
-          return Status::InvalidArgument(label() + ": Adasum is defined for float16, bfloat16, float32 and float64 "
-                                         "tensors, got " + DataTypeName(dtype));
-        }
-        if (t.device != HORO_DEVICE_HOST) {
-          return Status::Unsupported(label() + ": Adasum of CUDA tensors is not supported; pass host tensors");
-        }
-      }
-      if (dtype == DataType::kBool && rop == ReduceOp::kAverage) {
-        return Status::InvalidArgument(label() + ": Average is not defined for bool tensors; use Sum, Min or Max");
-      }
-      if (dtype == DataType::kBool && (options.prescale_factor != 1.0 || options.postscale_factor != 1.0)) {
-        return Status::InvalidArgument(label() + ": scale factors are not defined for bool tensors");
+      if (rop == ReduceOp::kAdasum && t.device != HORO_DEVICE_HOST) {
+        return Status::Unsupported(label() + ": Adasum of CUDA tensors is not supported; pass host tensors");
       }
       if (op == OpType::kAllreduce && count > 0 && t.output == nullptr) {
         return Status::InvalidArgument(label() + ": output pointer is null");

@@ -62,7 +62,7 @@ from horo_torch._ddp_join import JoinMixin
 from horo_torch._ddp_setup import (_adopt_torch_sync_batch_norms, _check_devices, _horo_hook_for, _Sink, _to_device,
                                    keep_forward_helpers_out_of_compile, root_rank)
 from horo_torch._weak_hooks import remove_when_collected, weak_hook
-from horo_torch.functions import gather_if_different
+from horo_torch.functions import _gather_if_different
 from horo_torch.comm_hooks import GradBucket, allreduce_hook
 from horo_torch.ddp_buckets import MIB, Bucket, assign_buckets
 
@@ -407,7 +407,7 @@ class DistributedDataParallel(JoinMixin, torch.nn.Module):
         def layout(tensors):
             return [(tuple(t.shape), str(t.dtype).replace("torch.", "")) for t in tensors]
         mine = (layout(self._params), layout(self._buffers_to_sync()))
-        models = gather_if_different(mine, f"{self._prefix}.model", self.process_set)
+        models = _gather_if_different(mine, f"{self._prefix}.model", self.process_set)
         if models is None:
             return
         members = self.process_set._members()

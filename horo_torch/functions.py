@@ -174,7 +174,7 @@ def _broadcast_parameters_check(layout, root_rank, prefix, process_set):
     """Raises ValueError, on every rank of process_set, when a rank's entries are not tensors or
     differ from root_rank's in number, names, shapes or dtypes: such ranks would otherwise send
     broadcasts that their peers never match and wait for each other forever."""
-    layouts = gather_if_different(layout, f"{prefix}layout", process_set)
+    layouts = _gather_if_different(layout, f"{prefix}layout", process_set)
     if layouts is None:
         return
     members = process_set._members()
@@ -194,7 +194,7 @@ def _broadcast_parameters_check(layout, root_rank, prefix, process_set):
                      "; ".join(problems))
 
 
-def gather_if_different(layout, name, process_set=global_process_set):
+def _gather_if_different(layout, name, process_set=global_process_set):
     """Every rank's layout (a picklable value whose repr identifies it), in the order of
     process_set's ranks, when they are not all equal; None when they are. Agreeing costs one 8-byte
     allgather of a digest of repr(layout); only a disagreement gathers the layouts themselves."""

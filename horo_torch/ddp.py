@@ -424,7 +424,7 @@ class DistributedDataParallel(JoinMixin, torch.nn.Module):
                                        f"({self._param_names[index]}) in this process (rank {me}) with sizes "
                                        f"{list(a[0])} and dtype {a[1]} appears not to match sizes and dtype "
                                        f"{list(b[0])} {b[1]} of the same param in rank {rank}.")
-            if len(buffers) != len(own_buffers) or buffers != own_buffers:
+            if buffers != own_buffers:
                 raise RuntimeError(f"DDP expects same model across all ranks, but Rank {me} has buffers "
                                    f"{_shapes(own_buffers)}, while rank {rank} has inconsistent buffers "
                                    f"{_shapes(buffers)}.")

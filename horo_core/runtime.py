@@ -367,6 +367,25 @@ class Runtime:
             check(lib.horo_enqueue(rt, op_type, tensors, len(specs), opts, handles))
         return list(handles)
 
+    def refuse(self, op_type, names: Sequence[str], process_set_id, reason):
+        """Fails the operation on the named tensors (several names: one grouped call) on every
+        member of the process set, because this rank cannot take part, for reason: an argument only
+        this rank could check, which would otherwise leave the others waiting. Returns once every
+        member has submitted the names; raises the error they all get, which names this rank."""
+        c_names = [_c_name(n) for n in names]
+        c_reason = ffi.new("char[]", reason.encode())
+        handles = ffi.new("horo_handle_t[]", max(1, len(names)))
+        with self._use() as rt:
+            check(lib.horo_refuse(rt, op_type, ffi.new("const char*[]", c_names), len(names), process_set_id,
+                                  c_reason, handles))
+        failure = None
+        for handle in handles:
+            try:
+                self.wait_release(handle)
+            except Exception as e:  # the first member's error is everyone's; the others are waited for
+                failure = failure or e
+        raise failure or HoroInvalidArgument(f"{names[0]}: this rank {reason}")
+
     @staticmethod
     def _options(process_set_id, reduce_op, prescale_factor, postscale_factor, root_rank, caller_waits):
         opts = ffi.new("horo_op_options_t*")

@@ -61,19 +61,25 @@ _chain_lock = threading.Lock()
 _last_collective = weakref.WeakKeyDictionary()  # graph -> the collective op traced last in it
 
 
-def dtype_code(dtype, name):
-    """The core dtype code of a TensorFlow dtype.
+class Unsupported:
+    """In place of the dtype code of a tensor whose dtype the core has none for: the collective then
+    fails on every member of the set when it runs (execute), instead of on this rank alone, which
+    would leave the others waiting for the tensor."""
 
-    Raises:
-        HoroInvalidArgument: the dtype has no core equivalent.
-    """
+    __slots__ = ("reason",)
+
+    def __init__(self, reason):
+        self.reason = reason
+
+
+def dtype_code(dtype, name):
+    """The core dtype code of a TensorFlow dtype, or an Unsupported that says why there is none."""
     try:
         return _TF_DTYPES[tf.as_dtype(dtype)]
     except (KeyError, TypeError):
         supported = ", ".join(d.name for d in _TF_DTYPES)
-        # Horovod's op rejects it as an InvalidArgumentError; this class is that and a ValueError.
-        raise errors.HoroInvalidArgument(f"tensor '{name}': dtype {dtype} is not supported (supported: "
-                                         f"{supported})") from None
+        return Unsupported(f"passed dtype {getattr(dtype, 'name', dtype)} for '{name}', which is not supported "
+                           f"(supported: {supported})")
 
 
 def process_set_id(process_set):
@@ -147,7 +153,7 @@ def execute(op_type, names, arrays, codes, outputs, set_id, **options):
         op_type: a ``lib.HORO_*`` operation code.
         names: one name per array (several arrays form one group).
         arrays: C-contiguous input arrays.
-        codes: the core dtype code of each array.
+        codes: the core dtype code of each array, or an Unsupported (the call then fails on every member).
         outputs: per array, a preallocated output array, or None when the core allocates the result.
         set_id: the process set id.
         **options: reduce_op, prescale_factor, postscale_factor, root_rank, splits.
@@ -160,6 +166,9 @@ def execute(op_type, names, arrays, codes, outputs, set_id, **options):
             collective failed.
     """
     try:
+        for code in codes:
+            if isinstance(code, Unsupported):  # every member fails, with this rank's reason
+                basics.runtime().refuse(op_type, names, set_id, code.reason)
         return _execute(op_type, names, arrays, codes, outputs, set_id, **options)
     except HoroError as error:  # as a TensorFlow error too (horo_tf/errors.py)
         raise errors.converted(error) from None

@@ -13,8 +13,8 @@ from horo_core.reduce_ops import Max, Min, Product, resolve_op
 from horo_core.runtime import prepare_run
 from horo_torch import device
 from horo_torch._calls import (_caller, _copy_back, _dtype_code, _enqueue, _host_output, _is_host_contiguous,
-                               _is_host_dense, _last_description, _now, _op_name, _records_graph, _remember, _run_host,
-                               _run_host_described)
+                               _is_host_dense, _last_description, _now, _op_name, _records_graph,
+                               _refuse_unless_strided, _remember, _run_host, _run_host_described)
 from horo_torch._handles import _register, synchronize
 from horo_torch.compression import Compression
 
@@ -44,6 +44,7 @@ def _allreduce_host(tensor, output, memo, average, name, op, prescale_factor, po
 
 
 def _allreduce_async(tensors, output_tensors, name, op, prescale_factor, postscale_factor, process_set, kind):
+    _refuse_unless_strided(lib.HORO_ALLREDUCE, kind, name, tensors, process_set)
     if all(t.device.type == "cpu" for t in tensors) and all(o.device.type == "cpu" for o in output_tensors):
         # Host tensors, the common case: no staging, no device checks on the per-step path.
         srcs = [t.detach().contiguous() for t in tensors]
@@ -137,8 +138,9 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     set_id = process_set.process_set_id
     if name is not None and set_id is not None and _is_host_dense(tensor) and not waits:
         base = _op_name("allreduce", name, set_id)
-        prepared = prepare_run(lib.HORO_ALLREDUCE, base, _dtype_code(tensor, base), tuple(tensor.shape), set_id,
-                               resolved, prescale_factor, postscale_factor, 0, caller_waits=False)
+        prepared = prepare_run(lib.HORO_ALLREDUCE, base, _dtype_code(tensor, base, lib.HORO_ALLREDUCE, set_id),
+                               tuple(tensor.shape), set_id, resolved, prescale_factor, postscale_factor, 0,
+                               caller_waits=False)
         _remember(_last_async, name, tensor, average, op, prescale_factor, postscale_factor, process_set, prepared)
     return handle
 

@@ -21,13 +21,48 @@ _TORCH_DTYPES = {
 }
 
 
-def _dtype_code(tensor, name):
-    try:
-        return _TORCH_DTYPES[tensor.dtype]
-    except KeyError:
-        supported = ", ".join(str(d).replace("torch.", "") for d in _TORCH_DTYPES)
-        raise HoroInvalidArgument(f"tensor '{name}': dtype {tensor.dtype} is not supported (supported: {supported})") \
-            from None
+def _dtype_code(tensor, name, op_type, set_id):
+    """The core's code for tensor's dtype. A dtype it has none for fails the operation on every
+    member of the set (_refuse), not on this rank alone."""
+    code = _TORCH_DTYPES.get(tensor.dtype)
+    if code is None:
+        _refuse(op_type, [name], set_id, _dtype_refusal(tensor))
+    return code
+
+
+def _dtype_refusal(tensor, member=None):
+    supported = ", ".join(str(d).replace("torch.", "") for d in _TORCH_DTYPES)
+    which = f" for '{member}'" if member is not None else ""
+    return f"passed dtype {tensor.dtype}{which}, which is not supported (supported: {supported})"
+
+
+def _refuse(op_type, names, set_id, reason):
+    """Raises the error that every member of the set gets for the operation on names (one grouped
+    call if several), which this rank cannot take part in, for reason. Waits until every member has
+    submitted the names: a rank that alone failed at once would leave the others waiting for it.
+
+    Raises:
+        HoroInvalidArgument: always; the message names this rank and reason.
+    """
+    basics.runtime().refuse(op_type, names, set_id, reason)
+
+
+def _refuse_unless_strided(op_type, kind, name, tensors, process_set):
+    """Fails the operation on every member (_refuse) when one of tensors is sparse (or of another
+    non-strided layout), which the collectives cannot read."""
+    for i, t in enumerate(tensors):
+        if t.layout is not torch.strided:
+            set_id = _process_set_id(process_set)
+            names = _member_names(_op_name(kind, name, set_id), len(tensors))
+            which = f" for '{names[i]}'" if len(tensors) > 1 else ""
+            _refuse(op_type, names, set_id,
+                    f"passed a tensor of layout {t.layout}{which}; collectives take dense (strided) tensors: call "
+                    ".to_dense(), or reduce a sparse gradient with sparse_allreduce_async or DistributedOptimizer")
+
+
+def _member_names(base, count):
+    """The core names of the count tensors of one call named base."""
+    return [base] if count == 1 else [f"{base}.{i}" for i in range(count)]
 
 
 def _is_host_contiguous(tensor):
@@ -86,15 +121,15 @@ def _run_host_described(op_type, kind, name, tensor, output, process_set, reduce
     if name is None or set_id is None:  # auto-named: a new name every call, nothing to reuse
         set_id = _process_set_id(process_set)
         base = _op_name(kind, name, set_id)
-        runtime.run(op_type, base, tensor.data_ptr(), output.data_ptr(), _dtype_code(tensor, base),
+        runtime.run(op_type, base, tensor.data_ptr(), output.data_ptr(), _dtype_code(tensor, base, op_type, set_id),
                     tuple(tensor.shape), set_id, reduce_op, prescale_factor, postscale_factor, root_rank)
         return None
     key = (op_type, name, set_id, reduce_op, prescale_factor, postscale_factor, root_rank, tensor.dtype, tensor.shape)
     prepared = _prepared_runs.get(key)
     if prepared is None:
         base = _op_name(kind, name, set_id)
-        prepared = prepare_run(op_type, base, _dtype_code(tensor, base), tuple(tensor.shape), set_id, reduce_op,
-                               prescale_factor, postscale_factor, root_rank)
+        prepared = prepare_run(op_type, base, _dtype_code(tensor, base, op_type, set_id), tuple(tensor.shape), set_id,
+                               reduce_op, prescale_factor, postscale_factor, root_rank)
         if len(_prepared_runs) >= _PREPARED_RUNS_LIMIT:
             _prepared_runs.clear()
         _prepared_runs[key] = prepared
@@ -140,13 +175,15 @@ def _enqueue(op_type, kind, name, inputs, outputs, process_set, finish, staging=
     runtime = basics.runtime()
     set_id = _process_set_id(process_set)
     base = _op_name(kind, name, set_id)
-    names = [base] if len(inputs) == 1 else [f"{base}.{i}" for i in range(len(inputs))]
-    specs = []
-    for n, src, dst in zip(names, inputs, outputs):
-        specs.append(TensorSpec(n, src.data_ptr(), 0 if dst is None else dst.data_ptr(), _dtype_code(src, n),
-                                tuple(src.shape), device.device_code(src),
-                                0 if dst is None else dst.numel() * dst.element_size()))
+    names = _member_names(base, len(inputs))
     try:
+        specs = []
+        for n, src, dst in zip(names, inputs, outputs):
+            code = _TORCH_DTYPES.get(src.dtype)
+            if code is None:  # the whole call fails on every member
+                _refuse(op_type, names, set_id, _dtype_refusal(src, n if len(names) > 1 else None))
+            specs.append(TensorSpec(n, src.data_ptr(), 0 if dst is None else dst.data_ptr(), code, tuple(src.shape),
+                                    device.device_code(src), 0 if dst is None else dst.numel() * dst.element_size()))
         if staging is not None:
             staging.ready()
         core_handles = runtime.enqueue(op_type, specs, process_set_id=set_id,

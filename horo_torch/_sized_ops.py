@@ -11,7 +11,8 @@ from horo_core.process_sets import global_process_set
 from horo_core.reduce_ops import Average, Sum
 from horo_core.runtime import prepare_run
 from horo_torch import _sized_runs, device
-from horo_torch._calls import _PREPARED_RUNS_LIMIT, _dtype_code, _enqueue, _from_result, _now, _op_name, _records_graph
+from horo_torch._calls import (_PREPARED_RUNS_LIMIT, _dtype_code, _enqueue, _from_result, _now, _op_name,
+                               _records_graph, _refuse_unless_strided)
 from horo_torch._handles import synchronize
 from horo_torch.compression import Compression
 from horo_torch._allreduce_ops import allreduce, grouped_allreduce
@@ -38,6 +39,7 @@ def _remember_gathered(key, shape):
 
 
 def _allgather_async(tensors, name, process_set, kind):
+    _refuse_unless_strided(lib.HORO_ALLGATHER, kind, name, tensors, process_set)
     staging = device.Staging()
     srcs = [staging.to_host(t) for t in tensors]
     keys = [_gathered_key(kind, name, process_set, t) for t in tensors]
@@ -111,8 +113,8 @@ def _describe_sized(op_type, kind, name, tensor, process_set, reduce_op=None, pr
     """The core's description of a synchronous call for _sized_runs.run (named as _enqueue names it)."""
     set_id = process_set.process_set_id
     base = _op_name(kind, name, set_id)
-    return prepare_run(op_type, base, _dtype_code(tensor, base), tuple(tensor.shape), set_id, reduce_op,
-                       prescale_factor, postscale_factor, splits=splits)
+    return prepare_run(op_type, base, _dtype_code(tensor, base, op_type, set_id), tuple(tensor.shape), set_id,
+                       reduce_op, prescale_factor, postscale_factor, splits=splits)
 
 
 def _allgather_now(tensor, name, process_set):
@@ -174,6 +176,7 @@ def _splits_list(splits):
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
     """Starts an alltoall: rows splits[j] of tensor go to rank j of the set (equal parts if splits is
     None). Returns a handle whose synchronize() gives (output, received_splits)."""
+    _refuse_unless_strided(lib.HORO_ALLTOALL, "alltoall", name, [tensor], process_set)
     staging = device.Staging()
     src = staging.to_host(tensor)
 
@@ -239,6 +242,7 @@ def _alltoall_now(tensor, splits, name, process_set, received_as_tensor=True):
 # Reducescatter -----------------------------------------------------------------------------------
 
 def _reducescatter_async(tensors, name, op, process_set, prescale_factor, postscale_factor, kind):
+    _refuse_unless_strided(lib.HORO_REDUCESCATTER, kind, name, tensors, process_set)
     staging = device.Staging()
     srcs = [staging.to_host(t) for t in tensors]
 

@@ -31,7 +31,7 @@ from horo_torch._allreduce_ops import (HorovodAllreduce, HorovodGroupedAllreduce
                                        grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_,
                                        handle_average_backwards_compatibility)
 from horo_torch._calls import (_copy_back, _enqueue, _host_output, _is_host_contiguous, _is_host_dense, _now,
-                               _process_set_id, _records_graph, _run_host)
+                               _process_set_id, _records_graph, _refuse_unless_strided, _run_host)
 from horo_torch._handles import _register, abandon, poll, synchronize  # noqa: F401 (abandon, poll re-exported)
 from horo_torch._sized_ops import (HorovodAllgather, HorovodAlltoall, HorovodGroupedAllgather,  # noqa: F401
                                    HorovodGroupedReducescatter, HorovodReducescatter, allgather, allgather_async,
@@ -43,6 +43,7 @@ from horo_torch._sized_ops import (HorovodAllgather, HorovodAlltoall, HorovodGro
 # Broadcast ---------------------------------------------------------------------------------------
 
 def _broadcast_async(tensor, output, root_rank, name, process_set):
+    _refuse_unless_strided(lib.HORO_BROADCAST, "broadcast", name, [tensor], process_set)
     if device.core_takes(basics.runtime(), [tensor, output]):
         src = tensor.detach().contiguous()
         out = output if output.is_contiguous() else torch.empty_like(src)

@@ -429,13 +429,23 @@ def check_errors(c, hvd, tf, env):
         c.same("the error pickles", (type(copy), str(copy)), (type(exc), str(exc)))
     c.raises("shape mismatch in a tf.function", [tf.errors.OpError], "Mismatched shapes",
              lambda: tf.function(lambda x: hvd.allreduce(x, name="mismatch.graph"))(tf.ones([r + 1])))
-    # An unsupported dtype is an InvalidArgumentError (as Horovod's op) and a ValueError; errors
-    # raised while a tf.function traces reach the caller as they are (not autograph's StagingError).
+    # An unsupported dtype is an InvalidArgumentError (as Horovod's op) and a ValueError eagerly,
+    # an OpError inside a tf.function (raised when the op runs, not while it is traced: the others
+    # meet it there). Every rank gets it, also when one rank alone passed that dtype.
     complex_input = tf.constant([1 + 1j])
-    for mode, fn in (("eagerly", lambda: hvd.allreduce(complex_input)),
-                     ("while tracing", lambda: tf.function(lambda x: hvd.allreduce(x))(complex_input))):
-        c.raises(f"unsupported dtype {mode}", [hvd.HoroInvalidArgument, ValueError, tf.errors.InvalidArgumentError],
-                 "not supported", fn)
+    c.raises("unsupported dtype eagerly", [hvd.HoroInvalidArgument, ValueError, tf.errors.InvalidArgumentError],
+             f"ranks {', '.join(map(str, range(n)))} passed dtype complex128 for 'allreduce.noname",
+             lambda: hvd.allreduce(complex_input))
+    c.raises("unsupported dtype in a tf.function", [tf.errors.OpError], "which is not supported",
+             lambda: tf.function(lambda x: hvd.allreduce(x))(complex_input))
+    c.raises("unsupported dtype on the last rank alone", [hvd.HoroInvalidArgument, tf.errors.InvalidArgumentError],
+             f"allreduce tensor 'allreduce.one.complex': rank {n - 1} passed dtype complex128 for "
+             "'allreduce.one.complex', which is not supported",
+             lambda: hvd.allreduce(complex_input if r == n - 1 else tf.ones([1]), name="one.complex"))
+    c.raises("unsupported dtype on the last rank alone, in a tf.function", [tf.errors.OpError],
+             f"rank {n - 1} passed dtype complex128 for 'allgather.one.complex.graph'",
+             lambda: tf.function(lambda x: hvd.allgather(x, name="one.complex.graph"))(
+                 complex_input if r == n - 1 else tf.ones([1])))
     # Bad alltoall splits are an InvalidArgumentError and a ValueError on every rank eagerly (no
     # tape: straight to the core), and an OpError in a tf.function.
     rows = tf.ones([n + 1, 2])

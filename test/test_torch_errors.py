@@ -215,6 +215,77 @@ def test_invalid_splits_on_one_rank_raise_value_error_on_every_rank():
         assert entry["after"] == [6.0, 6.0]
 
 
+def refused_input_job():
+    import torch
+
+    import horo_torch as hvd
+    hvd.init()
+    rank = hvd.rank()
+    out = {}
+
+    def attempt(case, call):
+        try:
+            value = call()
+            out[case] = {"value": value.tolist() if isinstance(value, torch.Tensor) else repr(value)}
+        except Exception as exc:  # noqa: BLE001 - the type is what is checked
+            out[case] = {"error": type(exc).__name__, "message": str(exc)}
+        # The job goes on: an unnamed collective after it agrees on its name and values.
+        out[case]["after"] = hvd.allreduce(torch.full((2,), rank + 1.0), op=hvd.Sum).tolist()
+
+    def dtype_on(bad_rank, dtype=torch.complex64):
+        return dtype if rank == bad_rank else torch.float32
+
+    # A name the ranks have agreed on before, so that the others run it from the response cache.
+    for _ in range(3):
+        hvd.allreduce(torch.ones(3), name="known")
+    attempt("cached name", lambda: hvd.allreduce(torch.ones(3, dtype=dtype_on(1)), name="known"))
+    attempt("cached name again", lambda: hvd.allreduce(torch.ones(3), name="known"))
+    attempt("unnamed sparse", lambda: hvd.allreduce(torch.eye(3).to_sparse() if rank == 2 else torch.eye(3)))
+    attempt("grouped member", lambda: hvd.grouped_allreduce([torch.ones(2), torch.ones(2, dtype=dtype_on(1))],
+                                                            name="group"))
+    attempt("async", lambda: hvd.synchronize(hvd.allreduce_async_(torch.ones(2, dtype=dtype_on(2)), name="async")))
+    attempt("allgather", lambda: hvd.allgather(torch.ones(2, dtype=dtype_on(0, torch.complex128)), name="gather"))
+    attempt("broadcast sparse", lambda: hvd.broadcast(torch.eye(2).to_sparse() if rank == 1 else torch.eye(2), 0,
+                                                      name="bcast"))
+    attempt("every rank", lambda: hvd.allreduce(torch.ones(2, dtype=torch.complex64), name="all"))
+    hvd.shutdown()
+    return out
+
+
+def test_input_only_one_rank_refuses_raises_on_every_rank():
+    """A tensor that one rank's binding cannot pass to the core (an unsupported dtype, a sparse
+    layout) fails the collective on every rank, named after that rank, instead of raising on that
+    rank alone while the others wait for it."""
+    supported = "(supported: uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64, bool, uint16)"
+    sparse = ("passed a tensor of layout torch.sparse_coo; collectives take dense (strided) tensors: call "
+              ".to_dense(), or reduce a sparse gradient with sparse_allreduce_async or DistributedOptimizer")
+    expected = {
+        "cached name": f"allreduce tensor 'allreduce.known': rank 1 passed dtype torch.complex64, which is not "
+                       f"supported {supported}",
+        "cached name again": None,
+        "unnamed sparse": f"allreduce tensor 'allreduce.noname.2': rank 2 {sparse}",
+        "grouped member": f"allreduce tensor 'grouped_allreduce.group.0': rank 1 passed dtype torch.complex64 for "
+                          f"'grouped_allreduce.group.1', which is not supported {supported}",
+        "async": f"allreduce tensor 'allreduce.async': rank 2 passed dtype torch.complex64, which is not supported "
+                 f"{supported}",
+        "allgather": f"allgather tensor 'allgather.gather': rank 0 passed dtype torch.complex128, which is not "
+                     f"supported {supported}",
+        "broadcast sparse": f"broadcast tensor 'broadcast.bcast': rank 1 {sparse}",
+        "every rank": f"allreduce tensor 'allreduce.all': ranks 0, 1, 2 passed dtype torch.complex64, which is not "
+                      f"supported {supported}",
+    }
+    for rank, out in enumerate(horo_runner.run(refused_input_job, num_proc=N)):
+        assert list(out) == list(expected), f"rank {rank}"
+        for case, message in expected.items():
+            entry = out[case]
+            if message is None:
+                assert entry["value"] == [1.0] * 3, f"rank {rank} {case}: {entry}"
+            else:
+                assert (entry.get("error"), entry.get("message")) == ("HoroInvalidArgument", message), \
+                    f"rank {rank} {case}: {entry}"
+            assert entry["after"] == [6.0, 6.0], f"rank {rank} {case}"
+
+
 # Lost ranks ---------------------------------------------------------------------------------------
 
 LOST_RANK_WORKER = REPORT + """

@@ -246,6 +246,15 @@ void horo_op_options_init(horo_op_options_t* options);
 horo_status_t horo_enqueue(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t* tensors, int32_t count,
                            const horo_op_options_t* options, horo_handle_t* handles);
 
+/* Announces that this rank cannot take part in the operation on the named tensors (count > 1: one
+ * grouped call), for reason: an argument only this rank could check, such as a dtype its binding
+ * cannot pass to the core. Once every member of the process set has submitted the names, the
+ * coordinator fails them on every member with HORO_ERR_INVALID_ARGUMENT and a message naming this
+ * rank and reason, so that the others do not wait for a tensor that will never come. The handles
+ * (count entries) complete with that error. */
+horo_status_t horo_refuse(horo_runtime_t* rt, int32_t op_type, const char* const* names, int32_t count,
+                          int32_t process_set_id, const char* reason, horo_handle_t* handles);
+
 /* Enqueue, wait and release in one call, for allreduce, broadcast and barrier (operations whose
  * outputs the caller gives): as horo_enqueue with options->caller_waits set, then horo_wait and
  * horo_release on every handle. Returns the first failure, with its message. */

@@ -35,6 +35,16 @@ horo_status_t horo_enqueue(horo_runtime_t* rt, int32_t op_type, const horo_tenso
   HORO_API_END();
 }
 
+horo_status_t horo_refuse(horo_runtime_t* rt, int32_t op_type, const char* const* names, int32_t count,
+                          int32_t process_set_id, const char* reason, horo_handle_t* handles) {
+  HORO_API_BEGIN();
+  HORO_REQUIRE_RUNTIME(rt);
+  if (!horo::IsValidOpType(op_type)) return Fail(HORO_ERR_INVALID_ARGUMENT, "unknown operation " + std::to_string(op_type));
+  if (reason == nullptr || handles == nullptr) return Fail(HORO_ERR_INVALID_ARGUMENT, "refuse: reason or handles is null");
+  return SetError(rt->impl->Refuse(static_cast<horo::OpType>(op_type), names, count, process_set_id, reason, handles));
+  HORO_API_END();
+}
+
 namespace {
 
 // The options of a call that waits at once (horo_run and horo_run_result_at): the caller's, or

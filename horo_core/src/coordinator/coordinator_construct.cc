@@ -24,6 +24,9 @@ Response Coordinator::Construct(int32_t set_id, const std::string& name, const P
                          "process set " + std::to_string(set_id) + " does not exist (removed while tensor " +
                              Quote(name) + " was in flight)");
   }
+  // A rank that could not take part fails the tensor everywhere, whatever the others passed.
+  message = request_checks::Refusals(pending.by_rank);
+  if (!message.empty()) return ErrorResponse(set_id, name, HORO_ERR_INVALID_ARGUMENT, message);
   if (FindMismatch(pending.by_rank, "operations", [](const Request& r) { return std::string(OpTypeName(r.op_type)); },
                    &message) ||
       FindMismatch(pending.by_rank, "data types", [](const Request& r) { return std::string(DataTypeName(r.dtype)); },

@@ -226,6 +226,9 @@ int64_t PeerAgreement::EagerBytes(const Response& r, size_t member_index) {
 }
 
 bool PeerAgreement::Matches(const Response& c, const Request& r) const {
+  // A refusal never runs from the cache: the others must send full requests, for the coordinator
+  // to fail the tensor everywhere.
+  if (!r.refusal.empty()) return false;
   if (c.kind != ResponseKind::kOp || c.op_type != r.op_type || c.dtype != r.dtype ||
       c.on_device != (r.device != 0) || !c.joined_ranks.empty()) {
     return false;

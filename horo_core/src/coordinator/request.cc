@@ -27,6 +27,7 @@ void WriteRequest(WireWriter& w, const Request& r) {
   w.I32(r.group_size);
   w.I32Vec(r.ranks);
   w.I32(r.device);
+  w.Str(r.refusal);
 }
 
 std::string SerializeRequestList(const RequestList& list) {
@@ -67,6 +68,7 @@ Status ParseRequestList(const std::string& bytes, RequestList* out) {
     r.group_size = rd.I32();
     r.ranks = rd.I32Vec();
     r.device = rd.I32();
+    r.refusal = rd.Str();
     if (!rd.ok() || !IsValidOpType(op) || !IsValidDataType(dtype) || !IsValidReduceOp(reduce_op)) {
       return Status::Internal("malformed request in request list");
     }

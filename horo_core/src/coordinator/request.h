@@ -34,6 +34,9 @@ struct Request {
   int32_t group_size = 1;
   std::vector<int32_t> ranks;   // process set add
   int32_t device = 0;           // where the tensor lives: 0 host, d + 1 CUDA device d
+  // Non-empty: this rank cannot take part, for this reason (an argument only it could check, such
+  // as a dtype its binding cannot pass). The coordinator fails the tensor on every member with it.
+  std::string refusal;
   // This rank's input bytes, for announcing a small cached allreduce with its data
   // (coordinator/peer_agreement.h). Local only: never on the wire.
   const void* input = nullptr;

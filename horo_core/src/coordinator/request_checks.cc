@@ -69,6 +69,32 @@ std::string UndefinedReduction(const Request& agreed, horo_status_t* code) {
   return std::string();
 }
 
+std::string Refusals(const std::map<int32_t, Request>& by_rank) {
+  // Ranks with the same reason (every rank passing the same unsupported dtype, say) share one entry.
+  std::vector<std::pair<std::string, std::vector<int32_t>>> reasons;
+  for (const auto& kv : by_rank) {
+    const std::string& reason = kv.second.refusal;
+    if (reason.empty()) continue;
+    auto same = std::find_if(reasons.begin(), reasons.end(), [&](const auto& e) { return e.first == reason; });
+    if (same == reasons.end()) {
+      reasons.push_back({reason, {kv.first}});
+    } else {
+      same->second.push_back(kv.first);
+    }
+  }
+  if (reasons.empty()) return std::string();
+  const Request& first = by_rank.begin()->second;
+  std::ostringstream os;
+  os << OpTypeName(first.op_type) << " tensor " << Quote(first.name) << ": ";
+  for (size_t i = 0; i < reasons.size(); ++i) {
+    const std::vector<int32_t>& ranks = reasons[i].second;
+    os << (i ? "; " : "") << (ranks.size() > 1 ? "ranks " : "rank ");
+    for (size_t j = 0; j < ranks.size(); ++j) os << (j ? ", " : "") << ranks[j];
+    os << " " << reasons[i].first;
+  }
+  return os.str();
+}
+
 std::string InvalidArguments(const std::map<int32_t, Request>& by_rank, const std::vector<int32_t>& members) {
   const int64_t n = static_cast<int64_t>(members.size());
   for (const auto& kv : by_rank) {

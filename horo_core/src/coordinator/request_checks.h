@@ -55,6 +55,9 @@ std::string GroupOf(const Request& r);
 // reducescatter, Average or scale factors of bools), with its status code; empty if it is.
 std::string UndefinedReduction(const Request& agreed, horo_status_t* code);
 
+// The refusals among the requests (Request::refusal), each with its rank; empty if none refused.
+std::string Refusals(const std::map<int32_t, Request>& by_rank);
+
 // The first invalid root rank or alltoall split among the requests, described; empty if none.
 std::string InvalidArguments(const std::map<int32_t, Request>& by_rank, const std::vector<int32_t>& members);
 

@@ -140,7 +140,6 @@ Status Runtime::ValidateTensor(OpType op, const horo_tensor_t& t, const horo_op_
     if (t.shape[i] < 0) return Status::InvalidArgument(label() + ": negative dimension " + std::to_string(t.shape[i]));
     count *= t.shape[i];
   }
-  const DataType dtype = static_cast<DataType>(t.dtype);
   if (t.device != HORO_DEVICE_HOST) HORO_RETURN_IF_ERROR(executor_->CheckDeviceTensor(op, t, label()));
   if (count > 0 && t.input == nullptr) return Status::InvalidArgument(label() + ": input pointer is null");
   switch (op) {
@@ -193,16 +192,7 @@ namespace {
 
 Status Runtime::Enqueue(OpType op, const horo_tensor_t* tensors, int32_t count, const horo_op_options_t& options,
                         horo_handle_t* handles) {
-  if (!started_) return Status(HORO_ERR_NOT_INITIALIZED, "runtime is not connected");
-  if (stopped_) return StoppedStatus();
-  if (!sets_.Contains(options.process_set_id, rank_)) {
-    std::vector<int32_t> members;
-    if (!sets_.Members(options.process_set_id, &members)) {
-      return Status::InvalidArgument("process set " + std::to_string(options.process_set_id) + " does not exist");
-    }
-    return Status::InvalidArgument("rank " + std::to_string(rank_) + " is not a member of process set " +
-                                   std::to_string(options.process_set_id));
-  }
+  HORO_RETURN_IF_ERROR(CheckCanSubmit(options.process_set_id));
   std::vector<TensorEntry>& entries = ThreadEntries();
   entries.clear();
   if (op == OpType::kBarrier || op == OpType::kJoin) {
@@ -260,6 +250,54 @@ Status Runtime::Enqueue(OpType op, const horo_tensor_t* tensors, int32_t count, 
   }
   FailIfStoppedMeanwhile(handles, n);
   if (!callers_drive_ || !options.caller_waits) WakeBackground();
+  return Status::OK();
+}
+
+Status Runtime::CheckCanSubmit(int32_t set_id) {
+  if (!started_) return Status(HORO_ERR_NOT_INITIALIZED, "runtime is not connected");
+  if (stopped_) return StoppedStatus();
+  if (!sets_.Contains(set_id, rank_)) {
+    std::vector<int32_t> members;
+    if (!sets_.Members(set_id, &members)) {
+      return Status::InvalidArgument("process set " + std::to_string(set_id) + " does not exist");
+    }
+    return Status::InvalidArgument("rank " + std::to_string(rank_) + " is not a member of process set " +
+                                   std::to_string(set_id));
+  }
+  return Status::OK();
+}
+
+Status Runtime::Refuse(OpType op, const char* const* names, int32_t count, int32_t set_id, const std::string& reason,
+                       horo_handle_t* handles) {
+  HORO_RETURN_IF_ERROR(CheckCanSubmit(set_id));
+  if (count < 1 || names == nullptr) return Status::InvalidArgument("refuse: no tensor names");
+  if (reason.empty()) return Status::InvalidArgument("refuse: the reason is empty");
+  if (op == OpType::kBarrier || op == OpType::kJoin) {
+    return Status::InvalidArgument(std::string("refuse: ") + OpTypeName(op) + " carries no tensors to refuse");
+  }
+  std::vector<TensorEntry> entries(count);
+  for (int32_t i = 0; i < count; ++i) {
+    if (names[i] == nullptr) return Status::InvalidArgument("refuse: tensor name " + std::to_string(i) + " is null");
+    Request& r = entries[i].request;
+    r.rank = rank_;
+    r.process_set_id = set_id;
+    r.op_type = op;
+    r.name = names[i];
+    r.dtype = DataType::kUInt8;
+    r.refusal = reason;
+    if (count > 1) {
+      r.group_leader = names[0];
+      r.group_size = count;
+    }
+  }
+  for (int32_t i = 0; i < count; ++i) handles[i] = entries[i].handle = handles_.Allocate();
+  Status st = queue_.Add(&entries);
+  if (!st.ok()) {
+    for (int32_t i = 0; i < count; ++i) handles_.Release(handles[i]);
+    return st;
+  }
+  FailIfStoppedMeanwhile(handles, count);
+  WakeBackground();
   return Status::OK();
 }
 

@@ -70,6 +70,10 @@ class Runtime {
 
   Status Enqueue(OpType op, const horo_tensor_t* tensors, int32_t count, const horo_op_options_t& options,
                  horo_handle_t* handles);
+  // Announces that this rank cannot take part in op on the named tensors (count > 1: one grouped
+  // call), for reason; the coordinator fails them on every member (horo_refuse in horo.h).
+  Status Refuse(OpType op, const char* const* names, int32_t count, int32_t set_id, const std::string& reason,
+                horo_handle_t* handles);
   // Blocks until the handle completes or timeout_seconds (< 0: forever) passes, as
   // HandleManager::Wait; meanwhile the calling thread may run the negotiation and the collectives
   // itself (see runtime_progress.cc).
@@ -97,6 +101,8 @@ class Runtime {
  private:
   Runtime(const Config& config, int rank, int size);
 
+  // Whether this rank may submit to set_id now: connected, not stopped, a member of the set.
+  Status CheckCanSubmit(int32_t set_id);
   Status ValidateTensor(OpType op, const horo_tensor_t& t, const horo_op_options_t& options) const;
   Status StoppedStatus();
   void FailIfStoppedMeanwhile(const horo_handle_t* handles, size_t count);

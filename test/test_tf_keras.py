@@ -271,6 +271,64 @@ def check_checkpoint_and_load(c, hvd, keras, tf):
         c.equal(f"training continues in step after load_model {i}", a, b)
 
 
+def check_resume_on_rank_0_only(c, hvd, keras, tf):
+    """Horovod's resume pattern (keras_imagenet_resnet50.py): rank 0 restores the checkpoint with
+    load_model, its optimizer built and stepped, while the others build a fresh model. Its gradients
+    must meet theirs under the same names, and the broadcast callback must not compare variable
+    lists that differ by rank (it broadcasts everything after the first batch then). The same for
+    a model that rank 0 alone built before fit (to print its summary)."""
+    import os
+    import shutil
+    import tempfile
+
+    import horo_tf
+    n, r = hvd.size(), hvd.rank()
+    (xs, ys), _, _ = shard_and_global(n, r)
+
+    def build(seed, wrap=hvd.DistributedOptimizer):
+        keras.utils.set_random_seed(seed)
+        model = keras.Sequential([keras.Input((xs.shape[1],)), keras.layers.Dense(6, activation="tanh"),
+                                  keras.layers.Dense(1)])
+        model.compile(optimizer=wrap(keras.optimizers.SGD(0.05, momentum=0.9)), loss="mse")
+        return model
+
+    def agree(what, model):
+        state = model.get_weights() + [v.numpy() for v in model.optimizer.variables]
+        everyone = horo_tf.allgather_object([len(state)] + [w.tolist() for w in state], name=f"resume.{what}")
+        c.same(f"{what}: every rank holds root_rank's weights and optimizer state",
+               all(e == everyone[0] for e in everyone), True)
+
+    tmp = horo_tf.broadcast_object(tempfile.mkdtemp() if r == 0 else None, 0, name="resume.dir")
+    try:
+        path = os.path.join(tmp, "checkpoint.keras")
+        if r == 0:
+            first = build(500, wrap=lambda optimizer: optimizer)  # an earlier run's checkpoint
+            first.fit(xs, ys, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+            first.save(path)
+        hvd.allreduce(tf.zeros([1]), name="resume.saved")
+        model = hvd.load_model(path) if r == 0 else build(600 + r)
+        c.same("rank 0 alone has optimizer variables before fit", model.optimizer.built, r == 0)
+        if r == 0:
+            c.same("load_model wraps the optimizer of a checkpoint written without Horo, its state kept",
+                   ("DistributedMixin" in str(type(model.optimizer).__mro__), int(model.optimizer.iterations.numpy())),
+                   (True, int(first.optimizer.iterations.numpy())))
+        model.fit(xs, ys, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+                  callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+        agree("resumed on rank 0 only", model)
+    finally:
+        if r == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    keras.utils.set_random_seed(700 + r)
+    model = keras.Sequential([keras.layers.Dense(6, activation="tanh"), keras.layers.Dense(1)])
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(0.01)), loss="mse")
+    if r == 0:
+        model.predict(xs[:2], verbose=0)  # builds the model here only
+    model.fit(xs, ys, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    agree("built on rank 0 only", model)
+
+
 def check_names_alike_whatever_else_a_rank_built(c, hvd, keras, tf):
     """Keras numbers optimizer names per process (adam, adam_1, ...): a rank that built another
     optimizer first still reduces its gradients under the names its peers use, instead of waiting
@@ -531,7 +589,8 @@ def check_local_variables(c, hvd, keras, tf):
 
 GROUPS = [check_fit_equivalence, check_gradient_accumulation, check_custom_loop, check_callbacks,
           check_broadcast_of_models_built_by_their_first_step,
-          check_checkpoint_and_load, check_names_alike_whatever_else_a_rank_built, check_xla_and_functions, check_mixed_precision, check_sync_batch_norm_fit,
+          check_checkpoint_and_load, check_resume_on_rank_0_only, check_names_alike_whatever_else_a_rank_built,
+          check_xla_and_functions, check_mixed_precision, check_sync_batch_norm_fit,
           check_sparse_embedding_fit, check_local_variables]
 
 

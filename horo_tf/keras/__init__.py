@@ -21,7 +21,8 @@ from horo_tf import mpi_ops
 from horo_tf.compression import Compression
 from horo_tf.gradient_reduction import ReductionOptions
 from horo_tf.keras import callbacks
-from horo_tf.keras.optimizer import DistributedOptimizer, PartialDistributedOptimizer, distributed_class
+from horo_tf.keras.optimizer import (DistributedOptimizer, PartialDistributedOptimizer, _DistributedMixin,
+                                    distributed_class)
 from horo_tf.mpi_ops import Adasum, Average, Sum
 
 
@@ -113,9 +114,11 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
     if legacy_opts:
         raise ValueError("load_model(legacy_opts=True): Keras 3 has no tf.keras.optimizers.legacy; "
                          "load with legacy_opts=False")
-    options = ReductionOptions(compression=compression)
     objects = {}
     for cls in _optimizer_classes() + list(custom_optimizers or []):
+        # Named as DistributedOptimizer names it: a rank that restores the checkpoint reduces its
+        # gradients with the ranks that build their optimizer.
+        options = ReductionOptions(compression=compression, name=f"DistributedOptimizer.{cls.__name__}")
         wrapped = distributed_class(cls, options)
         objects[cls.__name__] = wrapped
         objects[keras.saving.get_registered_name(cls)] = wrapped
@@ -123,7 +126,29 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
         # ("adadelta"); without this key it silently builds the plain optimizer.
         objects[cls.__name__.lower()] = wrapped
     objects.update(custom_objects or {})
-    return keras.models.load_model(filepath, custom_objects=objects)
+    model = keras.models.load_model(filepath, custom_objects=objects)
+    optimizer = getattr(model, "optimizer", None)
+    if isinstance(optimizer, keras.optimizers.Optimizer) and not isinstance(optimizer, _DistributedMixin) \
+            and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        # A checkpoint written without Horovod names its optimizer as a built-in class, which Keras 3
+        # builds from keras.optimizers whatever custom_objects says: wrap it now, state included.
+        wrapped = distributed_class(type(optimizer), ReductionOptions(
+            compression=compression, name=f"DistributedOptimizer.{type(optimizer).__name__}"))
+        model.optimizer = _with_state_of(wrapped.from_config(optimizer.get_config()), optimizer, model)
+    return model
+
+
+def _with_state_of(fresh, loaded, model):
+    """fresh, built on model's trainable variables and holding loaded's variables' values (its
+    iterations, momenta...), if loaded is built."""
+    if loaded.built:
+        fresh.build(model.trainable_variables)
+        if len(fresh.variables) != len(loaded.variables):
+            raise ValueError(f"load_model: the restored {type(loaded).__name__} holds {len(loaded.variables)} "
+                             f"variables, but it builds {len(fresh.variables)} on the model's trainable variables")
+        for mine, saved in zip(fresh.variables, loaded.variables):
+            mine.assign(saved)
+    return fresh
 
 
 def __getattr__(name):

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from horo_core import basics
 from horo_tf import mpi_ops
-from horo_tf.functions import broadcast_variables
+from horo_tf.functions import allgather_object, broadcast_variables
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
@@ -21,15 +21,19 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     The random state of Dropout, noise and augmentation layers (Keras 3 seed generators) is left
     alone, so that ranks keep drawing different masks.
 
-    Keras 3 builds the optimizer before ``on_train_begin``, so both are broadcast before the first
-    step. Variables that the first step creates (a model without an ``Input`` or a subclassed
-    model, which Keras builds on its first batch; an optimizer not built yet) are broadcast after
-    the first batch instead, as Horovod broadcasts everything then.
+    When every rank holds the same variables at ``on_train_begin`` (shapes and dtypes compared),
+    they are broadcast then, before the first step. Variables that the first step creates (a model
+    without an ``Input`` or a subclassed model, which Keras builds on its first batch; an optimizer
+    not built yet) are broadcast after the first batch, as Horovod broadcasts everything then. So is
+    everything when the ranks start at different build states (rank 0 restored a checkpoint with
+    ``load_model``, or built the model to print its summary, while the others did not).
 
     Args:
         root_rank: the global rank whose values every rank takes.
         device: accepted for Horovod compatibility.
         local_variables: variables to leave alone (a variable or a list).
+    Raises:
+        ValueError (on every rank): after the first batch, the ranks still hold different variables.
     """
 
     def __init__(self, root_rank, device="", local_variables=None):
@@ -50,10 +54,18 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
             variables += list(optimizer.variables)
         return [v for v in variables if id(v) not in self._local and not _is_seed_state(v)]
 
+    def _layouts(self, variables, when):
+        """Every rank's (shape, dtype) list of its variables, in rank order (a collective)."""
+        layout = [(tuple(v.shape), str(v.dtype)) for v in variables]
+        return allgather_object(layout, name=f"BroadcastGlobalVariablesCallback.{when}")
+
     def on_train_begin(self, logs=None):
         variables = self._variables()
-        self._done = {id(v) for v in variables}
-        broadcast_variables(variables, root_rank=self.root_rank)
+        layouts = self._layouts(variables, "train_begin")
+        self._done = set()
+        if all(layout == layouts[0] for layout in layouts):
+            self._done = {id(v) for v in variables}
+            broadcast_variables(variables, root_rank=self.root_rank)
         self._first_batch = True
 
     def on_train_batch_end(self, batch, logs=None):
@@ -62,8 +74,24 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self._first_batch = False
         created = [v for v in self._variables() if id(v) not in self._done]
         self._done = set()
+        layouts = self._layouts(created, "first_batch")
+        root = layouts[self.root_rank]
+        for rank, layout in enumerate(layouts):
+            if layout != root:
+                raise ValueError(f"BroadcastGlobalVariablesCallback: after the first batch, rank {rank} has "
+                                 f"{len(layout)} variables to take from root rank {self.root_rank}, which has "
+                                 f"{len(root)}, or their shapes or dtypes differ (first difference: "
+                                 f"{_first_difference(layout, root)}); every rank must build the same model "
+                                 f"and optimizer")
         if created:
             broadcast_variables(created, root_rank=self.root_rank)
+
+
+def _first_difference(layout, root):
+    for i, (mine, theirs) in enumerate(zip(layout, root)):
+        if mine != theirs:
+            return f"variable {i} is {mine[1]} {list(mine[0])} there, {theirs[1]} {list(theirs[0])} on the root"
+    return f"variable {min(len(layout), len(root))} exists on one of them only"
 
 
 def _is_seed_state(variable):

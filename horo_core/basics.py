@@ -11,10 +11,13 @@ import itertools
 import logging
 import os
 import socket
+import sys
 import threading
 
 from horo_core import config, launch_env
-from horo_core.errors import HoroInvalidArgument, HoroNotInitializedError
+from horo_core.errors import (HoroInvalidArgument, HoroNotInitializedError, HoroPeerLostError, HoroShutdownError,
+                              HoroTimeoutError)
+from horo_core.kv_wire import KVTimeoutError
 from horo_core.kvstore import KVClient, KVServer
 from horo_core.process_sets import ProcessSet, global_process_set
 from horo_core.runtime import LoopbackHub, Runtime
@@ -182,14 +185,18 @@ def init(comm=None, process_sets=None):
             kv = None
             try:
                 kv = KVClient(host, port, secret, timeout=start_timeout)
+                # This rank reached the rendezvous: hororun gives the others start_timeout from the
+                # first such rank, then names those that did not come (runner/job.py); meanwhile
+                # this rank waits a little longer, so that the launcher's message is the one seen.
+                kv.set(f"ready/{info.rank}", b"1")
+                wait = start_timeout + (_LAUNCHER_NAMES_LATE_RANKS_S if info.family == "hororun" else 0.0)
                 rt = Runtime(rank, size, secret=secret, bind_host=info.bind_host)
                 prefix = f"{key_prefix}init{generation}/"
                 kv.set(f"{prefix}addr/{rank}", rt.address().encode())
                 kv.set(f"{prefix}host/{rank}", hostname.encode())
-                addresses = [kv.get(f"{prefix}addr/{r}", timeout=start_timeout).decode() for r in range(size)]
-                hostnames = [kv.get(f"{prefix}host/{r}", timeout=start_timeout).decode() for r in range(size)]
+                addresses = _gather(kv, f"{prefix}addr", size, wait, start_timeout, (host, port))
+                hostnames = _gather(kv, f"{prefix}host", size, wait, start_timeout, (host, port))
                 rt.connect(addresses)
-                kv.set(f"ready/{info.rank}", b"1")
             except BaseException:
                 # Leave nothing behind, so that a later init() starts clean.
                 if rt is not None:
@@ -230,6 +237,69 @@ def init(comm=None, process_sets=None):
         if not _state.atexit_registered:
             atexit.register(shutdown)
             _state.atexit_registered = True
+        _note_exits_for_launcher()
+
+
+_LAUNCHER_NAMES_LATE_RANKS_S = 5.0
+
+
+def _gather(kv, prefix, size, wait, start_timeout, rendezvous):
+    """Every rank's value under prefix/<rank> in the rendezvous, each waited for up to wait s.
+
+    Raises:
+        HoroTimeoutError: a rank did not post its value in time (it never started, or started late).
+    """
+    values = []
+    for r in range(size):
+        try:
+            values.append(kv.get(f"{prefix}/{r}", timeout=wait).decode())
+        except KVTimeoutError:
+            raise HoroTimeoutError(
+                f"rank {r} did not reach the rendezvous at {rendezvous[0]}:{rendezvous[1]} within {start_timeout:g} s "
+                f"(the start timeout: raise HORO_START_TIMEOUT or hororun --start-timeout if ranks start slowly)"
+            ) from None
+    return values
+
+
+def _note_exits_for_launcher():
+    """Under hororun, an exception that ends this process is noted for the launcher, which names
+    the rank whose failure ended the job rather than a rank that failed because of it (whose
+    collective raised HoroShutdownError or HoroPeerLostError when that rank exited, and which may
+    exit first). See horo_runner.local_exec."""
+    if not os.environ.get("HORO_EXIT_NOTES") or getattr(sys.excepthook, "horo_notes_exits", False):
+        return
+    previous = sys.excepthook
+
+    def note_and_report(exc_type, exc, tb):
+        note_exit_for_launcher(exc)
+        previous(exc_type, exc, tb)
+
+    note_and_report.horo_notes_exits = True
+    sys.excepthook = note_and_report
+
+
+def note_exit_for_launcher(exc):
+    """Notes for hororun that this rank is exiting on exc: a ``consequence`` of another rank ending
+    the job, or its ``cause`` (horo_runner.run's workers call it for the exception they catch)."""
+    directory, rank = os.environ.get("HORO_EXIT_NOTES"), os.environ.get("HORO_RANK")
+    if not directory or not rank:
+        return
+    try:
+        with open(os.path.join(directory, rank), "w") as f:
+            f.write("consequence" if _ended_by_another_rank(exc) else "cause")
+    except OSError:
+        pass
+
+
+def _ended_by_another_rank(exc):
+    """Whether exc, or an exception it was raised from or while handling, is a collective's
+    failure because another rank shut down or was lost (not this rank's own shutdown())."""
+    seen = 0
+    while exc is not None and seen < 16:
+        if isinstance(exc, (HoroShutdownError, HoroPeerLostError)) and "shutdown() was called" not in str(exc):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 def shutdown():

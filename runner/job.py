@@ -8,9 +8,9 @@
    ``HORO_CROSS_RANK``, ``HORO_CROSS_SIZE``, ``HORO_HOSTNAME``, ``HORO_RENDEZVOUS_ADDR``,
    ``HORO_RENDEZVOUS_PORT``, ``HORO_SECRET`` (hex; in the environment only, never on a command line
    or in any message), ``PYTHONUNBUFFERED=1`` and the settings the caller passes;
-4. watches the start: once the first rank has registered (set ``ready/<rank>`` in the rendezvous)
-   every other rank must register within the start timeout, or the job fails naming those that
-   did not. A command that never uses Horo never registers and is not watched;
+4. watches the start: once the first rank has registered (set ``ready/<rank>`` in the rendezvous
+   when its ``init()`` reaches it) every other rank must register within the start timeout, or the
+   job fails naming those that did not. A command that never uses Horo never registers and is not watched;
 5. keeps the rendezvous up until every worker has exited.
 """
 from __future__ import annotations
@@ -19,18 +19,19 @@ import dataclasses
 import os
 import shlex
 import sys
+import tempfile
 from typing import IO, Mapping, Optional, Sequence
 
 from horo_core.kvstore import KVServer
 
 from .binding import format_cpus, rank_cpu_sets
 from .hosts import HostSlots, SlotInfo, get_host_assignments, remote_hosts
-from .local_exec import ExecOptions, JobResult, Monitor, Worker, execute
+from .local_exec import EXIT_NOTES_ENV, ExecOptions, JobResult, Monitor, Worker, execute
 
 __all__ = ["JobSpec", "run_job", "READY_KEY", "SECRET_ENV"]
 
 READY_KEY = "ready/{rank}"
-"""Key a rank sets in the rendezvous once it has connected (horo_core's init does it)."""
+"""Key a rank sets in the rendezvous when its init() reaches it, before it waits for the others."""
 SECRET_ENV = "HORO_SECRET"
 _SECRET_BYTES = 32
 
@@ -153,15 +154,16 @@ def run_job(spec: JobSpec, stdout: Optional[IO[str]] = None,
     cpus = rank_cpu_sets(spec.bind_to, len(slots))
     err = stderr or sys.stderr
     secret_hex = os.urandom(_SECRET_BYTES).hex()
-    with KVServer("127.0.0.1", 0, bytes.fromhex(secret_hex)) as server:
+    with KVServer("127.0.0.1", 0, bytes.fromhex(secret_hex)) as server, \
+            tempfile.TemporaryDirectory(prefix="hororun-exits-") as notes:
         rendezvous = server.address
         if spec.verbose:
             _describe(spec, slots, rendezvous, cpus, err)
-        workers = [Worker(s.rank, spec.command,
-                          _worker_env(os.environ, s, spec.settings_env, rendezvous, secret_hex), cpus[i])
+        settings = {**spec.settings_env, EXIT_NOTES_ENV: notes}
+        workers = [Worker(s.rank, spec.command, _worker_env(os.environ, s, settings, rendezvous, secret_hex), cpus[i])
                    for i, s in enumerate(slots)]
         options = ExecOptions(output_dir=spec.output_dir, prefix_timestamp=spec.prefix_timestamp,
-                              termination_grace_s=spec.termination_grace_s)
+                              termination_grace_s=spec.termination_grace_s, exit_notes_dir=notes)
         return execute(workers, options, monitors=[_start_watch(server, spec.num_proc,
                                                                 spec.start_timeout)],
                        stdout=stdout, stderr=stderr)

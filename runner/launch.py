@@ -25,7 +25,9 @@ _LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
 
 
 def _number(value: float) -> str:
-    return f"{value:g}"
+    """The text of a number for a worker's environment, exact (no rounding to 6 digits)."""
+    value = float(value)
+    return str(int(value)) if value.is_integer() and abs(value) < 2 ** 53 else repr(value)
 
 
 def _flag(value: bool) -> Optional[str]:
@@ -112,6 +114,21 @@ def _non_negative_number(text: str) -> float:
     return value
 
 
+def _at_most(parse: Callable[[str], float], limit: float) -> Callable[[str], float]:
+    """parse, refusing values above limit (the workers' own bound, config.cc), so that a value the
+    workers would reject fails here, before any rank starts."""
+    def checked(text: str) -> float:
+        value = parse(text)
+        if value > limit:
+            raise argparse.ArgumentTypeError(f"must be at most {limit}, got {text}")
+        return value
+    return checked
+
+
+_MAX_DURATION = 1_000_000  # cycle time (ms) and stall times (s): config.cc's bound
+_MAX_FUSION_MB = (2 ** 63 - 1) // (1 << 20)  # the threshold in bytes must fit an int64
+
+
 def _unit_interval(text: str) -> float:
     value = _parsed(text, float, "a number")
     if not 0.0 <= value <= 1.0:
@@ -162,9 +179,9 @@ def _build_parser() -> argparse.ArgumentParser:
                        help='file with "host slots=N" or "host:N" lines')
 
     tuning = p.add_argument_group("tuning")
-    tuning.add_argument("--fusion-threshold-mb", type=_non_negative_number, metavar="MB",
+    tuning.add_argument("--fusion-threshold-mb", type=_at_most(_non_negative_number, _MAX_FUSION_MB), metavar="MB",
                         help="fusion buffer size in MiB; 0 disables fusion (HORO_FUSION_THRESHOLD)")
-    tuning.add_argument("--cycle-time-ms", type=_non_negative_number, metavar="MS",
+    tuning.add_argument("--cycle-time-ms", type=_at_most(_non_negative_number, _MAX_DURATION), metavar="MS",
                         help="background cycle time in milliseconds (HORO_CYCLE_TIME)")
     tuning.add_argument("--cache-capacity", type=_non_negative_int, metavar="N",
                         help="response cache entries; 0 disables it (HORO_CACHE_CAPACITY)")
@@ -223,9 +240,11 @@ def _build_parser() -> argparse.ArgumentParser:
                        help="disable the stall check (HORO_STALL_CHECK_DISABLE=1)")
     stall.add_argument("--stall-check", dest="no_stall_check", action="store_false", default=False,
                        help=argparse.SUPPRESS)
-    stall.add_argument("--stall-check-warning-time-seconds", type=_non_negative_int, metavar="SECONDS",
+    stall.add_argument("--stall-check-warning-time-seconds", type=_at_most(_non_negative_int, _MAX_DURATION),
+                       metavar="SECONDS",
                        help="warn about a stall after this long (HORO_STALL_CHECK_TIME_SECONDS)")
-    stall.add_argument("--stall-check-shutdown-time-seconds", type=_non_negative_int, metavar="SECONDS",
+    stall.add_argument("--stall-check-shutdown-time-seconds", type=_at_most(_non_negative_int, _MAX_DURATION),
+                       metavar="SECONDS",
                        help="shut down after a stall this long; 0 never "
                             "(HORO_STALL_SHUTDOWN_TIME_SECONDS)")
 

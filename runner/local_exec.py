@@ -16,6 +16,11 @@ a session of its own) SIGKILLs every worker's process group once the launcher's 
 closes without a word that the job is over: what the workers started (data loaders, servers)
 dies with them, as under Horovod's per-rank middleman.
 
+The failing worker the job is blamed on is the first to exit non-zero, unless that worker noted
+(horo_core, under ``exit_notes_dir``) that its error came from another rank ending the job (a
+collective that failed because a peer shut down or was lost): then the launcher waits a few
+seconds for the worker whose failure that was, which may take longer to exit, and names it.
+
 Then every worker still running gets SIGTERM on its whole process group, and SIGKILL after a grace
 period (a second Ctrl-C skips the grace period). Processes that a worker left behind in its group
 when it exited get the same at the end of the job, so that none goes on alone. The job's exit code is the failing worker's code,
@@ -36,7 +41,7 @@ from typing import IO, Callable, Mapping, Optional, Sequence
 
 from .output import OutputSink, forward_pipe
 
-__all__ = ["Worker", "ExecOptions", "JobResult", "Monitor", "execute"]
+__all__ = ["Worker", "ExecOptions", "JobResult", "Monitor", "execute", "EXIT_NOTES_ENV"]
 
 Monitor = Callable[[], Optional[str]]
 """Runs in its own thread; returns a failure message to end the job, or None. It must return
@@ -44,6 +49,10 @@ Monitor = Callable[[], Optional[str]]
 
 _READER_JOIN_S = 10.0  # a detached grandchild may hold a pipe open; do not wait on it forever
 _LEFTOVER_GRACE_S = 2.0  # a worker's leftover processes: SIGTERM, then SIGKILL after this long
+_CAUSE_WAIT_S = 5.0  # how long a failure that a worker blames on another rank waits for that rank
+EXIT_NOTES_ENV = "HORO_EXIT_NOTES"
+"""Directory where a rank notes why it is exiting on an exception (horo_core.basics): a file named
+after its rank holding ``consequence`` (another rank ended the job) or ``cause``."""
 
 # The watchdog: reads one process group id per line until "done"; if its input ends first, the
 # launcher died without cleaning up, and every group gets SIGKILL.
@@ -108,12 +117,15 @@ class ExecOptions:
         prefix_timestamp: precede each output prefix with a timestamp.
         termination_grace_s: seconds between SIGTERM and SIGKILL.
         cwd: working directory of the workers (default: the launcher's).
+        exit_notes_dir: where the workers note why they exit on an exception (``EXIT_NOTES_ENV``;
+            the caller passes it in their environment), read to blame the right worker.
     """
 
     output_dir: Optional[str] = None
     prefix_timestamp: bool = False
     termination_grace_s: float = 5.0
     cwd: Optional[str] = None
+    exit_notes_dir: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,6 +265,36 @@ class _Job:
             self.running.discard(rank)
             self.returncodes[rank] = code
 
+    def _noted_consequence(self, rank: int) -> bool:
+        directory = self.options.exit_notes_dir
+        if directory is None:
+            return False
+        try:
+            with open(os.path.join(directory, str(rank))) as f:
+                return f.read().strip() == "consequence"
+        except OSError:
+            return False
+
+    def blamed_rank(self, first: int) -> int:
+        """The rank to blame for the job's end, the first failing worker being first: itself,
+        unless it noted that another rank ended the job; then the next worker to fail without that
+        note, if one does within _CAUSE_WAIT_S (whose failure that likely was)."""
+        if not self._noted_consequence(first):
+            return first
+        deadline = time.monotonic() + _CAUSE_WAIT_S
+        while self.running:
+            try:
+                event = self.events.get(timeout=max(deadline - time.monotonic(), 0))
+            except queue.Empty:
+                break
+            if event[0] == "signal":
+                self.events.put(event)  # the caller's terminate() sees it
+                break
+            self.record(event)
+            if event[0] == "exit" and event[2] != 0 and not self._noted_consequence(event[1]):
+                return event[1]
+        return first
+
     def signal_groups(self, ranks, signum: int) -> None:
         for rank in ranks:
             try:
@@ -343,8 +385,8 @@ def execute(workers: Sequence[Worker], options: ExecOptions = ExecOptions(),
                     break
                 job.record(event)
                 if event[0] == "exit" and event[2] != 0:
-                    failed_rank = event[1]
-                    exit_code, message = _describe_exit(event[1], event[2])
+                    failed_rank = job.blamed_rank(event[1])
+                    exit_code, message = _describe_exit(failed_rank, job.returncodes[failed_rank])
                     break
                 if event[0] == "monitor":
                     exit_code, message = 1, event[1]

@@ -65,7 +65,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         with open(os.path.join(workdir, FN_FILE), "rb") as f:
             fn, fn_args, fn_kwargs = pickle.load(f)
         payload = dumps(fn(*fn_args, **fn_kwargs))
-    except Exception:
+    except Exception as exc:
+        from horo_core.basics import note_exit_for_launcher
+        note_exit_for_launcher(exc)
         text = traceback.format_exc()
         write_atomically(os.path.join(workdir, ERROR_FILE.format(rank=rank)), text.encode())
         sys.stderr.write(text)

@@ -130,6 +130,26 @@ def test_a_taken_rendezvous_port_is_named(worker):
     assert "set HORO_RENDEZVOUS_PORT to a free port on every rank" in out.stderr
 
 
+def test_a_rank_that_never_comes_is_named_in_a_horovod_internal_error(tmp_path):
+    """Under torchrun, rank 1 never starts: rank 0's init() fails after the start timeout with
+    HoroTimeoutError (a HorovodInternalError, as init() documents) naming rank 1 and the setting."""
+    script = tmp_path / "alone.py"
+    script.write_text("import horo_torch as hvd\n"
+                      "try:\n"
+                      "    hvd.init()\n"
+                      "except hvd.HorovodInternalError as e:\n"
+                      "    print(type(e).__name__, e)\n")
+    master = free_port()
+    env = clean_env()
+    env.update({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2", "HORO_START_TIMEOUT": "1",
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master)})
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert (f"HoroTimeoutError rank 1 did not reach the rendezvous at 127.0.0.1:{master + 1} within 1 s (the start "
+            "timeout: raise HORO_START_TIMEOUT or hororun --start-timeout if ranks start slowly)") in out.stdout, \
+        out.stdout + out.stderr
+
+
 def test_mpi4py_of_another_mpi_is_named(worker):
     """MPICH's launcher (PMI_RANK/PMI_SIZE) with mpi4py built on Open MPI: mpi4py sees a world of
     one. Each rank would host a rendezvous of its own and wait 30 s for peers; init says why at once."""

@@ -141,6 +141,10 @@ def test_empty_horo_setting_leaves_horovods_and_two_values_are_named(monkeypatch
     with World(1, rank_env=lambda r: {"HORO_CYCLE_TIME": "2", "HOROVOD_CYCLE_TIME": "7"}):
         pass
     assert "HORO_CYCLE_TIME='2' applies; HOROVOD_CYCLE_TIME='7' is ignored" in capfd.readouterr().err
+    # The same value written two ways ("60" by hororun, "60.0" in the user's shell) is no conflict.
+    with World(1, rank_env=lambda r: {"HORO_START_TIMEOUT": "60", "HOROVOD_START_TIMEOUT": "60.0"}):
+        pass
+    assert "START_TIMEOUT" not in capfd.readouterr().err
 
 
 def test_wait_without_a_bound_waits_and_nan_is_refused():

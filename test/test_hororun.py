@@ -131,6 +131,32 @@ def test_failing_rank_terminates_the_others(child_env):
         proc.stderr.decode()
 
 
+# Rank 1 raises; rank 0, waiting in a collective for it, fails with HoroShutdownError when rank 1
+# shuts Horo down, and exits first: rank 1 is slow to exit (an atexit handler registered before
+# init runs after Horo's shutdown).
+RAISES_ON_RANK_ONE = """
+    import atexit, os, time
+    if os.environ["HORO_RANK"] == "1":
+        atexit.register(time.sleep, 2)
+    import torch
+    import horo_torch as hvd
+    hvd.init()
+    hvd.allreduce(torch.ones(1), name="warm")
+    if hvd.rank() == 1:
+        raise ValueError("the real failure is on rank 1")
+    hvd.allreduce(torch.ones(1), name="never")
+"""
+
+
+def test_the_rank_that_failed_is_named_not_the_one_that_failed_because_of_it(child_env):
+    proc = hororun(child_env, "-np", "2", *worker(RAISES_ON_RANK_ONE))
+    err = proc.stderr.decode()
+    assert "[0]<stderr>:horo_core.errors.HoroShutdownError" in err  # rank 0 did fail, because of rank 1
+    assert "[1]<stderr>:ValueError: the real failure is on rank 1" in err
+    assert proc.returncode == 1
+    assert "hororun: rank 1 exited with code 1\n" in err, err
+
+
 def test_rank_killed_by_signal(child_env):
     code = """
         import os, signal
@@ -300,6 +326,23 @@ def test_start_timeout_names_ranks_that_never_registered(child_env):
             "rank (--start-timeout); terminated the remaining 3 ranks") in proc.stderr.decode()
 
 
+def test_start_timeout_names_a_rank_that_reached_init_late(child_env):
+    """Rank 1 calls init() long after rank 0: the launcher names it when the start timeout has
+    passed since rank 0 came, before rank 0 gives up waiting in init() (with HoroTimeoutError, a
+    HorovodInternalError, as run without hororun)."""
+    code = """
+        import os, time
+        if os.environ["HORO_RANK"] == "1":
+            time.sleep(60)
+        import horo_core.basics as basics
+        basics.init()
+    """
+    proc = hororun(child_env, "-np", "2", "--start-timeout", "2", *worker(code))
+    assert proc.returncode == 1
+    assert ("hororun: rank 1 did not register with the rendezvous within 2 s of the first rank (--start-timeout); "
+            "terminated the remaining 2 ranks") in proc.stderr.decode()
+
+
 # ------------------------------------------------------------------------------- environment
 
 
@@ -373,6 +416,9 @@ def test_settings_env_only_for_given_flags(runner_path, monkeypatch):
         parse_args(["-np", "2", "--hierarchical-allgather", "--no-hierarchical-allgather", "true"])
     env = settings_env(parse_args(["-np", "2", "--timeline-filename", "t.json", "--timeline-mark-cycles", "true"]))
     assert env["HORO_TIMELINE"] == "t.json" and env["HORO_TIMELINE_MARK_CYCLES"] == "1"
+    # Numbers reach the workers exactly, not rounded to 6 digits.
+    env = settings_env(parse_args(["-np", "2", "--start-timeout", "123456.7", "--cycle-time-ms", "0.1234567", "true"]))
+    assert (env["HORO_START_TIMEOUT"], env["HORO_CYCLE_TIME"]) == ("123456.7", "0.1234567")
 
 
 def test_start_timeout_from_horovods_variable_or_ours(runner_path, monkeypatch):
@@ -564,6 +610,10 @@ def test_what_a_finished_rank_left_running_ends_with_the_job(child_env):
     (["true"], "-np/--num-proc is required"),
     (["-np", "2"], "no command given"),
     (["-np", "1", "--cache-capacity", "-5", "true"], "must be >= 0, got -5"),
+    # Values the workers would refuse at init() are refused before any rank starts.
+    (["-np", "1", "--cycle-time-ms", "2e6", "true"], "--cycle-time-ms: must be at most 1000000, got 2e6"),
+    (["-np", "1", "--stall-check-warning-time-seconds", "2000000", "true"], "must be at most 1000000, got 2000000"),
+    (["-np", "1", "--fusion-threshold-mb", "1e13", "true"], "must be at most 8796093022207, got 1e13"),
     (["-np", "2", "-H", "otherhost:2", "true"], "remote hosts are not supported yet: otherhost"),
     (["-np", "3", "-H", "localhost:2", "true"], "requested 3 processes but the hosts provide "
                                                  "only 2 slots"),
@@ -620,6 +670,33 @@ def test_ctrl_c_during_run_is_a_keyboard_interrupt(child_env):
     out, err = signal_when_ready(caller, signal.SIGINT, ready_lines=2)
     assert caller.returncode == 0, err.decode()
     assert "interrupted: hororun: received SIGINT; terminated 2 ranks" in out.decode()
+
+
+def raise_on_rank_one_while_rank_zero_waits():
+    import atexit
+    import os
+    import time
+    if os.environ["HORO_RANK"] == "1":
+        atexit.register(time.sleep, 2)
+    import torch
+
+    import horo_torch as hvd
+    hvd.init()
+    hvd.allreduce(torch.ones(1), name="warm")
+    if hvd.rank() == 1:
+        raise ValueError("the real failure is on rank 1")
+    hvd.allreduce(torch.ones(1), name="never")
+
+
+def test_run_raises_the_traceback_of_the_rank_that_failed_first(runner_path):
+    """As test_the_rank_that_failed_is_named_not_the_one_that_failed_because_of_it, through
+    horo_runner.run: the error holds rank 1's traceback, not rank 0's HoroShutdownError."""
+    import horo_runner
+    with pytest.raises(RuntimeError) as info:
+        horo_runner.run(raise_on_rank_one_while_rank_zero_waits, num_proc=2)
+    message = str(info.value)
+    assert "rank 1 exited with code 1" in message
+    assert "ValueError: the real failure is on rank 1" in message
 
 
 def test_run_propagates_an_exception_with_its_traceback(runner_path):

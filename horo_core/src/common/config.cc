@@ -22,6 +22,14 @@ struct Setting {
   std::function<std::string(const Config&)> print;
 };
 
+// Whether two texts of one setting give it the same value ("60" and "60.0"): then the one that
+// applies hides nothing worth a note.
+bool SameValue(const Setting& s, const std::string& a, const std::string& b) {
+  Config with_a;
+  Config with_b;
+  return s.parse(a, &with_a) && s.parse(b, &with_b) && s.print(with_a) == s.print(with_b);
+}
+
 bool ParseInt(const std::string& text, int64_t* out) {
   char* end = nullptr;
   errno = 0;
@@ -216,7 +224,8 @@ Status LoadConfigFromEnv(Config* config) {
       parsed.from_environment.insert(s.name);
       parsed.set_by[s.name] = var;
       const char* other = std::getenv(("HOROVOD_" + std::string(s.name)).c_str());
-      if (prefix == std::string("HORO_") && other != nullptr && *other != '\0' && std::string(other) != text) {
+      if (prefix == std::string("HORO_") && other != nullptr && *other != '\0' && std::string(other) != text &&
+          !SameValue(s, text, other)) {
         parsed.notes.push_back(var + "='" + text + "' applies; HOROVOD_" + s.name + "='" + other + "' is ignored");
       }
       break;

@@ -13,10 +13,14 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from .hosts import parse_hostfile, parse_hosts
 from .job import JobSpec, run_job
-from .launch import MAX_START_TIMEOUT, start_timeout_from_env
+from .launch import MAX_START_TIMEOUT, number_text, start_timeout_from_env
 from .run_task import ERROR_FILE, FN_FILE, RESULT_FILE, SYS_PATH_FILE, dumps, write_atomically
 
-_TASK_ENTRY = "import sys; from horo_runner.run_task import main; sys.exit(main(sys.argv[1:]))"
+# The worker's entry: the directory holding this package goes at the end of its import path, a
+# fallback for an interpreter that cannot import horo_runner otherwise; never ahead of the
+# standard library and site-packages, as a PYTHONPATH entry would be.
+_TASK_ENTRY = ("import sys; sys.path.append(sys.argv[2]); from horo_runner.run_task import main; "
+               "sys.exit(main(sys.argv[1:2]))")
 
 __all__ = ["run"]
 
@@ -112,9 +116,6 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mappi
         raise ValueError(f"start_timeout must be > 0 and at most {MAX_START_TIMEOUT} seconds, got {start_timeout!r}")
     host_slots = parse_hosts(hosts) if hosts else parse_hostfile(hostfile) if hostfile else None
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    # env's PYTHONPATH (else this process's) goes on after the package's own parent.
-    python_path = os.pathsep.join(p for p in (package_parent, (env or {}).get("PYTHONPATH",
-                                                                            os.environ.get("PYTHONPATH"))) if p)
     workdir = tempfile.mkdtemp(prefix="hororun-")  # mode 0700
     try:
         sys_path = [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
@@ -124,10 +125,10 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mappi
         spec = JobSpec(
             # -c rather than -m: the package imports run_task itself, and runpy warns when asked to
             # run a module that is already imported.
-            command=[executable or sys.executable, "-c", _TASK_ENTRY, workdir],
+            command=[executable or sys.executable, "-c", _TASK_ENTRY, workdir, package_parent],
             num_proc=num_proc, hosts=host_slots,
             # The start timeout the launcher waits is the one the workers get, whatever env says.
-            settings_env={**(env or {}), "HORO_START_TIMEOUT": f"{start_timeout:g}", "PYTHONPATH": python_path},
+            settings_env={**(env or {}), "HORO_START_TIMEOUT": number_text(start_timeout)},
             start_timeout=start_timeout, output_dir=output_filename,
             prefix_timestamp=prefix_output_with_timestamp, verbose=verbose, bind_to=bind_to)
         result = run_job(spec)

@@ -24,7 +24,7 @@ __all__ = ["main", "parse_args", "settings_env", "SETTINGS_FLAGS"]
 _LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
 
 
-def _number(value: float) -> str:
+def number_text(value: float) -> str:
     """The text of a number for a worker's environment, exact (no rounding to 6 digits)."""
     value = float(value)
     return str(int(value)) if value.is_integer() and abs(value) < 2 ** 53 else repr(value)
@@ -36,9 +36,9 @@ def _flag(value: bool) -> Optional[str]:
 
 SETTINGS_FLAGS: tuple[tuple[str, str, Callable[[object], Optional[str]]], ...] = (
     # (argparse dest, worker environment variable, value -> text, or None to leave unset)
-    ("start_timeout", "HORO_START_TIMEOUT", _number),
+    ("start_timeout", "HORO_START_TIMEOUT", number_text),
     ("fusion_threshold_mb", "HORO_FUSION_THRESHOLD", lambda mb: str(int(mb * 1024 * 1024))),
-    ("cycle_time_ms", "HORO_CYCLE_TIME", _number),
+    ("cycle_time_ms", "HORO_CYCLE_TIME", number_text),
     ("cache_capacity", "HORO_CACHE_CAPACITY", str),
     ("no_stall_check", "HORO_STALL_CHECK_DISABLE", _flag),
     ("stall_check_warning_time_seconds", "HORO_STALL_CHECK_TIME_SECONDS", str),
@@ -56,7 +56,7 @@ SETTINGS_FLAGS: tuple[tuple[str, str, Callable[[object], Optional[str]]], ...] =
     ("autotune_warmup_samples", "HORO_AUTOTUNE_WARMUP_SAMPLES", str),
     ("autotune_steps_per_sample", "HORO_AUTOTUNE_STEPS_PER_SAMPLE", str),
     ("autotune_bayes_opt_max_samples", "HORO_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", str),
-    ("autotune_gaussian_process_noise", "HORO_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", _number),
+    ("autotune_gaussian_process_noise", "HORO_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", number_text),
     ("tcp", "NCCL_IB_DISABLE", _flag),  # as horovodrun: NCCL (Horo's CUDA path) keeps off InfiniBand
 )
 

@@ -675,19 +675,8 @@ def test_ctrl_c_during_run_is_a_keyboard_interrupt(child_env):
 
 
 def raise_on_rank_one_while_rank_zero_waits():
-    import atexit
-    import os
-    import time
-    if os.environ["HORO_RANK"] == "1":
-        atexit.register(time.sleep, 2)
-    import torch
-
-    import horo_torch as hvd
-    hvd.init()
-    hvd.allreduce(torch.ones(1), name="warm")
-    if hvd.rank() == 1:
-        raise ValueError("the real failure is on rank 1")
-    hvd.allreduce(torch.ones(1), name="never")
+    import textwrap
+    exec(textwrap.dedent(RAISES_ON_RANK_ONE), {})
 
 
 def test_run_raises_the_traceback_of_the_rank_that_failed_first(runner_path):

@@ -241,15 +241,20 @@ Status Runtime::Enqueue(OpType op, const horo_tensor_t* tensors, int32_t count, 
       entries.push_back(std::move(e));
     }
   }
-  const size_t n = entries.size();
-  for (size_t i = 0; i < n; ++i) handles[i] = entries[i].handle = handles_.Allocate();
-  Status st = queue_.Add(&entries);
+  HORO_RETURN_IF_ERROR(Submit(&entries, handles));
+  if (!callers_drive_ || !options.caller_waits) WakeBackground();
+  return Status::OK();
+}
+
+Status Runtime::Submit(std::vector<TensorEntry>* entries, horo_handle_t* handles) {
+  const size_t n = entries->size();
+  for (size_t i = 0; i < n; ++i) handles[i] = (*entries)[i].handle = handles_.Allocate();
+  Status st = queue_.Add(entries);
   if (!st.ok()) {
     for (size_t i = 0; i < n; ++i) handles_.Release(handles[i]);
     return st;
   }
   FailIfStoppedMeanwhile(handles, n);
-  if (!callers_drive_ || !options.caller_waits) WakeBackground();
   return Status::OK();
 }
 
@@ -290,13 +295,7 @@ Status Runtime::Refuse(OpType op, const char* const* names, int32_t count, int32
       r.group_size = count;
     }
   }
-  for (int32_t i = 0; i < count; ++i) handles[i] = entries[i].handle = handles_.Allocate();
-  Status st = queue_.Add(&entries);
-  if (!st.ok()) {
-    for (int32_t i = 0; i < count; ++i) handles_.Release(handles[i]);
-    return st;
-  }
-  FailIfStoppedMeanwhile(handles, count);
+  HORO_RETURN_IF_ERROR(Submit(&entries, handles));
   WakeBackground();
   return Status::OK();
 }

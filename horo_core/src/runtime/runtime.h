@@ -103,6 +103,8 @@ class Runtime {
 
   // Whether this rank may submit to set_id now: connected, not stopped, a member of the set.
   Status CheckCanSubmit(int32_t set_id);
+  // Gives every entry a handle (written to handles) and queues them; on failure releases the handles.
+  Status Submit(std::vector<TensorEntry>* entries, horo_handle_t* handles);
   Status ValidateTensor(OpType op, const horo_tensor_t& t, const horo_op_options_t& options) const;
   Status StoppedStatus();
   void FailIfStoppedMeanwhile(const horo_handle_t* handles, size_t count);

@@ -370,8 +370,8 @@ class Runtime:
     def refuse(self, op_type, names: Sequence[str], process_set_id, reason):
         """Fails the operation on the named tensors (several names: one grouped call) on every
         member of the process set, because this rank cannot take part, for reason: an argument only
-        this rank could check, which would otherwise leave the others waiting. Returns once every
-        member has submitted the names; raises the error they all get, which names this rank."""
+        this rank could check, which would otherwise leave the others waiting. Waits until every
+        member has submitted the names, then raises the error they all get, which names this rank."""
         c_names = [_c_name(n) for n in names]
         c_reason = ffi.new("char[]", reason.encode())
         handles = ffi.new("horo_handle_t[]", max(1, len(names)))

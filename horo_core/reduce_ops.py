@@ -1,5 +1,7 @@
 """Reduction operations as the adapters expose them (Horovod's names and integer values), and the
 rule that turns Horovod's deprecated ``average`` argument into an op."""
+import warnings
+
 from horo_core._binding import lib
 
 Average = lib.HORO_OP_AVERAGE
@@ -11,13 +13,15 @@ Product = lib.HORO_OP_PRODUCT
 
 
 def resolve_op(average, op, default=Average):
-    """The op to use given Horovod's (average, op) pair.
+    """The op to use given Horovod's (average, op) pair; ``average`` alone warns, as in Horovod.
 
     Raises:
         ValueError: both average and op were given.
     """
-    if average is not None and op is not None:
+    if average is None:
+        return default if op is None else op
+    if op is not None:
         raise ValueError("The op parameter supersedes average. Please provide only one of them.")
-    if op is None:
-        return default if average is None else (Average if average else Sum)
-    return op
+    warnings.warn("Parameter `average` has been replaced with `op` and will be removed in v1.0",
+                  DeprecationWarning, stacklevel=3)
+    return Average if average else Sum

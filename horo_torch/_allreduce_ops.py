@@ -208,16 +208,19 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
             output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
             basics.runtime().run_prepared(prepared, tensor.data_ptr(), output.data_ptr())
             return output
-    resolved = resolve_op(average, op)
     compressed, ctx = compression.compress(tensor)
-    if _records_graph((compressed,)):
-        reduced = HorovodAllreduce.apply(compressed, name, resolved, prescale_factor, postscale_factor, process_set)
-    elif compression is Compression.none and _is_host_dense(tensor):
+    records_graph = _records_graph((compressed,))
+    if not records_graph and compression is Compression.none and _is_host_dense(tensor):
+        # _allreduce_host resolves (average, op) itself, and remembers them for the path above.
         reduced = _allreduce_host(tensor, torch.empty_like(tensor, memory_format=torch.contiguous_format),
                                   _last_allreduce_copy, average, name, op, prescale_factor, postscale_factor,
                                   process_set)
+    elif records_graph:
+        reduced = HorovodAllreduce.apply(compressed, name, resolve_op(average, op), prescale_factor,
+                                         postscale_factor, process_set)
     else:
-        reduced = _allreduce_now(compressed, name, resolved, prescale_factor, postscale_factor, process_set)
+        reduced = _allreduce_now(compressed, name, resolve_op(average, op), prescale_factor, postscale_factor,
+                                 process_set)
     return compression.decompress(reduced, ctx)
 
 

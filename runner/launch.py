@@ -255,6 +255,9 @@ def _build_parser() -> argparse.ArgumentParser:
                                help="omit timestamps from core logs (HORO_LOG_HIDE_TIME=1)")
     logging_group.add_argument("--log-with-timestamp", dest="log_without_timestamp", action="store_false",
                                default=False, help=argparse.SUPPRESS)
+    # horovodrun's older spelling, which it still takes (hidden, as there).
+    logging_group.add_argument("--log-hide-timestamp", dest="log_without_timestamp", action="store_true",
+                               help=argparse.SUPPRESS)
     logging_group.add_argument("-prefix-timestamp", "--prefix-output-with-timestamp",
                                dest="prefix_timestamp", action="store_true",
                                help="precede each output line's prefix with a timestamp")

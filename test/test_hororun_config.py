@@ -77,6 +77,8 @@ def test_config_file_sets_horovods_settings_and_later_flags_win(runner_path, mon
                                    "--no-timeline-mark-cycles", "--log-with-timestamp", "true"]))
     for name in ("HORO_AUTOTUNE", "HORO_STALL_CHECK_DISABLE", "HORO_TIMELINE_MARK_CYCLES", "HORO_LOG_HIDE_TIME"):
         assert name not in env, name
+    # horovodrun's older spelling of --log-without-timestamp.
+    assert settings_env(parse_args(["-np", "2", "--log-hide-timestamp", "true"]))["HORO_LOG_HIDE_TIME"] == "1"
 
 
 @pytest.mark.parametrize("text, message", [

@@ -5,6 +5,7 @@ the cost on small machines) and returns a report: per group of checks, how many 
 failed. A rank contributes values derived from its rank, so every expected value is exact.
 """
 import os
+import warnings
 
 import pytest
 import torch
@@ -152,7 +153,12 @@ def check_allreduce_matrix(hvd, c, env):
         c.equal(f"allreduce_ {dtype}", hvd.allreduce_(x.clone(), op=hvd.Max),
                 expected_allreduce("Max", dtype, ranks, 7))
     x = contribution("Sum", r, 5, torch.float32).float()
-    c.equal("average=True", hvd.allreduce(x, average=True), expected_allreduce("Average", torch.float32, ranks, 5))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        c.equal("average=True", hvd.allreduce(x, average=True),
+                expected_allreduce("Average", torch.float32, ranks, 5))
+    c.same("average= is deprecated, as in Horovod", [(w.category, str(w.message)) for w in caught],
+           [(DeprecationWarning, "Parameter `average` has been replaced with `op` and will be removed in v1.0")])
     c.equal("average=False", hvd.allreduce(x, average=False), expected_allreduce("Sum", torch.float32, ranks, 5))
     c.equal("allreduce_ average=False", hvd.allreduce_(x.clone(), average=False),
             expected_allreduce("Sum", torch.float32, ranks, 5))
@@ -955,7 +961,8 @@ def test_mpi_ops_carries_horovods_basics_too():
         assert getattr(mpi_ops, name) is getattr(horo_torch, name), name
     from horo_torch.mpi_ops import sparse_allreduce_async  # noqa: F401 (the from-import form works too)
     assert mpi_ops.handle_average_backwards_compatibility(None, None) is mpi_ops.Average
-    assert mpi_ops.handle_average_backwards_compatibility(None, False) is mpi_ops.Sum
+    with pytest.warns(DeprecationWarning, match="replaced with `op`"):
+        assert mpi_ops.handle_average_backwards_compatibility(None, False) is mpi_ops.Sum
     assert mpi_ops.handle_average_backwards_compatibility(mpi_ops.Max, None) is mpi_ops.Max
     with pytest.raises(ValueError, match="supersedes average"):
         mpi_ops.handle_average_backwards_compatibility(mpi_ops.Sum, True)

@@ -147,6 +147,19 @@ def test_empty_horo_setting_leaves_horovods_and_two_values_are_named(monkeypatch
     assert "START_TIMEOUT" not in capfd.readouterr().err
 
 
+def test_horovod_settings_for_what_horo_lacks_are_named_at_init(capfd):
+    """HOROVOD_GLOO_TIMEOUT_SECONDS and the like configure parts of Horovod that Horo does not
+    have: init says that they change nothing (and what to set instead, where there is something)."""
+    with World(1, rank_env=lambda r: {"HOROVOD_GLOO_TIMEOUT_SECONDS": "600", "HOROVOD_NUM_NCCL_STREAMS": "2",
+                                      "HOROVOD_TORUS_ALLREDUCE": ""}):
+        pass
+    err = capfd.readouterr().err
+    assert ("HOROVOD_GLOO_TIMEOUT_SECONDS='600' has no effect in Horo: connection timeouts are "
+            "HORO_START_TIMEOUT and HORO_PEER_TIMEOUT_SECONDS") in err
+    assert "HOROVOD_NUM_NCCL_STREAMS='2' has no effect in Horo\n" in err
+    assert "TORUS" not in err  # empty counts as unset
+
+
 def test_wait_without_a_bound_waits_and_nan_is_refused():
     """An infinite or huge timeout is no timeout (it once overflowed and returned at once)."""
     timeouts = (float("inf"), 1e12)

@@ -205,6 +205,29 @@ std::string Expected(const Setting& s) {
   return "one of: " + doc.substr(0, doc.find('.'));
 }
 
+// Horovod's run-time variables for parts of Horovod that Horo does not have. Setting one changes
+// nothing here; init says so (horovodrun's matching flags get hororun's "ignoring" warning), so
+// that a job tuned for Horovod does not run as if the value applied.
+struct HorovodOnly {
+  const char* name;
+  const char* instead;
+};
+
+const HorovodOnly kHorovodOnly[] = {
+    {"HOROVOD_GLOO_TIMEOUT_SECONDS", "connection timeouts are HORO_START_TIMEOUT and HORO_PEER_TIMEOUT_SECONDS"},
+    {"HOROVOD_CONTROLLER", "Horo has one controller"},
+    {"HOROVOD_CPU_OPERATIONS", "host tensors always use Horo's own collectives"},
+    {"HOROVOD_MPI_THREADS_DISABLE", "Horo moves no data through MPI"},
+    {"HOROVOD_NUM_NCCL_STREAMS", nullptr},
+    {"HOROVOD_BATCH_D2D_MEMCOPIES", nullptr},
+    {"HOROVOD_DISABLE_GROUP_FUSION", nullptr},
+    {"HOROVOD_TORUS_ALLREDUCE", nullptr},
+    {"HOROVOD_THREAD_AFFINITY", nullptr},
+    {"HOROVOD_CCL_BGT_AFFINITY", nullptr},
+    {"HOROVOD_ADASUM_MPI_CHUNK_SIZE", nullptr},
+    {"HOROVOD_ENABLE_XLA_OPS", nullptr},
+};
+
 }  // namespace
 
 Status LoadConfigFromEnv(Config* config) {
@@ -230,6 +253,12 @@ Status LoadConfigFromEnv(Config* config) {
       }
       break;
     }
+  }
+  for (const HorovodOnly& h : kHorovodOnly) {
+    const char* text = std::getenv(h.name);
+    if (text == nullptr || *text == '\0') continue;
+    parsed.notes.push_back(std::string(h.name) + "='" + text + "' has no effect in Horo" +
+                           (h.instead != nullptr ? std::string(": ") + h.instead : std::string()));
   }
   if (parsed.fusion_threshold_bytes < 0) return Status::InvalidArgument(var_of("FUSION_THRESHOLD") + " must be >= 0");
   if (parsed.cache_capacity < 0) {

@@ -102,8 +102,15 @@ def op_name(kind, name, process_set, ignore_name_scope=False, tensors=()):
 def auto_name(kind, set_id, tensors=()):
     """A name for an unnamed operation on tensors: while a tf.function traces, ``kind.<functions
     traced>:<first tensor's name>[..<last tensor's name>]``, unique within the graph (and the same
-    in every trace of the same code); eagerly ``kind.noname.<n>`` by call order."""
-    if tensors and not tf.executing_eagerly():
+    in every trace of the same code); eagerly ``kind.noname``, the same for every call.
+
+    An eager call runs to its end before the next one starts, so one name per kind is enough, and
+    it is what Horovod does (there every unnamed eager op of a kind carries the kernel's node name):
+    ranks that made different numbers of unnamed calls still meet at the next one, as when a rank
+    that ran out of data joined while the others went on logging an unnamed metric allreduce."""
+    if tf.executing_eagerly():
+        return f"{kind}.noname"
+    if tensors:
         # Graph tensors, tf.Variables and Keras variables have names; Python and NumPy values do not.
         names = [getattr(t.values if isinstance(t, tf.IndexedSlices) else t, "name", None) for t in tensors]
         if all(isinstance(n, str) and n for n in names):

@@ -518,9 +518,15 @@ def check_join_uneven_steps(c, hvd, tf, env):
                     [float(sum(s + 1 for s in range(k, n))), float(n - k)])
             c.close(f"{mode} join: step {k} batch mean over the ranks still training", bn.moving_mean.numpy(),
                     [np.mean([s + 1.0 for s in range(k, n)])])
+            # A metric logged with an unnamed eager allreduce: rank r makes r + 1 such calls.
+            c.equal(f"{mode} join: step {k} unnamed eager allreduce", hvd.allreduce(tf.constant([1.0]), op=hvd.Sum),
+                    [float(n - k)])
         c.same(f"{mode} join: the rank with the most steps joins last", int(join().numpy()), n - 1)
         c.equal(f"{mode} join: collectives go on after the join",
                 hvd.allreduce(tf.constant([1.0]), op=hvd.Sum, name=f"after.join.{mode}"), [float(n)])
+        # Unnamed ones too, although the ranks made different numbers of unnamed calls before.
+        c.equal(f"{mode} join: unnamed eager allreduce after the join", hvd.allreduce(tf.constant([2.0]), op=hvd.Sum),
+                [2.0 * n])
 
 
 def sync_bn_cases(n):

@@ -4,13 +4,10 @@
 Objects travel as cloudpickle bytes in a uint8 tensor; their sizes travel first, so ranks may hold
 objects of different sizes.
 """
-import io
-
-import cloudpickle
 import numpy as np
 import tensorflow as tf
 
-from horo_core import basics
+from horo_core import basics, object_bytes
 from horo_core.process_sets import global_process_set
 from horo_tf import _bridge, mpi_ops
 
@@ -38,10 +35,8 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
     return tf.group(*assignments) if mpi_ops.in_tf1_graph() else var_list
 
 
-def _bytes_tensor(obj):
-    buffer = io.BytesIO()
-    cloudpickle.dump(obj, buffer)
-    return tf.constant(np.frombuffer(buffer.getvalue(), dtype=np.uint8))
+def _bytes_tensor(payload):
+    return tf.constant(np.frombuffer(payload, dtype=np.uint8))
 
 
 def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=global_process_set):
@@ -61,14 +56,14 @@ def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=glob
     if not tf.executing_eagerly():
         raise ValueError("broadcast_object runs eagerly only; call it outside tf.function")
     name = name or basics.auto_name("broadcast_object", process_set.process_set_id or 0)
-    payload = _bytes_tensor(obj) if basics.rank() == root_rank else tf.zeros([0], tf.uint8)
-    length = mpi_ops.broadcast(tf.constant([int(payload.shape[0])], tf.int64), root_rank, name=f"{name}.size",
-                               process_set=process_set, ignore_name_scope=True)
-    if basics.rank() != root_rank:
-        payload = tf.zeros([int(length[0])], tf.uint8)
-    data = mpi_ops.broadcast(payload, root_rank, name=f"{name}.data", process_set=process_set,
-                             ignore_name_scope=True)
-    return cloudpickle.loads(data.numpy().tobytes())
+    is_root = basics.rank() == root_rank
+    payload, error = object_bytes.serialise(obj) if is_root else (b"", None)
+    length = mpi_ops.broadcast(tf.constant([object_bytes.announced_length(payload, error)], tf.int64), root_rank,
+                               name=f"{name}.size", process_set=process_set, ignore_name_scope=True)
+    length = int(length[0])
+    data = mpi_ops.broadcast(_bytes_tensor(payload) if is_root else tf.zeros([abs(length)], tf.uint8), root_rank,
+                             name=f"{name}.data", process_set=process_set, ignore_name_scope=True)
+    return object_bytes.broadcast_object("broadcast_object", name, length, data.numpy().tobytes(), root_rank, error)
 
 
 def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global_process_set):
@@ -101,10 +96,9 @@ def allgather_object(obj, session=None, name=None, process_set=global_process_se
     if not tf.executing_eagerly():
         raise ValueError("allgather_object runs eagerly only; call it outside tf.function")
     name = name or basics.auto_name("allgather_object", process_set.process_set_id or 0)
-    payload = _bytes_tensor(obj)
-    sizes = mpi_ops.allgather(tf.constant([int(payload.shape[0])], tf.int64), name=f"{name}.size",
-                              process_set=process_set, ignore_name_scope=True).numpy()
-    data = mpi_ops.allgather(payload, name=f"{name}.data", process_set=process_set,
+    payload, error = object_bytes.serialise(obj)
+    lengths = mpi_ops.allgather(tf.constant([object_bytes.announced_length(payload, error)], tf.int64),
+                                name=f"{name}.size", process_set=process_set, ignore_name_scope=True).numpy()
+    data = mpi_ops.allgather(_bytes_tensor(payload), name=f"{name}.data", process_set=process_set,
                              ignore_name_scope=True).numpy().tobytes()
-    offsets = np.concatenate([[0], np.cumsum(sizes)])
-    return [cloudpickle.loads(data[offsets[i]:offsets[i + 1]]) for i in range(len(sizes))]
+    return object_bytes.objects("allgather_object", name, lengths.tolist(), data, process_set.ranks, error)

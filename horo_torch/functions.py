@@ -11,23 +11,17 @@ values, which is how DistributedOptimizer handles ``nn.Embedding(sparse=True)``.
 """
 import hashlib
 
-import cloudpickle
 import torch
 
-from horo_core import basics
+from horo_core import basics, object_bytes
 from horo_core.process_sets import global_process_set
 from horo_torch.mpi_ops import (Average, Sum, allgather_async, broadcast_async_, synchronize)
 
 
 # Python objects ----------------------------------------------------------------------------------
 
-def _to_bytes_tensor(obj):
-    payload = cloudpickle.dumps(obj)
-    return torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-
-
-def _from_bytes_tensor(tensor):
-    return cloudpickle.loads(tensor.numpy().tobytes())
+def _bytes_tensor(payload):
+    return torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else torch.empty(0, dtype=torch.uint8)
 
 
 def _helper_name(kind, name, process_set):
@@ -53,21 +47,21 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
     Returns:
         root_rank's object (on root_rank, obj itself).
     Raises:
-        ValueError: invalid root_rank or process set. HorovodInternalError: the broadcast failed.
+        ValueError: invalid root_rank or process set; on the other ranks, the root could not pickle
+            obj (the root raises pickling's own error, after the broadcasts, so later calls stay
+            paired). HorovodInternalError: the broadcast failed.
     """
-    if basics.rank() == root_rank:
-        payload = _to_bytes_tensor(obj)
-        length = torch.tensor([payload.numel()], dtype=torch.int64)
-    else:
-        length = torch.zeros(1, dtype=torch.int64)
     name = _helper_name("broadcast_object", name, process_set)
+    is_root = basics.rank() == root_rank
+    payload, error = object_bytes.serialise(obj) if is_root else (b"", None)
+    length = torch.tensor([object_bytes.announced_length(payload, error)], dtype=torch.int64)
     synchronize(broadcast_async_(length, root_rank, f"{name}.sz", process_set))
-    if basics.rank() != root_rank:
-        payload = torch.empty(int(length.item()), dtype=torch.uint8)
-    synchronize(broadcast_async_(payload, root_rank, f"{name}.t", process_set))
-    if basics.rank() == root_rank:
+    data = _bytes_tensor(payload) if is_root else torch.empty(abs(int(length.item())), dtype=torch.uint8)
+    synchronize(broadcast_async_(data, root_rank, f"{name}.t", process_set))
+    if is_root and error is None:
         return obj
-    return _from_bytes_tensor(payload)
+    return object_bytes.broadcast_object("broadcast_object", name, int(length.item()), data.numpy().tobytes(),
+                                         root_rank, error)
 
 
 def allgather_object(obj, name=None, process_set=global_process_set):
@@ -85,19 +79,18 @@ def allgather_object(obj, name=None, process_set=global_process_set):
     Returns:
         A list with one object per rank of process_set, in rank order.
     Raises:
+        ValueError: another rank could not pickle its object (this rank raises pickling's own
+            error when it could not: every rank fails, after the allgathers).
         HorovodInternalError: an allgather failed.
     """
-    payload = _to_bytes_tensor(obj)
     name = _helper_name("allgather_object", name, process_set)
-    sizes_handle = allgather_async(torch.tensor([payload.numel()], dtype=torch.int64), f"{name}.sz", process_set)
-    payload_handle = allgather_async(payload, f"{name}.t", process_set)
-    sizes = synchronize(sizes_handle).tolist()
-    gathered = synchronize(payload_handle)
-    objects, offset = [], 0
-    for length in sizes:
-        objects.append(_from_bytes_tensor(gathered[offset:offset + length]))
-        offset += length
-    return objects
+    payload, error = object_bytes.serialise(obj)
+    length = torch.tensor([object_bytes.announced_length(payload, error)], dtype=torch.int64)
+    lengths_handle = allgather_async(length, f"{name}.sz", process_set)
+    data_handle = allgather_async(_bytes_tensor(payload), f"{name}.t", process_set)
+    lengths = synchronize(lengths_handle).tolist()
+    data = synchronize(data_handle).numpy().tobytes()
+    return object_bytes.objects("allgather_object", name, lengths, data, process_set.ranks, error)
 
 
 # Model parameters --------------------------------------------------------------------------------

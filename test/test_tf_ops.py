@@ -147,6 +147,17 @@ def check_allgather_broadcast(c, hvd, tf, env):
     c.same("broadcast_object", hvd.broadcast_object({"rank": r, "list": [r] * (r + 1)}, root_rank=root),
            {"rank": root, "list": [root] * (root + 1)})
     c.same("allgather_object", hvd.allgather_object(("r", r) * (r + 1)), [("r", s) * (s + 1) for s in range(n)])
+    # An object only the last rank cannot pickle: every rank fails, and the next calls still pair up.
+    import threading
+    last = n - 1
+    expected = ([TypeError], "cannot pickle") if r == last else ([hvd.HoroInvalidArgument],
+                                                                  f"rank {last} could not serialise its object")
+    c.raises("broadcast_object of a lock", *expected,
+             lambda: hvd.broadcast_object(threading.Lock() if r == last else None, root_rank=last))
+    c.raises("allgather_object of a lock", *expected,
+             lambda: hvd.allgather_object(threading.Lock() if r == last else r))
+    c.same("broadcast_object after a lock", hvd.broadcast_object(f"from {r}", root_rank=last), f"from {last}")
+    c.same("allgather_object after a lock", hvd.allgather_object(r), list(range(n)))
     c.raises("allgather of a scalar", [ValueError], "rank >= 1", lambda: hvd.allgather(tf.constant(1.0)))
 
 

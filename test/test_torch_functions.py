@@ -6,6 +6,9 @@ Every rank starts from rank-dependent values, so a helper that does nothing fail
 value is exact, except the training trajectory after broadcast_optimizer_state, which must equal
 the single-process one to float32 round-off.
 """
+import re
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -163,6 +166,18 @@ def check_objects(hvd, rank, pair):
     if rank in (1, 2):
         report["broadcast_object in {1, 2}"] = hvd.broadcast_object(f"from {rank}", root_rank=2, process_set=pair)
         report["allgather_object in {1, 2}"] = hvd.allgather_object(rank, process_set=pair)
+    # An object that does not pickle, on one rank: every rank fails, and the unnamed calls after
+    # it still pair up (the failing rank once sent nothing, so the others took its next call's bytes).
+    for kind, call in (("broadcast_object", lambda: hvd.broadcast_object(
+                            threading.Lock() if rank == 1 else None, root_rank=1)),
+                       ("allgather_object", lambda: hvd.allgather_object(threading.Lock() if rank == 2 else rank))):
+        try:
+            call()
+            report[f"{kind} of a lock"] = "no error"
+        except Exception as e:  # noqa: BLE001 - the type is what is checked
+            report[f"{kind} of a lock"] = (type(e).__name__, str(e))
+    report["broadcast_object after a lock"] = hvd.broadcast_object(f"from {rank}", root_rank=1)
+    report["allgather_object after a lock"] = hvd.allgather_object(rank)
     # Horovod's test_horovod_join_allgather: an unnamed allgather that fails on the ranks still
     # training (rank 0 joined first) must not shift the names of the unnamed object helpers after it.
     if rank == 0:
@@ -285,6 +300,17 @@ def test_broadcast_and_allgather_objects(reports):
             assert o["allgather_object in {1, 2}"] == [1, 2]
         else:
             assert "broadcast_object in {1, 2}" not in o
+        lock = "TypeError: cannot pickle '_thread.lock' object"
+        for kind, culprit in (("broadcast_object", 1), ("allgather_object", 2)):
+            kind_, message = o[f"{kind} of a lock"]
+            if rank == culprit:
+                assert (kind_, message) == ("TypeError", lock.split(": ", 1)[1])
+            else:
+                assert kind_ == "HoroInvalidArgument"
+                assert re.fullmatch(rf"{kind} '{kind}\.noname\.\d+': rank {culprit} could not serialise its "
+                                    rf"object \({re.escape(lock)}\)", message), message
+        assert o["broadcast_object after a lock"] == "from 1"
+        assert o["allgather_object after a lock"] == [0, 1, 2]
         assert o.get("allgather beside a joined rank", "error") == "error"
         assert o["allgather_object after a one-sided failure"] == [0, 1, 2]
         assert o["broadcast_object after a one-sided failure"] == 2

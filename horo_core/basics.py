@@ -412,6 +412,16 @@ def auto_name(kind, process_set_id):
     return f"{kind}.noname.{n}"
 
 
+def member_names(base, count):
+    """The core names of the count tensors of one call named base: base itself for one tensor,
+    ``base.0`` ... for a group. A grouped call (its kind starts with "grouped_") of one tensor is a
+    group too, so that ranks whose grouped calls differ in size meet at ``base.0`` and get a
+    mismatch error, instead of waiting for names the others never submit."""
+    if count == 1 and not base.startswith("grouped_"):
+        return [base]
+    return [f"{base}.{i}" for i in range(count)]
+
+
 def is_auto_name(name):
     """Whether name is one auto_name made (a new one for every unnamed call)."""
     return ".noname." in name

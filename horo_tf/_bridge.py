@@ -133,11 +133,6 @@ def _function_path(graph):
     return "/".join(reversed(path))
 
 
-def member_names(base, count):
-    """Names of the members of a group of count tensors named base."""
-    return [base] if count == 1 else [f"{base}.{i}" for i in range(count)]
-
-
 def to_numpy(tensor):
     """A C-contiguous NumPy array with tensor's values (a view of the tensor's buffer when possible)."""
     return np.asarray(tensor.numpy(), order="C")

@@ -5,6 +5,7 @@ helpers the ops share.
 import numpy as np
 import tensorflow as tf
 
+from horo_core import basics
 from horo_core._binding import lib
 from horo_core.errors import HoroMismatchError, HoroUnsupportedError
 from horo_core.reduce_ops import Average, Sum
@@ -27,7 +28,7 @@ def grad_or_zeros(dys, outputs):
 
 def allreduce_dense(tensors, base, op, prescale_factor, postscale_factor, process_set):
     """Grouped allreduce of dense tensors; differentiable."""
-    names = _bridge.member_names(base, len(tensors))
+    names = basics.member_names(base, len(tensors))
     codes = dtype_codes(tensors, names)
     set_id = _bridge.process_set_id(process_set)
 
@@ -61,7 +62,7 @@ def allreduce_dense(tensors, base, op, prescale_factor, postscale_factor, proces
 def allgather_group(tensors, base, process_set, differentiable=True, join_hint=None):
     """join_hint: appended to the error when the allgather fails because ranks have joined."""
     tensors = [as_tensor(t) for t in tensors]
-    names = _bridge.member_names(base, len(tensors))
+    names = basics.member_names(base, len(tensors))
     codes = dtype_codes(tensors, names)
     set_id = _bridge.process_set_id(process_set)
 

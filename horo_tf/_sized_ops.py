@@ -5,6 +5,7 @@ gradients are described there).
 import numpy as np
 import tensorflow as tf
 
+from horo_core import basics
 from horo_core._binding import lib
 from horo_core.process_sets import global_process_set
 from horo_core.reduce_ops import Average, Sum
@@ -104,7 +105,7 @@ def _alltoall(tensor, splits, base, process_set):
 
 def _reducescatter(tensors, base, op, prescale_factor, postscale_factor, process_set):
     tensors = [as_tensor(t) for t in tensors]
-    names = _bridge.member_names(base, len(tensors))
+    names = basics.member_names(base, len(tensors))
     codes = dtype_codes(tensors, names)
     set_id = _bridge.process_set_id(process_set)
 

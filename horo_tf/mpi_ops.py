@@ -141,7 +141,7 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
 
 def _broadcast(tensors, root_rank, base, process_set):
     tensors = [as_tensor(t) for t in tensors]
-    names = _bridge.member_names(base, len(tensors))
+    names = basics.member_names(base, len(tensors))
     codes = dtype_codes(tensors, names)
     set_id = _bridge.process_set_id(process_set)
 

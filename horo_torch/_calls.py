@@ -53,16 +53,11 @@ def _refuse_unless_strided(op_type, kind, name, tensors, process_set):
     for i, t in enumerate(tensors):
         if t.layout is not torch.strided:
             set_id = _process_set_id(process_set)
-            names = _member_names(_op_name(kind, name, set_id), len(tensors))
+            names = basics.member_names(_op_name(kind, name, set_id), len(tensors))
             which = f" for '{names[i]}'" if len(tensors) > 1 else ""
             _refuse(op_type, names, set_id,
                     f"passed a tensor of layout {t.layout}{which}; collectives take dense (strided) tensors: call "
                     ".to_dense(), or reduce a sparse gradient with sparse_allreduce_async or DistributedOptimizer")
-
-
-def _member_names(base, count):
-    """The core names of the count tensors of one call named base."""
-    return [base] if count == 1 else [f"{base}.{i}" for i in range(count)]
 
 
 def _is_host_contiguous(tensor):
@@ -175,7 +170,7 @@ def _enqueue(op_type, kind, name, inputs, outputs, process_set, finish, staging=
     runtime = basics.runtime()
     set_id = _process_set_id(process_set)
     base = _op_name(kind, name, set_id)
-    names = _member_names(base, len(inputs))
+    names = basics.member_names(base, len(inputs))
     try:
         specs = []
         for n, src, dst in zip(names, inputs, outputs):

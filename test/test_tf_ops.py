@@ -438,6 +438,9 @@ def check_errors(c, hvd, tf, env):
     if exc is not None:
         copy = pickle.loads(pickle.dumps(exc))
         c.same("the error pickles", (type(copy), str(copy)), (type(exc), str(exc)))
+    c.raises("grouped calls of one and of two tensors", [hvd.HoroMismatchError], "Mismatched grouped calls for "
+             "allreduce tensor 'grouped_allreduce.sizes.0'",
+             lambda: hvd.grouped_allreduce([tf.ones([2])] * (1 if r == 0 else 2), name="sizes"))
     c.raises("shape mismatch in a tf.function", [tf.errors.OpError], "Mismatched shapes",
              lambda: tf.function(lambda x: hvd.allreduce(x, name="mismatch.graph"))(tf.ones([r + 1])))
     # An unsupported dtype is an InvalidArgumentError (as Horovod's op) and a ValueError eagerly,

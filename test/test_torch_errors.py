@@ -130,6 +130,10 @@ def mismatch_cases(hvd, torch, rank):
          "rank 1 has Sum"),
         ("grouped member", lambda: hvd.grouped_allreduce([torch.ones(2), torch.ones(3 if one else 4)], name="mm.g"),
          "Mismatched shapes for allreduce tensor 'grouped_allreduce.mm.g.1': rank 0 has [4], rank 1 has [3]"),
+        # A grouped call of one tensor against groups of two (it once left every rank waiting).
+        ("grouped size", lambda: hvd.grouped_allreduce([torch.ones(2)] * (1 if one else 2), name="mm.gs"),
+         "Mismatched grouped calls for allreduce tensor 'grouped_allreduce.mm.gs.0': rank 0 has it in a group of 2 "
+         "tensors led by 'grouped_allreduce.mm.gs.0', rank 1 has it as a single tensor"),
     ]
 
 

@@ -37,7 +37,7 @@ bool GroupsDiffer(const std::map<int32_t, Request>& by_rank) {
 }
 
 std::string GroupOf(const Request& r) {
-  if (r.group_size <= 1) return "it outside a grouped call";
+  if (r.group_size <= 1) return "it as a single tensor";  // a plain call, or a grouped call of one
   return "it in a group of " + std::to_string(r.group_size) + " tensors led by " + Quote(r.group_leader);
 }
 

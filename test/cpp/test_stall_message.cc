@@ -1,9 +1,9 @@
-// sources: coordinator/stall_inspector.cc common/logging.cc common/config.cc
+// sources: coordinator/stall_inspector.cc
 //
-// The stall messages that name what each rank is missing: tensors grouped by rank, at most six
+// The stall messages that name what each rank is missing (tensors grouped by rank, at most six
 // names per rank, and the process set of a tensor outside the global set, so that a tensor one
-// rank submitted in another set does not read as the same tensor missing on both sides. Exits 1
-// on the first failure.
+// rank submitted in another set does not read as the same tensor missing on both sides), when
+// they are due, and what the shutdown message names. Exits 1 on the first failure.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -32,16 +32,52 @@ int main() {
   const std::string cut = DescribeMissing(many);
   Check(cut == "rank 2: [g.0, g.1, g.2, g.3, g.4, g.5, ... 2 more]", "six names per rank: " + cut);
 
+  // The shutdown message names every tensor still waiting: here rank 0 is blocked in "y", which
+  // rank 1 has not submitted, while rank 1 waits longer for "x".
   StallInspector inspector(0.0, 1.0, false);
-  std::vector<StalledTensor> late(1);
+  std::vector<StalledTensor> late(2);
   late[0].name = "x";
-  late[0].missing_ranks = {1};
+  late[0].missing_ranks = {0};
   late[0].waited_seconds = 2.5;
-  std::string message;
-  Check(inspector.Inspect(late, &message), "a tensor past the shutdown time stops the job");
-  Check(message.find("stalled for 2.5 seconds (HORO_STALL_SHUTDOWN_TIME_SECONDS=1). Missing ranks: rank 1: [x]") !=
-            std::string::npos,
+  late[1].name = "y";
+  late[1].missing_ranks = {1};
+  late[1].waited_seconds = 0.5;
+  const std::string message = inspector.Inspect(late).shutdown;
+  Check(message.find("stalled for 2.5 seconds (HORO_STALL_SHUTDOWN_TIME_SECONDS=1). Missing ranks: rank 0: [x]; "
+                     "rank 1: [y]") != std::string::npos,
         "shutdown message: " + message);
+  late[0].waited_seconds = 0.9;
+  Check(inspector.Inspect(late).shutdown.empty(), "no shutdown before the shutdown time");
+
+  // Warnings: the first after the warning time, then one after every further warning time.
+  StallInspector warner(10.0, 0.0, false);
+  std::vector<StalledTensor> waiting(1);
+  waiting[0].name = "z";
+  waiting[0].missing_ranks = {3};
+  const double waits[] = {5, 10.5, 15, 20.4, 20.6, 29, 31};
+  const size_t warnings[] = {0, 1, 0, 0, 1, 0, 1};
+  for (size_t i = 0; i < 7; ++i) {
+    waiting[0].waited_seconds = waits[i];
+    const StallInspector::Report report = warner.Inspect(waiting);
+    Check(report.warnings.size() == warnings[i], "warnings after " + std::to_string(waits[i]) + " s");
+    Check(report.shutdown.empty(), "no shutdown without a shutdown time");
+    if (i == 1) {
+      Check(report.warnings[0].find("have waited more than 10 seconds") != std::string::npos &&
+                report.warnings[0].find("Missing ranks: rank 3: [z]") != std::string::npos,
+            "first warning: " + report.warnings[0]);
+    }
+    if (i == 4) {
+      Check(report.warnings[0] == "Stall: tensors still waiting, the longest for 21 seconds. Missing ranks: "
+                                  "rank 3: [z]",
+            "repeated warning: " + report.warnings[0]);
+    }
+  }
+  // A tensor that completed is forgotten: waiting again, it is warned about as new.
+  Check(warner.Inspect({}).warnings.empty(), "nothing waiting");
+  waiting[0].waited_seconds = 11;
+  const StallInspector::Report anew = warner.Inspect(waiting);
+  Check(anew.warnings.size() == 1 && anew.warnings[0].find("have waited more than") != std::string::npos,
+        "a completed tensor is forgotten");
   std::printf("stall messages: ok\n");
   return 0;
 }

@@ -347,12 +347,13 @@ int Coordinator::CheckStalls(std::vector<StalledTensor> waiting) {
       waiting.push_back(std::move(t));
     }
   }
-  std::string message;
-  if (stall_inspector_.Inspect(waiting, &message)) {
+  StallInspector::Report report = stall_inspector_.Inspect(waiting);
+  for (const std::string& warning : report.warnings) HORO_LOG(kWarning, 0) << warning;
+  if (!report.shutdown.empty()) {
     stall_shutdown_ = true;
     changed_ = true;
-    stall_message_ = message;
-    HORO_LOG(kError, 0) << message;
+    stall_message_ = report.shutdown;
+    HORO_LOG(kError, 0) << report.shutdown;
   }
   return stall_inspector_.PeriodMs();
 }

@@ -6,8 +6,6 @@
 #include <set>
 #include <sstream>
 
-#include "common/logging.h"
-
 namespace horo {
 
 std::string DescribeMissing(const std::vector<StalledTensor>& stalled) {
@@ -30,38 +28,52 @@ std::string DescribeMissing(const std::vector<StalledTensor>& stalled) {
   return os.str();
 }
 
-bool StallInspector::Inspect(const std::vector<StalledTensor>& waiting, std::string* message) {
-  if (!enabled()) return false;
+StallInspector::Report StallInspector::Inspect(const std::vector<StalledTensor>& waiting) {
+  Report report;
+  if (!enabled()) return report;
   std::vector<StalledTensor> fresh;
-  std::vector<StalledTensor> past_shutdown;
+  std::vector<StalledTensor> again;
   double longest = 0;
-  std::map<std::pair<int32_t, std::string>, bool> still_warned;  // forget tensors that completed
+  double longest_again = 0;
+  std::map<std::pair<int32_t, std::string>, double> still_warned;  // forget tensors that completed
   for (const StalledTensor& t : waiting) {
-    if (shutdown_seconds_ > 0 && t.waited_seconds >= shutdown_seconds_) {
-      past_shutdown.push_back(t);
-      longest = std::max(longest, t.waited_seconds);
-    }
+    longest = std::max(longest, t.waited_seconds);
     if (!warns() || t.waited_seconds < warning_seconds_) continue;
     auto key = std::make_pair(t.process_set_id, t.name);
-    if (!warned_.count(key)) fresh.push_back(t);
-    still_warned[key] = true;
+    auto last = warned_.find(key);
+    double warned_at = last == warned_.end() ? -1 : last->second;
+    if (warned_at < 0) {
+      fresh.push_back(t);
+      warned_at = t.waited_seconds;
+    } else if (t.waited_seconds >= warned_at + warning_seconds_) {
+      again.push_back(t);
+      longest_again = std::max(longest_again, t.waited_seconds);
+      warned_at = t.waited_seconds;
+    }
+    still_warned[key] = warned_at;
   }
   warned_.swap(still_warned);
   if (!fresh.empty()) {
-    HORO_LOG(kWarning, 0) << "Stall: one or more tensors were submitted by some ranks and have waited more than "
-                          << warning_seconds_ << " seconds for the others. Different ranks may be submitting "
-                          << "different tensors, or some ranks none at all, which will deadlock. Missing ranks: "
-                          << DescribeMissing(fresh);
+    std::ostringstream os;
+    os << "Stall: one or more tensors were submitted by some ranks and have waited more than " << warning_seconds_
+       << " seconds for the others. Different ranks may be submitting different tensors, or some ranks none at "
+       << "all, which will deadlock. Missing ranks: " << DescribeMissing(fresh);
+    report.warnings.push_back(os.str());
   }
-  if (!past_shutdown.empty()) {
+  if (!again.empty()) {
+    std::ostringstream os;
+    os << "Stall: tensors still waiting, the longest for " << std::fixed << std::setprecision(0) << longest_again
+       << " seconds. Missing ranks: " << DescribeMissing(again);
+    report.warnings.push_back(os.str());
+  }
+  if (shutdown_seconds_ > 0 && longest >= shutdown_seconds_) {
     std::ostringstream os;
     os << "shutting down after tensors stalled for " << std::fixed << std::setprecision(1) << longest
        << std::defaultfloat << std::setprecision(6) << " seconds (" << shutdown_variable_ << "=" << shutdown_seconds_
-       << "). Missing ranks: " << DescribeMissing(past_shutdown);
-    *message = os.str();
-    return true;
+       << "). Missing ranks: " << DescribeMissing(waiting);
+    report.shutdown = os.str();
   }
-  return false;
+  return report;
 }
 
 int StallInspector::PeriodMs() const {

@@ -28,11 +28,19 @@ class StallInspector {
         disabled_(disabled),
         shutdown_variable_(std::move(shutdown_variable)) {}
 
-  // Logs a warning for the stalled tensors not yet reported (at most once per tensor) and
-  // returns true with *message set when the shutdown time has passed for any of them. The
-  // shutdown applies whenever it is set, also below the warning time or with warnings disabled
-  // (Horovod ignored it there, which left a job the user asked to stop waiting for ever).
-  bool Inspect(const std::vector<StalledTensor>& waiting, std::string* message);
+  // What one inspection of the tensors still waiting found: the warnings to log (none when none
+  // is due) and, when the shutdown time has passed for any of them, the message that stops the job.
+  struct Report {
+    std::vector<std::string> warnings;
+    std::string shutdown;
+  };
+  // Warns about a tensor once it has waited the warning time, and again after every further
+  // warning time it waits (Horovod repeats its warning at every check), so that a job hung for
+  // hours still says why. The shutdown message names every tensor still waiting, not only those
+  // past the shutdown time: the rank blocked longest may be waiting for a tensor a peer submitted
+  // later. The shutdown applies whenever it is set, also below the warning time or with warnings
+  // disabled (Horovod ignored it there, which left a job the user asked to stop waiting for ever).
+  Report Inspect(const std::vector<StalledTensor>& waiting);
   bool warns() const { return !disabled_ && warning_seconds_ > 0; }
   bool enabled() const { return warns() || shutdown_seconds_ > 0; }
   // How often to inspect: a quarter of the shortest time that matters, within [10 ms, 1 s].
@@ -43,7 +51,8 @@ class StallInspector {
   double shutdown_seconds_;
   bool disabled_;
   std::string shutdown_variable_;
-  std::map<std::pair<int32_t, std::string>, bool> warned_;
+  // (process set, name) of each tensor warned about -> how long it had waited at the last warning.
+  std::map<std::pair<int32_t, std::string>, double> warned_;
 };
 
 // "1: [grad.w, grad.b]; 3: [grad.w]" — at most a few names per rank.

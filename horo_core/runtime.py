@@ -5,6 +5,7 @@ dtype_code, shape)`` and nothing else; this module turns specs into ``horo_enque
 reads results back. All blocking calls release the GIL (cffi does so around every C call).
 """
 import dataclasses
+import operator
 import os
 import threading
 import time
@@ -93,6 +94,23 @@ def _c_splits(splits):
             raise HoroInvalidArgument(f"alltoall splits must be whole numbers, got {list(splits)!r}")
         values.append(value)
     return ffi.new("int64_t[]", values or [0])
+
+
+def _integer(value, what, expected):
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise HoroInvalidArgument(f"{what} must be {expected}, got {value!r}") from None
+    if not -2**31 <= number < 2**31:
+        raise HoroInvalidArgument(f"{what} must be {expected}, got {value!r}")
+    return number
+
+
+def _number(value, what):
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise HoroInvalidArgument(f"{what} must be a number, got {value!r}") from None
 
 
 def prepare_run(op_type, name, dtype, shape, process_set_id=0, reduce_op=None, prescale_factor=1.0,
@@ -388,13 +406,16 @@ class Runtime:
 
     @staticmethod
     def _options(process_set_id, reduce_op, prescale_factor, postscale_factor, root_rank, caller_waits):
+        """The C options of a call. Raises HoroInvalidArgument naming an argument of the wrong type
+        (op="sum", root_rank=0.0), where cffi's own error would name neither."""
         opts = ffi.new("horo_op_options_t*")
         lib.horo_op_options_init(opts)
         opts.process_set_id = process_set_id
-        opts.reduce_op = lib.HORO_OP_SUM if reduce_op is None else reduce_op
-        opts.prescale_factor = float(prescale_factor)
-        opts.postscale_factor = float(postscale_factor)
-        opts.root_rank = root_rank
+        opts.reduce_op = lib.HORO_OP_SUM if reduce_op is None else _integer(
+            reduce_op, "op", "one of hvd.Average, hvd.Sum, hvd.Adasum, hvd.Min, hvd.Max and hvd.Product")
+        opts.prescale_factor = _number(prescale_factor, "prescale_factor")
+        opts.postscale_factor = _number(postscale_factor, "postscale_factor")
+        opts.root_rank = _integer(root_rank, "root_rank", "an integer rank")
         opts.caller_waits = 1 if caller_waits else 0
         return opts
 

@@ -252,6 +252,10 @@ def refused_input_job():
     attempt("broadcast sparse", lambda: hvd.broadcast(torch.eye(2).to_sparse() if rank == 1 else torch.eye(2), 0,
                                                       name="bcast"))
     attempt("every rank", lambda: hvd.allreduce(torch.ones(2, dtype=torch.complex64), name="all"))
+    # An argument the core refuses (an op it does not know), passed by one rank only.
+    attempt("unknown op", lambda: hvd.allreduce(torch.ones(2), op=99 if rank == 2 else hvd.Sum, name="op"))
+    attempt("unknown op, grouped", lambda: hvd.grouped_allreduce([torch.ones(2)] * 2, op=98 if rank == 0 else hvd.Sum,
+                                                                 name="op.g"))
     hvd.shutdown()
     return out
 
@@ -277,6 +281,9 @@ def test_input_only_one_rank_refuses_raises_on_every_rank():
         "broadcast sparse": f"broadcast tensor 'broadcast.bcast': rank 1 {sparse}",
         "every rank": f"allreduce tensor 'allreduce.all': ranks 0, 1, 2 passed dtype torch.complex64, which is not "
                       f"supported {supported}",
+        "unknown op": "allreduce tensor 'allreduce.op': rank 2 passed an invalid argument: unknown reduce op 99",
+        "unknown op, grouped": "allreduce tensor 'grouped_allreduce.op.g.0': rank 0 passed an invalid argument for "
+                               "'grouped_allreduce.op.g.0': unknown reduce op 98",
     }
     for rank, out in enumerate(horo_runner.run(refused_input_job, num_proc=N)):
         assert list(out) == list(expected), f"rank {rank}"

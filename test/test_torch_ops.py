@@ -166,6 +166,14 @@ def check_allreduce_matrix(hvd, c, env):
         c.raises(f"{fn.__name__} with average and op", [ValueError], "op",
                  lambda: fn(x.clone(), average=True, op=hvd.Sum))
     c.raises("Average of bool", [ValueError], "bool", lambda: hvd.allreduce(torch.ones(3, dtype=torch.bool)))
+    # Arguments of the wrong type are named (cffi's own error named neither the argument nor the value).
+    c.raises("op given as a string", [hvd.HoroInvalidArgument, ValueError],
+             "op must be one of hvd.Average, hvd.Sum, hvd.Adasum, hvd.Min, hvd.Max and hvd.Product, got 'sum'",
+             lambda: hvd.allreduce(x, op="sum"))
+    c.raises("root_rank given as a float", [ValueError], "root_rank must be an integer rank, got 0.0",
+             lambda: hvd.broadcast(x, 0.0))
+    c.raises("prescale_factor given as a string", [ValueError], "prescale_factor must be a number, got 'x'",
+             lambda: hvd.allreduce_async(x, prescale_factor="x"))
     c.equal("Adasum of equal vectors is their average", hvd.allreduce(torch.full((3,), 2.0), op=hvd.Adasum),
             torch.full((3,), 2.0))
     basis = torch.zeros(n)

@@ -212,7 +212,8 @@ Status Runtime::Enqueue(OpType op, const horo_tensor_t* tensors, int32_t count, 
     if (count < 1 || tensors == nullptr) return Status::InvalidArgument(std::string(OpTypeName(op)) + ": no tensors");
     for (int32_t i = 0; i < count; ++i) {
       const horo_tensor_t& t = tensors[i];
-      HORO_RETURN_IF_ERROR(ValidateTensor(op, t, options));
+      Status valid = ValidateTensor(op, t, options);
+      if (!valid.ok()) return RefuseInvalid(op, tensors, count, options.process_set_id, valid, handles);
       TensorEntry e;
       Request& r = e.request;
       r.rank = rank_;
@@ -298,6 +299,27 @@ Status Runtime::Refuse(OpType op, const char* const* names, int32_t count, int32
   HORO_RETURN_IF_ERROR(Submit(&entries, handles));
   WakeBackground();
   return Status::OK();
+}
+
+Status Runtime::RefuseInvalid(OpType op, const horo_tensor_t* tensors, int32_t count, int32_t set_id,
+                              const Status& invalid, horo_handle_t* handles) {
+  if (invalid.code() != HORO_ERR_INVALID_ARGUMENT) return invalid;
+  std::vector<const char*> names;
+  for (int32_t i = 0; i < count; ++i) {
+    if (tensors[i].name == nullptr || tensors[i].name[0] == '\0') return invalid;
+    names.push_back(tensors[i].name);
+  }
+  // "allreduce tensor 'x': unknown reduce op 99": the coordinator's message names the tensor itself.
+  std::string reason = "passed an invalid argument: " + invalid.message();
+  for (int32_t i = 0; i < count; ++i) {
+    const std::string label = TensorLabel(op, tensors[i].name) + ": ";
+    if (invalid.message().compare(0, label.size(), label) == 0) {
+      reason = "passed an invalid argument" + (count > 1 ? " for '" + std::string(tensors[i].name) + "'" : "") +
+               ": " + invalid.message().substr(label.size());
+      break;
+    }
+  }
+  return Refuse(op, names.data(), count, set_id, reason, handles);
 }
 
 void Runtime::FailIfStoppedMeanwhile(const horo_handle_t* handles, size_t count) {

@@ -106,6 +106,13 @@ class Runtime {
   // Gives every entry a handle (written to handles) and queues them; on failure releases the handles.
   Status Submit(std::vector<TensorEntry>* entries, horo_handle_t* handles);
   Status ValidateTensor(OpType op, const horo_tensor_t& t, const horo_op_options_t& options) const;
+  // A call that failed ValidateTensor with an invalid argument (an unknown reduce op, a tensor of
+  // more than 16 dimensions...), which this rank alone may have passed, is refused instead of
+  // failed here, so that every member fails with this rank's reason instead of waiting for its
+  // tensors; the handles complete with that error. Other errors, and calls without names, are
+  // returned as they are.
+  Status RefuseInvalid(OpType op, const horo_tensor_t* tensors, int32_t count, int32_t set_id, const Status& invalid,
+                       horo_handle_t* handles);
   Status StoppedStatus();
   void FailIfStoppedMeanwhile(const horo_handle_t* handles, size_t count);
   void Loop();

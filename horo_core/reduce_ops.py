@@ -25,3 +25,18 @@ def resolve_op(average, op, default=Average):
     warnings.warn("Parameter `average` has been replaced with `op` and will be removed in v1.0",
                   DeprecationWarning, stacklevel=3)
     return Average if average else Sum
+
+
+def handle_average_backwards_compatibility(op, average):
+    """Horovod's helper, exported by its adapters: the op given (op, average), Average when neither
+    is set.
+
+    Raises:
+        ValueError: both op and average were given.
+    """
+    return resolve_op(average, op)
+
+
+def check_num_rank_power_of_2(num_rank):
+    """Whether num_rank is a power of two (Horovod's helper, exported by its TensorFlow adapter)."""
+    return num_rank != 0 and (num_rank & (num_rank - 1)) == 0

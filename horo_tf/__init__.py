@@ -20,9 +20,9 @@ from horo_tf.compression import Compression
 from horo_tf.functions import allgather_object, broadcast_object, broadcast_object_fn, broadcast_variables
 from horo_tf.gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
 from horo_tf.mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allreduce, alltoall, broadcast,
-                             broadcast_, grouped_allgather, grouped_allreduce, grouped_reducescatter, join,
-                             local_rank_op, local_size_op, process_set_included_op, rank_op, reducescatter,
-                             size_op)
+                             broadcast_, check_num_rank_power_of_2, grouped_allgather, grouped_allreduce,
+                             grouped_reducescatter, handle_average_backwards_compatibility, join, local_rank_op,
+                             local_size_op, process_set_included_op, rank_op, reducescatter, size_op)
 from horo_tf.sync_batch_norm import SyncBatchNormalization
 
 

@@ -93,10 +93,10 @@ def reduce_gradients(grads: Sequence, options: ReductionOptions, variables: Opti
     """
     grads = list(grads)
     ps = options.process_set
+    if options.sparse_as_dense:  # also when nothing is reduced, as Horovod's: dense gradients either way
+        grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
     if not ps.included() or ps.size() == 1:
         return grads
-    if options.sparse_as_dense:
-        grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
     op, prescale, postscale = options.op, 1.0, 1.0
     if options.gradient_predivide_factor != 1.0:
         op, prescale, postscale = mpi_ops.Sum, 1.0 / options.gradient_predivide_factor, \

@@ -20,7 +20,13 @@ from horo_core import basics
 from horo_core._binding import lib
 from horo_core.errors import HoroError, HoroUnsupportedError
 from horo_core.process_sets import global_process_set
-from horo_core.reduce_ops import Adasum, Average, Max, Min, Product, Sum, resolve_op  # noqa: F401 (re-exported)
+from horo_core.reduce_ops import (Adasum, Average, Max, Min, Product, Sum,  # noqa: F401 (re-exported)
+                                   check_num_rank_power_of_2, handle_average_backwards_compatibility, resolve_op)
+# What Horovod's horovod.tensorflow.mpi_ops exports from its basics, for scripts that import it from there.
+from horo_core.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built,  # noqa: F401 (re-exported)
+                              gloo_built, gloo_enabled, init, is_homogeneous, is_initialized, local_rank, local_size,
+                              mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank, rocm_built, shutdown,
+                              size, start_timeline, stop_timeline)
 from horo_tf import _bridge, errors
 from horo_tf._primitives import allgather_group, allreduce_dense, as_tensor, dtype_codes, grad_or_zeros
 from horo_tf._sized_ops import (allgather, alltoall, grouped_allgather, grouped_reducescatter,  # noqa: F401 (re-exported)
@@ -71,7 +77,9 @@ def _grouped_allreduce(tensors, base, op, compression, prescale_factor, postscal
     sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
     if sparse:
         _check_sparse([tensors[i] for i in sparse], op, prescale_factor, postscale_factor)  # before dense ones move
-    pairs = [compression.compress(t if isinstance(t, tf.IndexedSlices) else as_tensor(t)) for t in tensors]
+    # IndexedSlices travel as they are, as in Horovod (their allgather comes before compression
+    # there): compressors see dense tensors only, and fp16 cannot overflow a sparse gradient.
+    pairs = [(t, None) if isinstance(t, tf.IndexedSlices) else compression.compress(as_tensor(t)) for t in tensors]
     out = [None] * len(tensors)
     if dense:
         reduced = allreduce_dense([pairs[i][0] for i in dense], base if not sparse else f"{base}.dense", op,
@@ -83,7 +91,7 @@ def _grouped_allreduce(tensors, base, op, compression, prescale_factor, postscal
                                     prescale_factor, postscale_factor, process_set)
         for i, r in zip(sparse, reduced):
             out[i] = r
-    return [compression.decompress(o, p[1]) for o, p in zip(out, pairs)]
+    return [o if isinstance(o, tf.IndexedSlices) else compression.decompress(o, p[1]) for o, p in zip(out, pairs)]
 
 
 def allreduce(tensor, average=None, device_dense="", device_sparse="", compression=Compression.none, op=None,

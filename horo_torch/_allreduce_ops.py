@@ -9,7 +9,8 @@ from horo_core import basics
 from horo_core._binding import lib
 from horo_core.errors import HoroUnsupportedError
 from horo_core.process_sets import global_process_set
-from horo_core.reduce_ops import Max, Min, Product, resolve_op
+from horo_core.reduce_ops import (Max, Min, Product, handle_average_backwards_compatibility,  # noqa: F401 (re-exported)
+                                   resolve_op)
 from horo_core.runtime import prepare_run
 from horo_torch import device
 from horo_torch._calls import (_caller, _copy_back, _dtype_code, _enqueue, _host_output, _is_host_contiguous,
@@ -293,12 +294,3 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
     """In-place grouped allreduce; returns the list of tensors."""
     return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor,
                                                 process_set))
-
-
-def handle_average_backwards_compatibility(op, average):
-    """Horovod's helper: the op given (op, average), Average when neither is set.
-
-    Raises:
-        ValueError: both op and average were given.
-    """
-    return resolve_op(average, op)

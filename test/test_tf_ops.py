@@ -97,6 +97,13 @@ def check_indexed_slices(c, hvd, tf, env):
     mixed = hvd.grouped_allreduce([slices, tf.constant([float(r)])], op=hvd.Sum)
     c.equal("grouped mixed sparse values", mixed[0].values, values)
     c.equal("grouped mixed dense", mixed[1], [float(sum(range(n)))])
+    # Compression applies to dense tensors only, as in Horovod: 70000 would overflow float16.
+    big = tf.IndexedSlices(tf.constant([[1.0001, 70000.0]]), tf.constant([r]), tf.constant([n, 2]))
+    compressed = hvd.grouped_allreduce([big, tf.constant([1.0001])], op=hvd.Sum, compression=hvd.Compression.fp16)
+    c.equal("fp16 compression leaves IndexedSlices values as they are", compressed[0].values,
+            np.array([[1.0001, 70000.0]] * n, dtype=np.float32))
+    c.same("fp16 compression applies to the dense member", float(compressed[1].numpy()[0]),
+           float(np.float16(1.0001)) * n)
     c.raises("IndexedSlices with Max", [NotImplementedError, hvd.HoroError], "sparse_as_dense",
              lambda: hvd.allreduce(slices, op=hvd.Max))
     # Refused before the dense members move: the dense member's shape differs between the ranks, so
@@ -279,6 +286,16 @@ def check_tape(c, hvd, tf, env):
     """DistributedGradientTape over N shards equals a plain tape on the whole batch."""
     import keras
     n, r = hvd.size(), hvd.rank()
+    # sparse_as_dense gives a dense gradient also where nothing is reduced, as Horovod's: on a rank
+    # outside the tape's process set, or in a set of one rank (2 ranks: the set is {1}).
+    ps = env["process_set"]
+    table = tf.Variable(tf.ones([n, 2]))
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.gather(table, [r]))
+    grad = hvd.DistributedGradientTape(tape, sparse_as_dense=True, op=hvd.Sum, process_set=ps).gradient(loss, table)
+    c.same("sparse_as_dense gradient is dense", type(grad).__name__, "EagerTensor")
+    c.equal("sparse_as_dense gradient", grad,
+            [[float(s == r or (ps.included() and s in ps.ranks))] * 2 for s in range(n)])
     rng = np.random.default_rng(7)
     x = rng.normal(size=(6 * n, 4)).astype(np.float32)
     y = rng.normal(size=(6 * n, 1)).astype(np.float32)
@@ -741,6 +758,14 @@ def test_build_queries_of_both_modules():
     import tensorflow as tf
     assert horo_tf.gpu_available("tensorflow") is bool(tf.config.list_physical_devices("GPU"))
     assert horo_tf.gpu_available("mxnet") is False
+    # Horovod's helpers that its TensorFlow module exports, and the basics its mpi_ops module does.
+    assert [horo_tf.check_num_rank_power_of_2(k) for k in (0, 1, 2, 3, 4, 6, 8)] == [False, True, True, False, True,
+                                                                                     False, True]
+    assert horo_tf.handle_average_backwards_compatibility(None, None) == horo_tf.Average
+    import horo_tf.mpi_ops
+    for name in ("init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "cross_size",
+                 "cross_rank", "start_timeline", "stop_timeline", "nccl_built"):
+        assert getattr(horo_tf.mpi_ops, name) is getattr(horo_tf, name), name
 
 
 def test_elastic_is_refused_by_name():

@@ -85,15 +85,28 @@ def _c_name(name):
     return ffi.new("char[]", name.encode())
 
 
-def _c_splits(splits):
-    """An alltoall's splits as int64s; a split that is not a whole number is an error, not truncated."""
+def split_counts(splits) -> List[int]:
+    """An alltoall's splits (numbers of any kind) as ints; a split that is not a whole number is an
+    error, not truncated.
+
+    Raises:
+        HoroInvalidArgument: a split is not a whole number.
+    """
     values = []
     for s in splits:
-        value = int(s)
-        if value != s:
+        try:
+            value = int(s)
+        except (TypeError, ValueError):
+            value = None
+        if value is None or value != s:
             raise HoroInvalidArgument(f"alltoall splits must be whole numbers, got {list(splits)!r}")
         values.append(value)
-    return ffi.new("int64_t[]", values or [0])
+    return values
+
+
+def _c_splits(splits):
+    """An alltoall's splits as int64s (split_counts' rule)."""
+    return ffi.new("int64_t[]", split_counts(splits) or [0])
 
 
 def _integer(value, what, expected):

@@ -8,7 +8,9 @@ import tensorflow as tf
 from horo_core import basics
 from horo_core._binding import lib
 from horo_core.process_sets import global_process_set
+from horo_core.errors import HoroInvalidArgument
 from horo_core.reduce_ops import Average, Sum
+from horo_core.runtime import split_counts
 from horo_tf import _bridge
 from horo_tf._primitives import allgather_group, as_tensor, dtype_codes, grad_or_zeros
 from horo_tf.compression import Compression
@@ -65,7 +67,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
     tensor = as_tensor(tensor)
     if _bridge.no_gradient_needed([tensor]):  # eagerly, no tape: no wrapper, no tensors for the splits
         code = _bridge.dtype_code(tensor.dtype, base)
-        split_list = None if splits is None else [int(s) for s in np.reshape(np.asarray(splits), [-1])]
+        split_list = None if splits is None else split_counts(np.reshape(np.asarray(splits), [-1]).tolist())
         (out,), (result,) = _bridge.execute(lib.HORO_ALLTOALL, [base], [_bridge.to_numpy(tensor)], [code], [None],
                                             _bridge.process_set_id(process_set), splits=split_list)
         out = tf.convert_to_tensor(out, dtype=tensor.dtype)
@@ -77,6 +79,11 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
 def _alltoall(tensor, splits, base, process_set):
     code = _bridge.dtype_code(tensor.dtype, base)
     set_id = _bridge.process_set_id(process_set)
+    if splits is not None and not tf.is_tensor(splits):
+        splits = split_counts(np.reshape(np.asarray(splits), [-1]).tolist())
+    elif splits is not None and not splits.dtype.is_integer:
+        # Cast to int64 in the graph, fractional splits would be truncated without a word.
+        raise HoroInvalidArgument(f"alltoall splits must be an integer tensor, got dtype {splits.dtype.name}")
     split_tensor = tf.zeros([0], tf.int64) if splits is None else tf.cast(tf.reshape(splits, [-1]), tf.int64)
 
     def body(array, split_array):

@@ -9,7 +9,7 @@ import torch
 from horo_core._binding import lib
 from horo_core.process_sets import global_process_set
 from horo_core.reduce_ops import Average, Sum
-from horo_core.runtime import prepare_run
+from horo_core.runtime import prepare_run, split_counts
 from horo_torch import _sized_runs, device
 from horo_torch._calls import (_PREPARED_RUNS_LIMIT, _dtype_code, _enqueue, _from_result, _now, _op_name,
                                _records_graph, _refuse_unless_strided)
@@ -168,9 +168,7 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
 def _splits_list(splits):
     if splits is None:
         return None
-    if isinstance(splits, torch.Tensor):
-        return [int(s) for s in splits.reshape(-1).tolist()]
-    return [int(s) for s in splits]
+    return split_counts(splits.reshape(-1).tolist() if isinstance(splits, torch.Tensor) else splits)
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):

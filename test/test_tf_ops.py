@@ -170,6 +170,13 @@ def check_allgather_broadcast(c, hvd, tf, env):
 
 def check_alltoall_reducescatter(c, hvd, tf, env):
     n, r = hvd.size(), hvd.rank()
+    # Fractional splits are refused, not truncated, eagerly and in a tf.function.
+    fractional = [1.5] + [1.0] * (n - 1)
+    c.raises("alltoall with fractional splits", [ValueError], "alltoall splits must be whole numbers",
+             lambda: hvd.alltoall(tf.ones([n + 1]), splits=fractional))
+    c.raises("alltoall with a float splits tensor in a tf.function", [ValueError],
+             "alltoall splits must be an integer tensor, got dtype float32",
+             lambda: tf.function(lambda x, s: hvd.alltoall(x, splits=s))(tf.ones([n + 1]), tf.constant(fractional)))
     # Rank r sends s + 1 rows of value 10 * r + s to rank s.
     splits = [s + 1 for s in range(n)]
     x = tf.constant(np.concatenate([np.full([s + 1], 10 * r + s) for s in range(n)]), tf.float32)

@@ -358,6 +358,10 @@ def check_alltoall(hvd, c, env):
                  lambda: hvd.alltoall(torch.ones(n + 1)))
     c.raises("alltoall with splits not summing to the rows", [ValueError], "split",
              lambda: hvd.alltoall(torch.ones(n + 1), splits=[1] * n))
+    # Fractional splits are refused, not truncated ([1.5, ...] once sent 1 row).
+    for form, splits in (("list", [1.5] + [1.0] * (n - 1)), ("tensor", torch.tensor([1.5] + [1.0] * (n - 1)))):
+        c.raises(f"alltoall with fractional splits ({form})", [ValueError], "alltoall splits must be whole numbers",
+                 lambda: hvd.alltoall(torch.ones(n + 1), splits=splits))
 
 
 def check_reducescatter(hvd, c, env):

@@ -12,8 +12,9 @@ Max = lib.HORO_OP_MAX
 Product = lib.HORO_OP_PRODUCT
 
 
-def resolve_op(average, op, default=Average):
-    """The op to use given Horovod's (average, op) pair; ``average`` alone warns, as in Horovod.
+def resolve_op(average, op, default=Average, stacklevel=3):
+    """The op to use given Horovod's (average, op) pair; ``average`` alone warns, as in Horovod
+    (stacklevel: as warnings.warn's, 3 for a public function that calls this one directly).
 
     Raises:
         ValueError: both average and op were given.
@@ -23,7 +24,7 @@ def resolve_op(average, op, default=Average):
     if op is not None:
         raise ValueError("The op parameter supersedes average. Please provide only one of them.")
     warnings.warn("Parameter `average` has been replaced with `op` and will be removed in v1.0",
-                  DeprecationWarning, stacklevel=3)
+                  DeprecationWarning, stacklevel=stacklevel)
     return Average if average else Sum
 
 

@@ -96,7 +96,7 @@ def split_counts(splits) -> List[int]:
     for s in splits:
         try:
             value = int(s)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # OverflowError: inf
             value = None
         if value is None or value != s:
             raise HoroInvalidArgument(f"alltoall splits must be whole numbers, got {list(splits)!r}")

@@ -14,7 +14,7 @@ Two rules keep ranks in step in graphs:
   every rank. An unnamed collective is named after its input tensor in the graph (as Horovod names
   ``HorovodAllreduce_<tensor name>``), made unique within the graph: a rank that traces a function
   again (a smaller last batch on one rank only) then still submits the names the others do. Eagerly,
-  unnamed collectives are named by call order (``basics.auto_name``).
+  the unnamed collectives of one kind share one name (``auto_name``), as Horovod's eager ops do.
 * A ``numpy_function`` blocks the executor thread that runs it, so independent collectives of one
   graph could start in a different order on different ranks and wait on each other. Each graph's
   collectives are therefore chained by control dependencies in the order they were traced.
@@ -219,7 +219,7 @@ def _run_sized(rt, op_type, name, array, code, set_id, options):
     entry = _sized_runs.get(key)
     if entry is None:
         entry = [prepare_run(op_type, name, code, tuple(array.shape), set_id, **options), None]
-        if not basics.is_auto_name(name):  # eagerly, an unnamed call has a new name every time
+        if not basics.is_auto_name(name):  # a call-order name (in a graph, of Python values) is never reused
             if len(_sized_runs) >= _SIZED_RUNS_LIMIT:
                 _sized_runs.clear()
             _sized_runs[key] = entry

@@ -79,11 +79,13 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
 def _alltoall(tensor, splits, base, process_set):
     code = _bridge.dtype_code(tensor.dtype, base)
     set_id = _bridge.process_set_id(process_set)
-    if splits is not None and not tf.is_tensor(splits):
+    if splits is not None and not any(tf.is_tensor(s) for s in tf.nest.flatten(splits)):
         splits = split_counts(np.reshape(np.asarray(splits), [-1]).tolist())
-    elif splits is not None and not splits.dtype.is_integer:
-        # Cast to int64 in the graph, fractional splits would be truncated without a word.
-        raise HoroInvalidArgument(f"alltoall splits must be an integer tensor, got dtype {splits.dtype.name}")
+    elif splits is not None:
+        splits = tf.convert_to_tensor(splits)  # a tensor, or a list holding tensors (tf.shape(x)[0])
+        if not splits.dtype.is_integer:
+            # Cast to int64 in the graph, fractional splits would be truncated without a word.
+            raise HoroInvalidArgument(f"alltoall splits must be integers, got a tensor of dtype {splits.dtype.name}")
     split_tensor = tf.zeros([0], tf.int64) if splits is None else tf.cast(tf.reshape(splits, [-1]), tf.int64)
 
     def body(array, split_array):

@@ -107,8 +107,8 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
         compression: Compression.none, .fp16 or .bf16: the dtype the data travels in.
         op: Average (default), Sum, Min, Max or Product (IndexedSlices: Sum or Average).
         prescale_factor, postscale_factor: multiply the input before and the result after reducing.
-        name: ranks match operations by name; unnamed calls are named by call order eagerly, and after
-            their input tensor inside a tf.function (see ``_bridge``).
+        name: ranks match operations by name; unnamed calls share one name eagerly (as Horovod's), and
+            are named after their input tensor inside a tf.function (see ``_bridge``).
         process_set: the ranks taking part.
         ignore_name_scope: leave the current name scope out of the name.
     Returns:

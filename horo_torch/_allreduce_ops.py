@@ -38,7 +38,7 @@ def _allreduce_host(tensor, output, memo, average, name, op, prescale_factor, po
     """The allreduce of a dense host tensor into output (tensor itself, in place), waited for; its
     description is remembered in memo (_last_allreduce or _last_allreduce_copy). Returns output."""
     prepared = _run_host_described(lib.HORO_ALLREDUCE, "allreduce", name, tensor, output, process_set,
-                                   resolve_op(average, op), prescale_factor, postscale_factor, 0)
+                                   resolve_op(average, op, stacklevel=4), prescale_factor, postscale_factor, 0)
     if prepared is not None:
         _remember(memo, name, tensor, average, op, prescale_factor, postscale_factor, process_set, prepared)
     return output

@@ -175,8 +175,11 @@ def check_alltoall_reducescatter(c, hvd, tf, env):
     c.raises("alltoall with fractional splits", [ValueError], "alltoall splits must be whole numbers",
              lambda: hvd.alltoall(tf.ones([n + 1]), splits=fractional))
     c.raises("alltoall with a float splits tensor in a tf.function", [ValueError],
-             "alltoall splits must be an integer tensor, got dtype float32",
+             "alltoall splits must be integers, got a tensor of dtype float32",
              lambda: tf.function(lambda x, s: hvd.alltoall(x, splits=s))(tf.ones([n + 1]), tf.constant(fractional)))
+    # Splits given as a list of tensors inside a tf.function, as Horovod takes them.
+    got, received = tf.function(lambda x: hvd.alltoall(x, splits=[tf.shape(x)[0] // n] * n))(tf.fill([n], float(r)))
+    c.equal("alltoall with a list of tensors as splits in a tf.function", got, [float(s) for s in range(n)])
     # Rank r sends s + 1 rows of value 10 * r + s to rank s.
     splits = [s + 1 for s in range(n)]
     x = tf.constant(np.concatenate([np.full([s + 1], 10 * r + s) for s in range(n)]), tf.float32)

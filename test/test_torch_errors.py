@@ -134,6 +134,11 @@ def mismatch_cases(hvd, torch, rank):
         ("grouped size", lambda: hvd.grouped_allreduce([torch.ones(2)] * (1 if one else 2), name="mm.gs"),
          "Mismatched grouped calls for allreduce tensor 'grouped_allreduce.mm.gs.0': rank 0 has it in a group of 2 "
          "tensors led by 'grouped_allreduce.mm.gs.0', rank 1 has it as a single tensor"),
+        # The same under a name the response cache holds, whose members the ranks announce by id.
+        ("grouped size, cached", lambda: [hvd.grouped_allreduce([torch.ones(2)] * 2, name="mm.gsc") for _ in range(3)]
+         and hvd.grouped_allreduce([torch.ones(2)] * (1 if one else 2), name="mm.gsc"),
+         "Mismatched grouped calls for allreduce tensor 'grouped_allreduce.mm.gsc.0': rank 0 has it in a group of 2 "
+         "tensors led by 'grouped_allreduce.mm.gsc.0', rank 1 has it as a single tensor"),
     ]
 
 

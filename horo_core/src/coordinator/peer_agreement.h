@@ -179,6 +179,7 @@ class PeerAgreement {
   std::vector<int64_t> scratch_ready_;
   std::vector<int64_t> scratch_orphaned_;
   std::vector<int64_t> scratch_whole_;
+  std::vector<int64_t> scratch_regrouped_;
   mutable MembersView members_view_;
   std::vector<std::map<int64_t, Announced>::node_type> spare_announced_;
   std::vector<std::map<int64_t, Request>::node_type> spare_mine_;

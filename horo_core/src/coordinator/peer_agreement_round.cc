@@ -39,6 +39,11 @@ void PeerAgreement::CompleteRound(std::vector<AgreedStep>* run) {
   }
   // Read once, and only for an id announced for the first time (a wait's start, for stall reports).
   std::chrono::steady_clock::time_point now{};
+  // Ids that ranks announced in different groups (a grouped call of one size on one rank and of
+  // another size on the next, under one name): forgotten below, so that every rank sends full
+  // requests and the coordinator reports the mismatch, instead of each waiting for the others' group.
+  std::vector<int64_t>& regrouped = scratch_regrouped_;
+  regrouped.clear();
   for (int sender = 0; sender < size_; ++sender) {
     RoundMessage& m = messages[static_cast<size_t>(sender)];
     // A group's members are consecutive and share their first member's id in units.
@@ -63,14 +68,25 @@ void PeerAgreement::CompleteRound(std::vector<AgreedStep>* run) {
           a.ranks.assign(static_cast<size_t>(size_), 0);
           a.since = now;
         }
+        if (a.unit != unit) {
+          if (std::find(a.ranks.begin(), a.ranks.end(), 1) != a.ranks.end()) {
+            regrouped.push_back(m.hits[i]);
+            regrouped.insert(regrouped.end(), a.unit.begin(), a.unit.end());
+            regrouped.insert(regrouped.end(), unit.begin(), unit.end());
+          }
+          a.unit = unit;
+        }
         a.ranks[static_cast<size_t>(sender)] = 1;
-        if (a.unit != unit) a.unit = unit;
         if (!m.data[i].empty()) {
           if (a.data.empty()) a.data.resize(static_cast<size_t>(size_));
           a.data[static_cast<size_t>(sender)] = std::move(m.data[i]);
         }
       }
     }
+  }
+  for (int64_t id : regrouped) {
+    cache_->Forget(id);
+    Drop(id);
   }
   OpenInbox(&slot, 0);  // read; its messages keep their storage for a later round
   // Ready: every member announced. Ids only grow, so id order is first-negotiated order, and

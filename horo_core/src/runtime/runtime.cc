@@ -306,7 +306,11 @@ Status Runtime::RefuseInvalid(OpType op, const horo_tensor_t* tensors, int32_t c
   if (invalid.code() != HORO_ERR_INVALID_ARGUMENT) return invalid;
   std::vector<const char*> names;
   for (int32_t i = 0; i < count; ++i) {
-    if (tensors[i].name == nullptr || tensors[i].name[0] == '\0') return invalid;
+    // Device tensors' errors (a device this rank does not have) stay this rank's, at once, where
+    // its devices are set up.
+    if (tensors[i].name == nullptr || tensors[i].name[0] == '\0' || tensors[i].device != HORO_DEVICE_HOST) {
+      return invalid;
+    }
     names.push_back(tensors[i].name);
   }
   // "allreduce tensor 'x': unknown reduce op 99": the coordinator's message names the tensor itself.

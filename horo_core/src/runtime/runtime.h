@@ -109,8 +109,8 @@ class Runtime {
   // A call that failed ValidateTensor with an invalid argument (an unknown reduce op, a tensor of
   // more than 16 dimensions...), which this rank alone may have passed, is refused instead of
   // failed here, so that every member fails with this rank's reason instead of waiting for its
-  // tensors; the handles complete with that error. Other errors, and calls without names, are
-  // returned as they are.
+  // tensors; the handles complete with that error. Other errors, and calls without names or with
+  // device tensors, are returned as they are.
   Status RefuseInvalid(OpType op, const horo_tensor_t* tensors, int32_t count, int32_t set_id, const Status& invalid,
                        horo_handle_t* handles);
   Status StoppedStatus();

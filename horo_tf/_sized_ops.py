@@ -7,8 +7,8 @@ import tensorflow as tf
 
 from horo_core import basics
 from horo_core._binding import lib
-from horo_core.process_sets import global_process_set
 from horo_core.errors import HoroInvalidArgument
+from horo_core.process_sets import global_process_set
 from horo_core.reduce_ops import Average, Sum
 from horo_core.runtime import split_counts
 from horo_tf import _bridge

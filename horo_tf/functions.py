@@ -51,7 +51,9 @@ def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=glob
     Returns:
         root_rank's object.
     Raises:
-        ValueError: called inside a tf.function. HorovodInternalError: the broadcast failed.
+        ValueError: called inside a tf.function; on the other ranks, the root could not pickle obj
+            (the root raises pickling's own error, after the broadcasts, so later calls stay paired).
+        HorovodInternalError: the broadcast failed.
     """
     if not tf.executing_eagerly():
         raise ValueError("broadcast_object runs eagerly only; call it outside tf.function")
@@ -91,7 +93,9 @@ def allgather_object(obj, session=None, name=None, process_set=global_process_se
     Returns:
         A list with one object per rank of process_set.
     Raises:
-        ValueError: called inside a tf.function. HorovodInternalError: the allgather failed.
+        ValueError: called inside a tf.function; another rank could not pickle its object (this rank
+            raises pickling's own error when it could not: every rank fails, after the allgathers).
+        HorovodInternalError: the allgather failed.
     """
     if not tf.executing_eagerly():
         raise ValueError("allgather_object runs eagerly only; call it outside tf.function")

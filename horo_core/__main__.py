@@ -12,7 +12,7 @@ def main(argv=None):
     from horo_core._binding import ffi, lib
     print(f"Horo {horo_core.__version__} (core {ffi.string(lib.horo_version()).decode()})")
     print(f"  reduction kernels: {ffi.string(lib.horo_cpu_features()).decode() or 'baseline'}")
-    print("  transports: tcp, loopback")
+    print("  transports: tcp, shared memory (ranks on one host), loopback (one rank)")
     for name in ("torch", "tensorflow"):
         try:
             module = __import__(name)

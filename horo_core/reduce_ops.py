@@ -12,6 +12,14 @@ Max = lib.HORO_OP_MAX
 Product = lib.HORO_OP_PRODUCT
 
 
+_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max", Product: "Product"}
+
+
+def name_of(op):
+    """The op's name ("Adasum") for messages; repr of anything that is not an op."""
+    return _NAMES.get(op, repr(op)) if isinstance(op, int) else repr(op)
+
+
 def resolve_op(average, op, default=Average, stacklevel=3):
     """The op to use given Horovod's (average, op) pair; ``average`` alone warns, as in Horovod
     (stacklevel: as warnings.warn's, 3 for a public function that calls this one directly).

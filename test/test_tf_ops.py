@@ -449,7 +449,7 @@ def check_tape_reduce_ops(c, hvd, tf, keras):
         dense[s, s % 5] = 1.0
     c.close("tape op=Adasum of IndexedSlices with sparse_as_dense", sparse_gradient(sparse_as_dense=True),
             adasum_reference([d.ravel() for d in dense]).reshape(5, 2))
-    c.raises("Keras DistributedOptimizer with op=Adasum", [ValueError], "op=Average or op=Sum",
+    c.raises("Keras DistributedOptimizer with op=Adasum", [ValueError], "op=Average or op=Sum, got op=Adasum;",
              lambda: hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), op=hvd.Adasum))
     c.raises("tape with an unknown op", [ValueError], "got op=17",
              lambda: hvd.DistributedGradientTape(tf.GradientTape(), op=17))

@@ -35,6 +35,7 @@ import keras
 import tensorflow as tf
 
 from horo_core.errors import HoroInvalidArgument, HoroUnsupportedError
+from horo_core.reduce_ops import name_of
 from horo_tf.gradient_reduction import (ReductionOptions, groups_option, local_layer_variables,
                                         reduce_gradients_keeping_local)
 
@@ -248,7 +249,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     if op not in (mpi_ops.Average, mpi_ops.Sum):
         # As Horovod's Keras optimizer; DistributedGradientTape takes the other ops.
         raise HoroInvalidArgument(f"the Keras DistributedOptimizer reduces gradients with op=Average or op=Sum, "
-                                  f"got op={op!r}; DistributedGradientTape takes Adasum, Min, Max and Product")
+                                  f"got op={name_of(op)}; DistributedGradientTape takes Adasum, Min, Max and "
+                                  f"Product")
     config = optimizer.get_config()
     if name is not None:
         config["name"] = name

@@ -38,9 +38,12 @@ HoroPeerLostError = _both(core.HoroPeerLostError, tf.errors.UnknownError)
 HoroInternalError = _both(core.HoroInternalError, tf.errors.UnknownError)
 HoroInvalidArgument = _both(core.HoroInvalidArgument, tf.errors.InvalidArgumentError)
 HoroUnsupportedError = _both(core.HoroUnsupportedError, tf.errors.UnimplementedError)
+# A collective before hvd.init(): Horovod's op fails its CheckInitialized with FailedPrecondition.
+HoroNotInitializedError = _both(core.HoroNotInitializedError, tf.errors.FailedPreconditionError)
 
 _CONVERSIONS = [(c.__mro__[1], c) for c in (HoroMismatchError, HoroShutdownError, HoroTimeoutError, HoroPeerLostError,
-                                          HoroInternalError, HoroInvalidArgument, HoroUnsupportedError)]
+                                          HoroInternalError, HoroInvalidArgument, HoroUnsupportedError,
+                                          HoroNotInitializedError)]
 
 
 def converted(error):

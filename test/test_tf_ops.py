@@ -778,6 +778,26 @@ def test_build_queries_of_both_modules():
         assert getattr(horo_tf.mpi_ops, name) is getattr(horo_tf, name), name
 
 
+def _collective_before_init():
+    import tensorflow as tf
+
+    import horo_tf as hvd
+    try:
+        hvd.allreduce(tf.ones([2]), op=hvd.Sum)
+    except Exception as e:  # noqa: BLE001 - the type is what is checked
+        return [isinstance(e, t) for t in (tf.errors.FailedPreconditionError, ValueError, hvd.HoroNotInitializedError)]
+    return "no error"
+
+
+def test_collective_before_init_is_a_failed_precondition_as_horovods():
+    """Horovod's op fails its CheckInitialized with FailedPreconditionError; Horo's error is that
+    too, and still the ValueError and HoroNotInitializedError it was (in a fresh process, where
+    nothing has called init)."""
+    import multiprocessing
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        assert pool.apply(_collective_before_init) == [True, True, True]
+
+
 def test_elastic_is_refused_by_name():
     """hvd.elastic of horo_tf and horo_tf.keras (not implemented) names what is missing."""
     import horo_tf

@@ -127,10 +127,15 @@ def _number(value, what):
 
 
 def prepare_run(op_type, name, dtype, shape, process_set_id=0, reduce_op=None, prescale_factor=1.0,
-                postscale_factor=1.0, root_rank=0, caller_waits=True, splits=None) -> PreparedRun:
+                postscale_factor=1.0, root_rank=0, caller_waits=True, splits=None, runtime=None) -> PreparedRun:
     """Describes an operation on one host tensor: for Runtime.run_prepared (synchronous), or with
     caller_waits=False for Runtime.enqueue_prepared (asynchronous). splits: an alltoall's rows per
-    rank (None: equal parts)."""
+    rank (None: equal parts).
+
+    Raises:
+        HoroInvalidArgument: an option of the wrong type or value (op="sum", fractional splits);
+            given the runtime that will run it, on every member of the set (_refuse_invalid).
+    """
     c_name = _c_name(name)
     c_shape = ffi.new("int64_t[]", list(shape) or [0])
     t = ffi.new("horo_tensor_t*")
@@ -138,14 +143,27 @@ def prepare_run(op_type, name, dtype, shape, process_set_id=0, reduce_op=None, p
     t.dtype = dtype
     t.ndim = len(shape)
     t.shape = c_shape
-    options = Runtime._options(process_set_id, reduce_op, prescale_factor, postscale_factor, root_rank, caller_waits)
     keep = (c_name, c_shape)
-    if splits is not None:
-        c_splits = _c_splits(splits)
-        options.splits = c_splits
-        options.num_splits = len(splits)
-        keep += (c_splits,)
+    try:
+        options = Runtime._options(process_set_id, reduce_op, prescale_factor, postscale_factor, root_rank,
+                                   caller_waits)
+        if splits is not None:
+            c_splits = _c_splits(splits)
+            options.splits = c_splits
+            options.num_splits = len(splits)
+            keep += (c_splits,)
+    except HoroInvalidArgument as error:
+        _refuse_invalid(runtime, op_type, [name], process_set_id, error)
     return PreparedRun(op_type, t, options, keep)
+
+
+def _refuse_invalid(runtime, op_type, names, process_set_id, error):
+    """Raises error, an invalid option of a call on names, which this rank alone may have passed:
+    through runtime.refuse, so that every member of the set fails with it instead of waiting for
+    this rank's tensors (raised as it is without a runtime)."""
+    if runtime is None:
+        raise error
+    runtime.refuse(op_type, names, process_set_id, f"passed an invalid argument: {error}")
 
 
 class _CallGuard:
@@ -360,20 +378,23 @@ class Runtime:
         caller_waits: the caller waits on the handles at once, and that wait runs the negotiation
         (the core's background thread is not woken)."""
         keep = []
-        if splits is None and not ready_event:
-            key = (process_set_id, reduce_op, prescale_factor, postscale_factor, root_rank, caller_waits)
-            opts = self._c_options.get(key)
-            if opts is None:
-                opts = _cached(self._c_options, key, self._options(*key))
-        else:
-            opts = self._options(process_set_id, reduce_op, prescale_factor, postscale_factor, root_rank,
-                                 caller_waits)
-            opts.ready_event = ffi.cast("void*", ready_event)
-        if splits is not None:
-            split_arr = _c_splits(splits)
-            keep.append(split_arr)
-            opts.splits = split_arr
-            opts.num_splits = len(splits)
+        try:
+            if splits is None and not ready_event:
+                key = (process_set_id, reduce_op, prescale_factor, postscale_factor, root_rank, caller_waits)
+                opts = self._c_options.get(key)
+                if opts is None:
+                    opts = _cached(self._c_options, key, self._options(*key))
+            else:
+                opts = self._options(process_set_id, reduce_op, prescale_factor, postscale_factor, root_rank,
+                                     caller_waits)
+                opts.ready_event = ffi.cast("void*", ready_event)
+            if splits is not None:
+                split_arr = _c_splits(splits)
+                keep.append(split_arr)
+                opts.splits = split_arr
+                opts.num_splits = len(splits)
+        except HoroInvalidArgument as error:
+            _refuse_invalid(self, op_type, [s.name for s in specs], process_set_id, error)
         count = max(1, len(specs))
         tensors = ffi.new("horo_tensor_t[]", count)
         for i, spec in enumerate(specs):
@@ -440,7 +461,7 @@ class Runtime:
         key = (op_type, name, dtype, shape, process_set_id, reduce_op, prescale_factor, postscale_factor, root_rank)
         prepared = self._prepared.get(key)
         if prepared is None:
-            prepared = _cached(self._prepared, key, prepare_run(*key))
+            prepared = _cached(self._prepared, key, prepare_run(*key, runtime=self))
         self.run_prepared(prepared, input_ptr, output_ptr)
 
     def run_prepared(self, prepared, input_ptr, output_ptr):

@@ -218,7 +218,7 @@ def _run_sized(rt, op_type, name, array, code, set_id, options):
            options.get("postscale_factor"), None if splits is None else tuple(splits))
     entry = _sized_runs.get(key)
     if entry is None:
-        entry = [prepare_run(op_type, name, code, tuple(array.shape), set_id, **options), None]
+        entry = [prepare_run(op_type, name, code, tuple(array.shape), set_id, runtime=rt, **options), None]
         if not basics.is_auto_name(name):  # a call-order name (in a graph, of Python values) is never reused
             if len(_sized_runs) >= _SIZED_RUNS_LIMIT:
                 _sized_runs.clear()

@@ -124,7 +124,7 @@ def _run_host_described(op_type, kind, name, tensor, output, process_set, reduce
     if prepared is None:
         base = _op_name(kind, name, set_id)
         prepared = prepare_run(op_type, base, _dtype_code(tensor, base, op_type, set_id), tuple(tensor.shape), set_id,
-                               reduce_op, prescale_factor, postscale_factor, root_rank)
+                               reduce_op, prescale_factor, postscale_factor, root_rank, runtime=runtime)
         if len(_prepared_runs) >= _PREPARED_RUNS_LIMIT:
             _prepared_runs.clear()
         _prepared_runs[key] = prepared

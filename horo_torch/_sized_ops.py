@@ -6,10 +6,11 @@ factors).
 """
 import torch
 
+from horo_core import basics
 from horo_core._binding import lib
 from horo_core.process_sets import global_process_set
 from horo_core.reduce_ops import Average, Sum
-from horo_core.runtime import prepare_run, split_counts
+from horo_core.runtime import prepare_run
 from horo_torch import _sized_runs, device
 from horo_torch._calls import (_PREPARED_RUNS_LIMIT, _dtype_code, _enqueue, _from_result, _now, _op_name,
                                _records_graph, _refuse_unless_strided)
@@ -114,7 +115,7 @@ def _describe_sized(op_type, kind, name, tensor, process_set, reduce_op=None, pr
     set_id = process_set.process_set_id
     base = _op_name(kind, name, set_id)
     return prepare_run(op_type, base, _dtype_code(tensor, base, op_type, set_id), tuple(tensor.shape), set_id,
-                       reduce_op, prescale_factor, postscale_factor, splits=splits)
+                       reduce_op, prescale_factor, postscale_factor, splits=splits, runtime=basics.runtime())
 
 
 def _allgather_now(tensor, name, process_set):
@@ -166,9 +167,10 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
 # Alltoall ----------------------------------------------------------------------------------------
 
 def _splits_list(splits):
+    """splits as a flat list; the runtime refuses a split that is not a whole number, on every rank."""
     if splits is None:
         return None
-    return split_counts(splits.reshape(-1).tolist() if isinstance(splits, torch.Tensor) else splits)
+    return splits.reshape(-1).tolist() if isinstance(splits, torch.Tensor) else list(splits)
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):

@@ -261,6 +261,13 @@ def refused_input_job():
     attempt("unknown op", lambda: hvd.allreduce(torch.ones(2), op=99 if rank == 2 else hvd.Sum, name="op"))
     attempt("unknown op, grouped", lambda: hvd.grouped_allreduce([torch.ones(2)] * 2, op=98 if rank == 0 else hvd.Sum,
                                                                  name="op.g"))
+    # Arguments of the wrong type, checked before the core: refused the same way.
+    attempt("op of the wrong type", lambda: hvd.allreduce(torch.ones(2), op="sum" if rank == 1 else hvd.Sum,
+                                                          name="op.type"))
+    attempt("root_rank of the wrong type, async", lambda: hvd.synchronize(
+        hvd.broadcast_async(torch.ones(2), 0.0 if rank == 2 else 0, name="root.type")))
+    attempt("fractional splits", lambda: hvd.alltoall(torch.ones(3), splits=[1, 1.5, 0.5] if rank == 0 else [1, 1, 1],
+                                                      name="splits.type"))
     hvd.shutdown()
     return out
 
@@ -289,6 +296,12 @@ def test_input_only_one_rank_refuses_raises_on_every_rank():
         "unknown op": "allreduce tensor 'allreduce.op': rank 2 passed an invalid argument: unknown reduce op 99",
         "unknown op, grouped": "allreduce tensor 'grouped_allreduce.op.g.0': rank 0 passed an invalid argument for "
                                "'grouped_allreduce.op.g.0': unknown reduce op 98",
+        "op of the wrong type": "allreduce tensor 'allreduce.op.type': rank 1 passed an invalid argument: op must be "
+                                "one of hvd.Average, hvd.Sum, hvd.Adasum, hvd.Min, hvd.Max and hvd.Product, got 'sum'",
+        "root_rank of the wrong type, async": "broadcast tensor 'broadcast.root.type': rank 2 passed an invalid "
+                                              "argument: root_rank must be an integer rank, got 0.0",
+        "fractional splits": "alltoall tensor 'alltoall.splits.type': rank 0 passed an invalid argument: alltoall "
+                             "splits must be whole numbers, got [1, 1.5, 0.5]",
     }
     for rank, out in enumerate(horo_runner.run(refused_input_job, num_proc=N)):
         assert list(out) == list(expected), f"rank {rank}"

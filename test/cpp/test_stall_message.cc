@@ -14,34 +14,34 @@
 using namespace horo;
 using horo_test::Check;
 
+namespace {
+
+// A tensor that one rank is missing, after waited seconds.
+StalledTensor Stalled(const std::string& name, int32_t missing_rank, double waited = 0, int32_t set = 0) {
+  StalledTensor t;
+  t.process_set_id = set;
+  t.name = name;
+  t.missing_ranks = {missing_rank};
+  t.waited_seconds = waited;
+  return t;
+}
+
+}  // namespace
+
 int main() {
-  std::vector<StalledTensor> stalled(2);
-  stalled[0].name = "allreduce.t";
-  stalled[0].missing_ranks = {0};
-  stalled[1].process_set_id = 1;
-  stalled[1].name = "allreduce.t";
-  stalled[1].missing_ranks = {1};
+  const std::vector<StalledTensor> stalled = {Stalled("allreduce.t", 0), Stalled("allreduce.t", 1, 0, 1)};
   const std::string text = DescribeMissing(stalled);
   Check(text == "rank 0: [allreduce.t]; rank 1: [allreduce.t (process set 1)]", "sets named: " + text);
 
-  std::vector<StalledTensor> many(8);
-  for (int i = 0; i < 8; ++i) {
-    many[i].name = "g." + std::to_string(i);
-    many[i].missing_ranks = {2};
-  }
+  std::vector<StalledTensor> many;
+  for (int i = 0; i < 8; ++i) many.push_back(Stalled("g." + std::to_string(i), 2));
   const std::string cut = DescribeMissing(many);
   Check(cut == "rank 2: [g.0, g.1, g.2, g.3, g.4, g.5, ... 2 more]", "six names per rank: " + cut);
 
   // The shutdown message names every tensor still waiting: here rank 0 is blocked in "y", which
   // rank 1 has not submitted, while rank 1 waits longer for "x".
   StallInspector inspector(0.0, 1.0, false);
-  std::vector<StalledTensor> late(2);
-  late[0].name = "x";
-  late[0].missing_ranks = {0};
-  late[0].waited_seconds = 2.5;
-  late[1].name = "y";
-  late[1].missing_ranks = {1};
-  late[1].waited_seconds = 0.5;
+  std::vector<StalledTensor> late = {Stalled("x", 0, 2.5), Stalled("y", 1, 0.5)};
   const std::string message = inspector.Inspect(late).shutdown;
   Check(message.find("stalled for 2.5 seconds (HORO_STALL_SHUTDOWN_TIME_SECONDS=1). Missing ranks: rank 0: [x]; "
                      "rank 1: [y]") != std::string::npos,
@@ -51,9 +51,7 @@ int main() {
 
   // Warnings: the first after the warning time, then one after every further warning time.
   StallInspector warner(10.0, 0.0, false);
-  std::vector<StalledTensor> waiting(1);
-  waiting[0].name = "z";
-  waiting[0].missing_ranks = {3};
+  std::vector<StalledTensor> waiting = {Stalled("z", 3)};
   const double waits[] = {5, 10.5, 15, 20.4, 20.6, 29, 31};
   const size_t warnings[] = {0, 1, 0, 0, 1, 0, 1};
   for (size_t i = 0; i < 7; ++i) {

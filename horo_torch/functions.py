@@ -252,7 +252,8 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None):
     counter stays at zero), and only the hyper-parameters (lr, betas, ...) travel. When the root
     has state, its structure and every non-tensor value (Python step counters, None entries, ...)
     travel through broadcast_object (cloudpickle), and every state tensor through an in-place
-    broadcast; the non-root ranks then install the result with ``optimizer.load_state_dict``.
+    broadcast; the non-root ranks then install the result with ``optimizer.load_state_dict``, keeping
+    their own param_groups list and dicts (root's values are written into them), as Horovod does.
 
     Args:
         optimizer: a torch optimizer, or one returned by DistributedOptimizer, with the same
@@ -302,7 +303,28 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None):
         state[param_id] = {key: received[(param_id, key)].view(slot.shape) if isinstance(slot, _TensorSlot)
                            else slot for key, slot in entries.items()}
     groups = [dict(hyper, params=local["params"]) for hyper, local in zip(structure["param_groups"], local_groups)]
-    optimizer.load_state_dict({"state": state, "param_groups": groups})
+    _load_keeping_groups(optimizer, {"state": state, "param_groups": groups})
+
+
+def _load_keeping_groups(optimizer, state_dict):
+    """optimizer.load_state_dict, with the loaded hyper-parameters written into the optimizer's own
+    param_groups list and dicts, as Horovod's in-place update does. load_state_dict alone installs
+    new ones, and whatever held the old ones would then see values no step uses: an LR scheduler
+    made on the optimizer before DistributedOptimizer wrapped it (ReduceLROnPlateau sets the rate
+    in those dicts), or a script's own reference to a group."""
+    groups = optimizer.param_groups
+    own = list(groups)
+    optimizer.load_state_dict(state_dict)
+    for mine, loaded in zip(own, optimizer.param_groups):
+        mine.clear()
+        mine.update(loaded)
+    groups[:] = own
+    optimizer.param_groups = groups
+    # DistributedOptimizer.load_state_dict pointed the optimizer it wrapped at the new list.
+    scheduled = getattr(optimizer, "_horo_scheduled", None)
+    original = scheduled() if scheduled is not None else None
+    if original is not None:
+        original.param_groups = groups
 
 
 # Sparse gradients --------------------------------------------------------------------------------

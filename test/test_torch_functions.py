@@ -139,6 +139,28 @@ def check_optimizer_state(hvd, rank):
     hvd.broadcast_optimizer_state(opt, root_rank=0)
     report["root without state"] = (len(opt.state), opt.param_groups[0]["lr"])
 
+    # Root's hyper-parameters land in this rank's own param_groups, so schedulers made before
+    # wrapping still set the rate the distributed optimizer uses: ReduceLROnPlateau writes into the
+    # group dicts, StepLR patches step().
+    model = make_model(seed=rank)
+    base = torch.optim.SGD(model.parameters(), lr=0.1 * (rank + 1))
+    group = base.param_groups[0]
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(base, factor=0.5, patience=0)
+    opt = hvd.DistributedOptimizer(base, named_parameters=model.named_parameters())
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    plateau.step(1.0)
+    plateau.step(1.0)  # no better than the last: halves the rate
+    report["plateau"] = (opt.param_groups[0] is group, base.param_groups is opt.param_groups, opt.param_groups[0]["lr"])
+    model = make_model(seed=rank)
+    base = torch.optim.SGD(model.parameters(), lr=0.1 * (rank + 1), momentum=0.9)
+    step_lr = torch.optim.lr_scheduler.StepLR(base, step_size=1, gamma=0.5)
+    opt = hvd.DistributedOptimizer(base, named_parameters=model.named_parameters())
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    x, y = batch(9, SHARD)
+    train_step(model, opt, x, y)
+    step_lr.step()
+    report["step lr"] = (opt.param_groups[0]["lr"], len(opt.state))
+
     # Different parameter layouts fail on every rank, naming the odd rank.
     model = torch.nn.Linear(4, 3 if rank == 2 else 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -281,6 +303,8 @@ def test_broadcast_optimizer_state(reports):
         assert torch.equal(o["sgd"]["state"][0]["momentum_buffer"], torch.full((8, 5), 1.0))
         assert o["sgd"]["param_groups"][0]["momentum"] == 0.5
         assert o["root without state"] == (0, 0.2)
+        assert o["plateau"] == (True, True, 0.05), f"rank {rank}"
+        assert o["step lr"] == (0.05, 4), f"rank {rank}"
         kind, message = o["layout mismatch"]
         assert kind == "ValueError"
         assert message == ("broadcast_optimizer_state: the optimizer's parameter groups differ from root rank 0's "

@@ -8,6 +8,7 @@ eagerly, return a tensor (``.numpy()`` gives the array; NumPy takes the tensor a
 import inspect
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from horo_core import __version__
@@ -128,6 +129,9 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
     objects.update(custom_objects or {})
     model = keras.models.load_model(filepath, custom_objects=objects)
     optimizer = getattr(model, "optimizer", None)
+    if str(filepath).endswith((".h5", ".hdf5")) and isinstance(optimizer, keras.optimizers.Optimizer) \
+            and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        optimizer = model.optimizer = _rebuilt_from_h5(optimizer, model, filepath)
     if isinstance(optimizer, keras.optimizers.Optimizer) and not isinstance(optimizer, _DistributedMixin) \
             and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         # A checkpoint written without Horovod names its optimizer as a built-in class, which Keras 3
@@ -136,6 +140,33 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
             compression=compression, name=f"DistributedOptimizer.{type(optimizer).__name__}"))
         model.optimizer = _with_state_of(wrapped.from_config(optimizer.get_config()), optimizer, model)
     return model
+
+
+def _rebuilt_from_h5(optimizer, model, filepath):
+    """The optimizer of a model loaded from a legacy .h5 file, built on the model's trainable
+    variables with the state the file holds.
+
+    Keras 3's .h5 loader builds the optimizer on the variables the model object itself tracks (none
+    for a Sequential or functional model), so the saved state does not load ("Error in loading the
+    saved optimizer state") and the first step fails with "Unknown variable", with or without Horo:
+    Horovod's resume from its examples' default ``checkpoint-{epoch}.h5`` would break."""
+    trainable = model.trainable_variables
+    known = {id(v) for v in getattr(optimizer, "_trainable_variables", [])}
+    if not optimizer.built or all(id(v) in known for v in trainable):
+        return optimizer
+    import h5py
+    from keras.src.legacy.saving import legacy_h5_format
+    fresh = type(optimizer).from_config(optimizer.get_config())
+    fresh.build(trainable)
+    with h5py.File(filepath, "r") as f:
+        saved = [np.asarray(d) for d in legacy_h5_format.load_optimizer_weights_from_hdf5_group(f)] \
+            if "optimizer_weights" in f else []
+    if len(saved) != len(fresh.variables):
+        raise ValueError(f"load_model: {filepath} holds {len(saved)} optimizer weights, but its "
+                         f"{type(optimizer).__name__} builds {len(fresh.variables)} on the model's trainable variables")
+    for variable, value in zip(fresh.variables, saved):
+        variable.assign(value)
+    return fresh
 
 
 def _with_state_of(fresh, loaded, model):

@@ -265,6 +265,21 @@ def check_checkpoint_and_load(c, hvd, keras, tf):
         for i, (a, b) in enumerate(zip(from_h5.optimizer.variables, model.optimizer.variables)):
             c.equal(f"load_model .h5 optimizer variable {i}", a, b)
         from_h5.fit(xs, ys, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+
+        @keras.saving.register_keras_serializable(package="horo_test")
+        class CustomAdam(keras.optimizers.Adam):
+            pass
+
+        custom = make_model(keras, 101)
+        custom.compile(optimizer=hvd.DistributedOptimizer(CustomAdam(0.01)), loss="mean_squared_error")
+        custom.fit(xs, ys, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+        path = os.path.join(tmp, f"custom-rank{r}.keras")
+        custom.save(path)
+        c.same("a model trained with a registered optimizer class loads without Horo, as that class",
+               type(keras.models.load_model(path).optimizer), CustomAdam)
+        again = hvd.load_model(path).optimizer
+        c.same("and load_model wraps it without custom_optimizers",
+               (isinstance(again, CustomAdam), "DistributedMixin" in str(type(again).__mro__)), (True, True))
     opt = loaded.optimizer
     c.same("load_model wraps the optimizer", (isinstance(opt, keras.optimizers.Adam),
                                                "DistributedMixin" in str(type(opt).__mro__)), (True, True))

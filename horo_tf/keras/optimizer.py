@@ -201,7 +201,23 @@ def distributed_class(optimizer_class, options, backward_passes_per_step=1, aver
     }
     cls = type(optimizer_class.__name__, (_DistributedMixin, optimizer_class), attributes)
     cls.__qualname__ = optimizer_class.__qualname__
+    _save_under_name_of(cls, optimizer_class)
     return cls
+
+
+def _save_under_name_of(cls, optimizer_class):
+    """Makes a model saved with cls name optimizer_class's registration ("package>Name"), so that
+    it loads without Horo. Keras looks a class's registered name up by the class object, and a
+    subclass made by type() has none: the file then said "Name", which no loader finds. Only that
+    lookup is added; loading "package>Name" still builds the user's class."""
+    registered = keras.saving.get_registered_name(optimizer_class)
+    if registered == optimizer_class.__name__:
+        return
+    try:
+        from keras.src.saving import object_registration
+    except ImportError:  # a Keras that moved its registry: the saved name stays the class name
+        return
+    object_registration.GLOBAL_CUSTOM_NAMES[cls] = registered
 
 
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=None,

@@ -15,9 +15,9 @@ import sys
 import threading
 
 from horo_core import config, launch_env
-from horo_core.errors import (HoroInvalidArgument, HoroNotInitializedError, HoroPeerLostError, HoroShutdownError,
-                              HoroTimeoutError)
-from horo_core.kv_wire import KVTimeoutError
+from horo_core.errors import (HoroAuthError, HoroInvalidArgument, HoroNotInitializedError, HoroPeerLostError,
+                              HoroShutdownError, HoroTimeoutError)
+from horo_core.kv_wire import KVAuthError, KVConnectionError, KVStoreError, KVTimeoutError
 from horo_core.kvstore import KVClient, KVServer
 from horo_core.process_sets import ProcessSet, global_process_set
 from horo_core.runtime import LoopbackHub, Runtime
@@ -197,13 +197,15 @@ def init(comm=None, process_sets=None):
                 addresses = _gather(kv, f"{prefix}addr", size, wait, start_timeout, (host, port))
                 hostnames = _gather(kv, f"{prefix}host", size, wait, start_timeout, (host, port))
                 rt.connect(addresses)
-            except BaseException:
+            except BaseException as error:
                 # Leave nothing behind, so that a later init() starts clean.
                 if rt is not None:
                     rt.destroy()
                 if server is not None:
                     server.stop()
                 _state.kv_server = None
+                if isinstance(error, KVStoreError):
+                    raise _rendezvous_failure(error, info, host, port) from error
                 raise
             finally:
                 if kv is not None:
@@ -241,6 +243,20 @@ def init(comm=None, process_sets=None):
 
 
 _LAUNCHER_NAMES_LATE_RANKS_S = 5.0
+
+
+def _rendezvous_failure(error, info, host, port):
+    """The Horo error for a failure of the rendezvous (a horo_core.kv_wire error), naming who hosts
+    it: under a launcher other than hororun that is rank 0, whose death closes it mid-init."""
+    who = "hororun's rendezvous" if info.family == "hororun" else "the rendezvous that rank 0 hosts"
+    text = f"init: {who} at {host}:{port} failed: {error}"
+    if isinstance(error, KVAuthError):
+        return HoroAuthError(text + " (every rank needs the same HORO_SECRET)")
+    if isinstance(error, KVTimeoutError):
+        return HoroTimeoutError(text)
+    if isinstance(error, KVConnectionError) and info.family != "hororun":
+        text += "; is rank 0 still running?"
+    return HoroPeerLostError(text)
 
 
 def _gather(kv, prefix, size, wait, start_timeout, rendezvous):

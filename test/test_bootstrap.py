@@ -150,6 +150,34 @@ def test_a_rank_that_never_comes_is_named_in_a_horovod_internal_error(tmp_path):
         out.stdout + out.stderr
 
 
+def test_a_rendezvous_that_closes_is_a_horovod_internal_error(tmp_path):
+    """Under torchrun, rank 0 hosts the rendezvous and dies with it: a rank whose connection it
+    closes gets a HorovodInternalError (it was the key-value store's bare ConnectionError) that
+    says whose rendezvous failed."""
+    script = tmp_path / "worker.py"
+    script.write_text("import horo_torch as hvd\n"
+                      "try:\n"
+                      "    hvd.init()\n"
+                      "except hvd.HorovodInternalError as e:\n"
+                      "    print(type(e).__name__, e)\n")
+    master = free_port()
+    with socket.socket() as rendezvous:
+        rendezvous.bind(("127.0.0.1", master + 1))
+        rendezvous.listen()
+        env = clean_env()
+        env.update({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+                    "HORO_START_TIMEOUT": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master)})
+        worker = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, env=env)
+        connection, _ = rendezvous.accept()
+        connection.close()  # as rank 0's death closes it
+        out, err = worker.communicate(timeout=120)
+    assert worker.returncode == 0, err
+    assert out.startswith(f"HoroPeerLostError init: the rendezvous that rank 0 hosts at 127.0.0.1:{master + 1} "
+                          "failed: "), out + err
+    assert out.rstrip().endswith("is rank 0 still running?"), out
+
+
 def test_mpi4py_of_another_mpi_is_named(worker):
     """MPICH's launcher (PMI_RANK/PMI_SIZE) with mpi4py built on Open MPI: mpi4py sees a world of
     one. Each rank would host a rendezvous of its own and wait 30 s for peers; init says why at once."""

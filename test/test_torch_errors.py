@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -445,6 +446,51 @@ def test_frozen_coordinator_is_noticed_by_the_workers(tmp_path):
         assert [g["what"] for g in got] == ["warmup", "collective", "next"], out
         assert "rank 0 (the coordinator) sent this rank nothing for" in got[1]["message"], (rank, got[1])
         assert "and rank 0 (the coordinator) has sent this rank nothing meanwhile" in err, (rank, err)
+
+
+FROZEN_AT_SHUTDOWN_WORKER = REPORT + """
+    hvd.init()
+    report("warmup", lambda: hvd.allreduce(torch.ones(4), op=hvd.Sum, name="warmup"))
+    if hvd.rank() == 0:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    sys.stdin.readline()  # the test's word that rank 0 is stopped
+    hvd.shutdown()
+    report("shut down", lambda: torch.tensor([hvd.is_initialized()]))
+"""
+
+
+def wait_until_stopped(proc):
+    """Returns once proc is in the stopped state (the third field of /proc/<pid>/stat is "T")."""
+    while True:
+        with open(f"/proc/{proc.pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "T":
+                return
+        assert proc.poll() is None, finish(proc)
+        time.sleep(0.01)
+
+
+def test_frozen_coordinator_is_noticed_in_shutdown(tmp_path):
+    # shutdown() waits for rank 0's answer; a stopped rank 0 never gives it, and the workers
+    # waited for ever without a word (also in the shutdown that atexit runs). They now treat it
+    # as a collective waiting for rank 0.
+    script = write_script(tmp_path, FROZEN_AT_SHUTDOWN_WORKER)
+    procs = spawn_ranks(script, N, HORO_PEER_TIMEOUT_SECONDS=2, HORO_STALL_CHECK_TIME_SECONDS=1,
+                        HORO_STALL_SHUTDOWN_TIME_SECONDS=1)
+    try:
+        wait_until_stopped(procs[0])
+        for rank in range(1, N):
+            procs[rank].stdin.write("go\n")
+            procs[rank].stdin.flush()
+        outcomes = {rank: finish(procs[rank]) for rank in range(1, N)}
+    finally:
+        procs[0].kill()
+        procs[0].communicate()
+    for rank, (code, out, err) in outcomes.items():
+        assert code == 0, err
+        assert [g.get("value") for g in reports(out)] == [[3.0] * 4, [False]], out
+        assert "shutdown() has waited 1 s, and rank 0 (the coordinator) has sent this rank nothing meanwhile" in err, \
+            (rank, err)
+        assert "rank 0 (the coordinator) sent this rank nothing for 3 s while shutdown() waited" in err, (rank, err)
 
 
 def test_hororun_exits_nonzero_naming_the_killed_rank(tmp_path):

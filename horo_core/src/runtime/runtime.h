@@ -163,7 +163,7 @@ class Runtime {
   void ApplyParameters(const TunedParameters& parameters);
   void StopAfterCoordinatorLoss(const std::string& detail);
   // Workers: a rank 0 that is stopped or stuck sends nothing and closes nothing. While this rank
-  // waits for a collective, rank 0's silence is warned about after the stall time, and ends the
+  // waits for a collective or in shutdown(), rank 0's silence is warned about after the stall time, and ends the
   // job after the stall shutdown time plus the peer timeout (rank 0, if alive, has shut the job
   // down by then). False when it stopped the runtime.
   bool WatchCoordinator();
@@ -232,6 +232,7 @@ class Runtime {
   std::atomic<bool> started_{false};
   std::atomic<bool> shutdown_requested_{false};
   bool shutdown_sent_ = false;
+  int64_t shutdown_sent_ns_ = 0;  // when (CoarseNanos), for WatchCoordinator
   std::atomic<bool> stopped_{false};
   std::mutex stop_mutex_;
   Status stop_reason_;

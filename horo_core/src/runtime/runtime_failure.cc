@@ -21,7 +21,13 @@ bool Runtime::WatchCoordinator() {
   if (now - last_coordinator_watch_ns_ < kCoordinatorWatchNs) return true;
   last_coordinator_watch_ns_ = now;
   std::string name;
-  const int64_t oldest = queue_.OldestEnqueued(&name);
+  int64_t oldest = queue_.OldestEnqueued(&name);
+  std::string waiting = "tensor '" + name + "'";
+  if (oldest == 0 && shutdown_sent_) {
+    // shutdown() waits for rank 0's answer as a collective waits for its response.
+    oldest = shutdown_sent_ns_;
+    waiting = "shutdown()";
+  }
   if (oldest == 0) {
     coordinator_silence_warned_ = false;
     return true;
@@ -31,7 +37,7 @@ bool Runtime::WatchCoordinator() {
   const bool warns = !config_.stall_check_disable && config_.stall_check_time_seconds > 0;
   if (warns && !coordinator_silence_warned_ && silent_s >= config_.stall_check_time_seconds) {
     coordinator_silence_warned_ = true;
-    HORO_LOG(kWarning, rank_) << "tensor '" << name << "' has waited " << static_cast<int64_t>(silent_s)
+    HORO_LOG(kWarning, rank_) << waiting << " has waited " << static_cast<int64_t>(silent_s)
                               << " s, and rank 0 (the coordinator) has sent this rank nothing meanwhile. Rank 0's "
                               << "stall warning names the ranks it waits for; if it logs none, rank 0 may be "
                               << "stopped or stuck";
@@ -40,7 +46,7 @@ bool Runtime::WatchCoordinator() {
   if (config_.stall_shutdown_time_seconds > 0 && silent_s >= limit) {
     std::ostringstream os;
     os << "rank 0 (the coordinator) sent this rank nothing for " << static_cast<int64_t>(silent_s)
-       << " s while tensor '" << name << "' waited; it is stopped or stuck (" << config_.VariableName("STALL_SHUTDOWN_TIME_SECONDS")
+       << " s while " << waiting << " waited; it is stopped or stuck (" << config_.VariableName("STALL_SHUTDOWN_TIME_SECONDS")
        << " + " << config_.VariableName("PEER_TIMEOUT_SECONDS") << " = " << limit << " s)";
     Stop(Status::PeerLost(os.str()), true);
     return false;

@@ -59,7 +59,10 @@ bool Runtime::Pass(int poll_ms, bool* progress, const std::atomic<bool>* caller_
     mine.requests = std::move(taken);
   }
   mine.shutdown = shutdown_requested_ && !shutdown_sent_;
-  shutdown_sent_ = shutdown_sent_ || mine.shutdown;
+  if (mine.shutdown) {
+    shutdown_sent_ = true;
+    shutdown_sent_ns_ = CoarseNanos();
+  }
   *progress = took || mine.shutdown || !messages.empty() || !lost.empty();
 
   if (is_coordinator) {

@@ -127,9 +127,10 @@ Handshake::Outcome Handshake::OnPeerClosed(const std::string& what) {
     stage_ = Stage::kDone;
     return Outcome::kRetry;
   }
+  // A rank that rejects the credentials closes without a word, as one that dies does.
   return Fail(Status::Auth(Describe() + " closed the connection during authentication (" + what +
-                           "): it rejected our credentials; wrong secret, or a rank/world-size mismatch "
-                           "(see that rank's log)"));
+                           "): it rejected our credentials (wrong secret, or a rank/world-size mismatch: see "
+                           "that rank's log), or it exited"));
 }
 
 void Handshake::ComputeMac(const char* label, const uint8_t* header, uint8_t* mac) const {

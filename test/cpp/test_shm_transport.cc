@@ -7,7 +7,7 @@
 // (host names overridden) including SendRecv with one direction of each kind, shared memory
 // disabled on one rank, fallback to TCP when a segment cannot be created, no segment left in
 // /dev/shm, a peer that Close()s, Close() from another thread, data timeouts, forked children
-// that are SIGKILLed or exit mid-transfer, and the control plane (in order, larger than its ring,
+// that are SIGKILLed or exit mid-transfer or during link setup (their segment unlinked), and the control plane (in order, larger than its ring,
 // both ways at once, Wake, a closed worker), and SendRecvReduce (reducing straight from the ring:
 // element sizes 1-8, skewed streams, exact sums; after odd-length messages still straight from
 // the ring, each message starting at a 64-byte boundary; Unsupported with nothing moved for a TCP
@@ -30,6 +30,7 @@
 
 #include "common/cpu_cache.h"
 #include "common/logging.h"
+#include "transport/shm/segment.h"
 #include "transport/shm/transport.h"
 #include "transport/tcp/transport.h"
 #include "transport_checks.h"
@@ -360,6 +361,71 @@ void TestForkedPeerDies(ChildDeath how) {
   Pass(std::string("forked ") + name + ": parent gets PeerLost naming rank 1, no hang");
 }
 
+// A peer SIGKILLed while the links are set up, after it offered its segment (round 2 of
+// link_builder.h) and before round 3 ended, cannot unlink the segment's name: the parent, which
+// mapped it and then loses the peer, unlinks it for it. The child speaks rounds 1 and 2 over a
+// plain TcpTransport: it echoes the parent's hello (same host, shared memory enabled) and offers
+// a real segment in the wire layout of link_builder.cc.
+void TestPeerDiesDuringLinkSetup() {
+  std::unique_ptr<TcpTransport> parent_tcp;
+  ExpectOk(TcpTransport::Listen(Setup(0, 2).tcp, &parent_tcp), "parent Listen");
+  const std::string parent_address = parent_tcp->address();
+  int pipe_fds[2];
+  Check(::pipe(pipe_fds) == 0, "pipe");
+  std::fflush(stdout);
+  pid_t child = ::fork();
+  Check(child >= 0, "fork");
+  if (child == 0) {
+    ::close(pipe_fds[0]);
+    std::unique_ptr<TcpTransport> tcp;
+    if (!TcpTransport::Listen(Setup(1, 2).tcp, &tcp).ok()) ::_exit(3);
+    char message[128] = {};
+    std::snprintf(message, sizeof(message), "%s", tcp->address().c_str());
+    if (::write(pipe_fds[1], message, sizeof(message)) != sizeof(message)) ::_exit(4);
+    if (!tcp->Connect({parent_address, tcp->address()}).ok()) ::_exit(5);
+    char hello[48];  // magic, enabled, reserved, host digest
+    if (!tcp->Recv(0, hello, sizeof(hello)).ok() || !tcp->Send(0, hello, sizeof(hello)).ok()) ::_exit(6);
+    std::unique_ptr<shm::Segment> segment;
+    if (!shm::Segment::Create(1, shm::Segment::kMinRingBytes, &segment).ok()) ::_exit(7);
+    struct {
+      uint32_t ok = 1, slot = 0;
+      uint64_t ring_bytes, token;
+      char name[64] = {};
+    } offer;
+    offer.ring_bytes = segment->ring_bytes();
+    offer.token = segment->token();
+    std::snprintf(offer.name, sizeof(offer.name), "%s", segment->name().c_str());
+    static_assert(sizeof(offer) == 88, "link_builder.cc's Offer");
+    if (!tcp->Send(0, &offer, sizeof(offer)).ok() || !tcp->Recv(0, &offer, sizeof(offer)).ok()) ::_exit(8);
+    std::snprintf(message, sizeof(message), "%s", segment->name().c_str());
+    if (::write(pipe_fds[1], message, sizeof(message)) != sizeof(message)) ::_exit(9);
+    ::raise(SIGKILL);  // no destructor runs: the name stays linked
+    ::_exit(10);
+  }
+  ::close(pipe_fds[1]);
+  auto read_message = [&](const char* what) {
+    char message[128] = {};
+    size_t have = 0;
+    while (have < sizeof(message)) {
+      ssize_t n = ::read(pipe_fds[0], message + have, sizeof(message) - have);
+      Check(n > 0, std::string("child's ") + what + " (child exited early?)");
+      have += static_cast<size_t>(n);
+    }
+    return std::string(message);
+  };
+  const std::string child_address = read_message("address");
+  ShmTransport parent(std::move(parent_tcp), ShmOptions());
+  ExpectCode(parent.Connect({parent_address, child_address}), HORO_ERR_PEER_LOST,
+             "parent Connect while the child dies in link setup", {"rank 1"});
+  const std::string name = read_message("segment name");
+  ::close(pipe_fds[0]);
+  int wstatus = 0;
+  Check(::waitpid(child, &wstatus, 0) == child, "waitpid");
+  Check(WIFSIGNALED(wstatus) && WTERMSIG(wstatus) == SIGKILL, "child did not die of SIGKILL");
+  Check(::access(("/dev/shm" + name).c_str(), F_OK) != 0, "the dead child's segment " + name + " is left in /dev/shm");
+  Pass("a peer SIGKILLed during link setup: Connect fails naming it, and its segment is unlinked");
+}
+
 // Receives control messages until want arrive (or fails after a deadline), in arrival order.
 std::vector<ControlMessage> ReceiveControl(ShmTransport* t, size_t want, const std::string& what) {
   std::vector<ControlMessage> got;
@@ -688,6 +754,7 @@ int main() {
   TestForkedPeerDies(ChildDeath::kSigkillWhileSending);
   TestForkedPeerDies(ChildDeath::kExitWhileReceiving);
   TestForkedPeerDies(ChildDeath::kSigkillWhileParentReduces);
+  TestPeerDiesDuringLinkSetup();
   TestDefaultRingBytes();
   for (int n : {2, 3, 4}) TestAllLocal(n, ShmOptions().ring_bytes);
   TestAllLocal(2, uint64_t{4} << 20);

@@ -1,5 +1,6 @@
 #include "transport/shm/link_builder.h"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -117,6 +118,14 @@ Status LinkBuilder::Run(LinkSet* result) {
   }
   std::vector<uint32_t> their_slot(size, 0);
   std::vector<bool> mapped_ok(size, false);
+  // A peer lost from here on may have died with its segment's name still linked (it unlinks it
+  // after round 3), and nothing else would remove the segment from /dev/shm: unlink it for the
+  // peer. Only a name whose segment held the peer's token, so never another process's object.
+  std::vector<std::string> verified_name(size);
+  auto lost = [&](int peer, const Status& status) {
+    if (!verified_name[peer].empty()) ::shm_unlink(verified_name[peer].c_str());
+    return status;
+  };
   for (int peer : candidates) {
     Offer offer{};
     HORO_RETURN_IF_ERROR(tcp_->Recv(peer, &offer, sizeof(offer)));
@@ -134,18 +143,21 @@ Status LinkBuilder::Run(LinkSet* result) {
     }
     their_slot[peer] = offer.slot;
     mapped_ok[peer] = true;
+    verified_name[peer] = offer.name;
   }
 
   // Round 3: tell every candidate whether its segment was mapped; a pair needs both.
   for (int peer : candidates) {
     Reply reply{};
     reply.ok = mapped_ok[peer] ? 1 : 0;
-    HORO_RETURN_IF_ERROR(tcp_->Send(peer, &reply, sizeof(reply)));
+    Status sent = tcp_->Send(peer, &reply, sizeof(reply));
+    if (!sent.ok()) return lost(peer, sent);
   }
   std::vector<bool> active(size, false);
   for (int peer : candidates) {
     Reply reply{};
-    HORO_RETURN_IF_ERROR(tcp_->Recv(peer, &reply, sizeof(reply)));
+    Status received = tcp_->Recv(peer, &reply, sizeof(reply));
+    if (!received.ok()) return lost(peer, received);
     active[peer] = mapped_ok[peer] && reply.ok == 1;
   }
   if (result->own) result->own->Unlink();  // every candidate has mapped it or given up

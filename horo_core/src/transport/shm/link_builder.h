@@ -11,7 +11,9 @@
 //      Each rank creates one Segment with a slot per candidate and tells each candidate its slot;
 //      ok = 0 when the segment could not be created.
 //   3. reply  (candidates):  ok = "I mapped your segment and its token matched"
-//      Then every rank unlinks its segment's name.
+//      Then every rank unlinks its segment's name. A rank that loses a peer in this round unlinks
+//      the name of the peer's segment (if it mapped it): a peer killed before the end of round 3
+//      cannot, and the segment would stay in /dev/shm. hororun removes what its ranks leave too.
 //
 // A pair uses shared memory iff both replies are ok, which both ranks know after round 3, so they
 // always agree; any other outcome leaves the pair on TCP (with a warning naming the peer), never

@@ -14,7 +14,9 @@ worker asks the kernel for SIGKILL when the launcher dies (``PR_SET_PDEATHSIG``)
 goes on alone holding its CPUs and GPUs, and a watchdog process that the launcher starts first (in
 a session of its own) SIGKILLs every worker's process group once the launcher's end of a pipe
 closes without a word that the job is over: what the workers started (data loaders, servers)
-dies with them, as under Horovod's per-rank middleman.
+dies with them, as under Horovod's per-rank middleman. The watchdog then also removes what such
+a job leaves on disk: the exit notes directory, and the shared-memory segments of workers killed
+while they set up their links (the launcher removes those itself at the end of every job).
 
 The failing worker the job is blamed on is the first to exit non-zero, unless that worker noted
 (horo_core, under ``exit_notes_dir``) that its error came from another rank ending the job (a
@@ -30,6 +32,7 @@ failure and 127 when a worker cannot be started at all.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import os
 import queue
 import signal
@@ -54,21 +57,40 @@ EXIT_NOTES_ENV = "HORO_EXIT_NOTES"
 """Directory where a rank notes why it is exiting on an exception (horo_core.basics): a file named
 after its rank holding ``consequence`` (another rank ended the job) or ``cause``."""
 
-# The watchdog: reads one process group id per line until "done"; if its input ends first, the
-# launcher died without cleaning up, and every group gets SIGKILL.
+# Where a rank's shared-memory segment lives while ranks set up their links (horo_core's
+# transport/shm/segment.h: "/horo-<pid>-<random>"). The rank unlinks it once its peers have mapped
+# it; a rank killed before that leaves it, and nothing else would ever remove it.
+_SHM_SEGMENTS = "/dev/shm/horo-{pid}-*"
+
+# The watchdog: reads one process group id per line (a worker's pid: each starts a session), or
+# "dir <path>" for a directory of the launcher's to remove, until "done"; if its input ends first,
+# the launcher died without cleaning up: every group gets SIGKILL, and the workers' segments and
+# the directories are removed.
 _WATCHDOG = """
-import os, signal, sys
-groups = []
+import glob, os, shutil, signal, sys
+groups, dirs = [], []
 for line in sys.stdin:
-    if line.strip() == "done":
+    line = line.strip()
+    if line == "done":
         sys.exit(0)
-    groups.append(int(line))
+    if line.startswith("dir "):
+        dirs.append(line[4:])
+    else:
+        groups.append(int(line))
 for group in groups:
     try:
         os.killpg(group, signal.SIGKILL)
     except OSError:
         pass
-"""
+for group in groups:
+    for path in glob.glob(%r.format(pid=group)):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+for path in dirs:
+    shutil.rmtree(path, ignore_errors=True)
+""" % _SHM_SEGMENTS
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
@@ -223,6 +245,18 @@ class _Job:
                                              start_new_session=True, close_fds=True, text=True)
         except OSError:
             self.watchdog = None
+            return
+        if self.options.exit_notes_dir is not None:
+            self.tell_watchdog(f"dir {self.options.exit_notes_dir}\n")
+
+    def remove_segments(self) -> None:
+        """Removes the shared-memory segments of exited workers that died before unlinking them."""
+        for proc in self.procs.values():
+            for path in glob.glob(_SHM_SEGMENTS.format(pid=proc.pid)):
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
 
     def tell_watchdog(self, text: str) -> None:
         if self.watchdog is None:
@@ -401,6 +435,7 @@ def execute(workers: Sequence[Worker], options: ExecOptions = ExecOptions(),
         if job.running:  # an unexpected exception: never leave orphans behind
             job.signal_groups(list(job.running), signal.SIGKILL)
         job.end_leftovers()
+        job.remove_segments()
         job.release_watchdog()
         job.finish()
         sink.close()

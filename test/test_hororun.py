@@ -158,13 +158,19 @@ def test_the_rank_that_failed_is_named_not_the_one_that_failed_because_of_it(chi
 
 
 def test_rank_killed_by_signal(child_env):
+    # Killed while its shared-memory segment still had a name (horo_core's transport unlinks it
+    # once the peers have mapped it): hororun removes what the rank left in /dev/shm.
     code = """
         import os, signal
+        open(f"/dev/shm/horo-{os.getpid()}-left", "w").close()
+        print(os.getpid(), flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     """
     proc = hororun(child_env, "-np", "1", *worker(code))
     assert proc.returncode == 128 + 9
     assert "hororun: rank 0 was killed by signal 9 (SIGKILL)\n" in proc.stderr.decode()
+    pid = int(proc.stdout.decode().split(":")[-1])
+    assert not os.path.exists(f"/dev/shm/horo-{pid}-left")
 
 
 SLEEPING_WORKER = """
@@ -272,6 +278,39 @@ def test_workers_die_with_a_killed_hororun(child_env):
                 os.killpg(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_a_killed_hororun_leaves_nothing_on_disk(child_env):
+    """The watchdog removes the launcher's exit notes directory and the shared-memory segments that
+    its killed workers left."""
+    launcher = subprocess.Popen(hororun_cmd("-np", "2", *worker("""
+        import os, time
+        open(f"/dev/shm/horo-{os.getpid()}-left", "w").close()
+        print("ready", os.getpid(), os.environ["HORO_EXIT_NOTES"], flush=True)
+        time.sleep(3600)
+    """)), env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    pids, left = [], []
+    try:
+        for _ in range(2):
+            _, pid, notes = launcher.stdout.readline().decode().split()[-3:]
+            pids.append(int(pid))
+            left += [f"/dev/shm/horo-{pid}-left", notes]
+        assert all(os.path.exists(path) for path in left)
+        launcher.kill()
+        launcher.wait()
+        deadline = time.monotonic() + 30
+        while any(os.path.exists(path) for path in left) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [path for path in left if os.path.exists(path)]
+    finally:
+        for pid in pids:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for path in left:
+            if path.startswith("/dev/shm/") and os.path.exists(path):
+                os.unlink(path)
 
 
 def test_sigkill_after_grace_period_and_monitor_failure(runner_path):

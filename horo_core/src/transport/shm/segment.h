@@ -13,7 +13,9 @@
 // maps the segment only if the token in its header matches, which proves both that the name was
 // not hijacked and that both ranks really share this host's memory. Once every peer has answered,
 // the owner unlinks the name, so nothing is left in /dev/shm when ranks exit or crash afterwards;
-// the destructor unlinks too if setup ended early.
+// the destructor unlinks too if setup ended early. An owner killed before that cannot: a peer
+// that mapped the segment unlinks it when it loses the owner (link_builder.h), and hororun removes
+// the segments of the ranks it started once they have exited.
 #pragma once
 
 #include <cstdint>

@@ -7,6 +7,7 @@ to float32 rounding.
 """
 import contextlib
 import io
+import itertools
 
 import numpy as np
 
@@ -431,33 +432,39 @@ def check_xla_and_functions(c, hvd, keras, tf):
 
 
 def check_mixed_precision(c, hvd, keras, tf):
-    """mixed_float16 with DistributedOptimizer(LossScaleOptimizer(opt)) matches one process on the
+    """mixed_float16 with DistributedOptimizer(LossScaleOptimizer(opt)), and with the other order
+    that model.compile builds from a plain DistributedOptimizer, matches one process on the
     concatenated batches; a non-finite gradient on rank 1 alone makes every rank skip that step."""
-    from horo_core.errors import HoroUnsupportedError
     n, r = hvd.size(), hvd.rank()
     # Well below Keras's 2**15: a rank's gradients are n times the global batch's in float16, and
     # must not overflow where the reference's do not.
     SCALE = 2.0 ** 8
+    orders = {
+        "DistributedOptimizer(LossScaleOptimizer)": lambda: hvd.DistributedOptimizer(
+            keras.optimizers.LossScaleOptimizer(OPTIMIZERS["SGD momentum"](keras), initial_scale=SCALE)),
+        # What compile builds from hvd.DistributedOptimizer(opt), with the scale set.
+        "LossScaleOptimizer(DistributedOptimizer)": lambda: keras.optimizers.LossScaleOptimizer(
+            hvd.DistributedOptimizer(OPTIMIZERS["SGD momentum"](keras)), initial_scale=SCALE),
+    }
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
-        for inf_step in (None, 1):
+        for (order, make_optimizer), inf_step in itertools.product(orders.items(), (None, 1)):
             (xs, ys), (xg, yg), global_batch = shard_and_global(n, r)
-            what = "clean" if inf_step is None else f"inf on rank 1 in batch {inf_step}"
+            what = order + (": clean" if inf_step is None else f": inf on rank 1 in batch {inf_step}")
             if inf_step is not None:
                 rows = slice(inf_step * BATCH, (inf_step + 1) * BATCH)
                 xg[inf_step * global_batch + BATCH:(inf_step + 1) * global_batch] = np.inf  # rank 1's rows
                 if r == 1:
                     xs[rows] = np.inf
             dist = make_model(keras, seed=100)
-            dist.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(
-                OPTIMIZERS["SGD momentum"](keras), initial_scale=SCALE)), loss="mse")
+            dist.compile(optimizer=make_optimizer(), loss="mse")
             dist.fit(xs, ys, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
             ref = make_model(keras, seed=100)
             ref.compile(optimizer=keras.optimizers.LossScaleOptimizer(OPTIMIZERS["SGD momentum"](keras),
                                                                       initial_scale=SCALE), loss="mse")
             ref.fit(xg, yg, batch_size=global_batch, epochs=2, shuffle=False, verbose=0)
-            c.same(f"{what}: compile does not wrap a distributed LossScaleOptimizer again",
-                   type(dist.optimizer.inner_optimizer), keras.optimizers.SGD)
+            c.same(f"{what}: compile does not wrap a LossScaleOptimizer again",
+                   isinstance(dist.optimizer.inner_optimizer, keras.optimizers.LossScaleOptimizer), False)
             skipped = 0 if inf_step is None else 2  # the bad batch comes once per epoch
             c.same(f"{what}: iterations count the applied steps", int(dist.optimizer.iterations.numpy()),
                    2 * STEPS - skipped)
@@ -468,16 +475,16 @@ def check_mixed_precision(c, hvd, keras, tf):
             for i, (a, b) in enumerate(zip(dist.get_weights(), ref.get_weights())):
                 c.close(f"{what}: weight {i} matches one process", a, b, rtol=2e-3, atol=2e-4)
                 c.equal(f"{what}: weight {i} identical on every rank", a, hvd.broadcast(a, 0, name=f"w.{what}.{i}"))
+        # Horovod's script as written: compile wraps the DistributedOptimizer itself.
         (xs, ys), _, _ = shard_and_global(n, r)
-        for order, make_opt in (
-                ("compile wrapping a DistributedOptimizer", lambda: hvd.DistributedOptimizer(keras.optimizers.SGD())),
-                ("LossScaleOptimizer(DistributedOptimizer)",
-                 lambda: keras.optimizers.LossScaleOptimizer(hvd.DistributedOptimizer(keras.optimizers.SGD())))):
-            model = make_model(keras, seed=100)
-            model.compile(optimizer=make_opt(), loss="mse")
-            c.raises(f"{order} is refused", [HoroUnsupportedError, NotImplementedError],
-                     "hvd.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(optimizer))",
-                     lambda: model.fit(xs, ys, batch_size=BATCH, epochs=1, verbose=0))
+        model = make_model(keras, seed=100)
+        model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="mse")
+        model.fit(xs, ys, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+        c.same("compile wraps a DistributedOptimizer in a LossScaleOptimizer",
+               type(model.optimizer), keras.optimizers.LossScaleOptimizer)
+        for i, a in enumerate(model.get_weights()):
+            c.equal(f"compile's own order: weight {i} identical on every rank", a,
+                    hvd.broadcast(a, 0, name=f"w.compiled.{i}"))
     finally:
         keras.mixed_precision.set_global_policy("float32")
 

@@ -15,17 +15,17 @@ on the N batches at once would see. A wrapped
 optimizer with Keras's own ``gradient_accumulation_steps`` also works: every micro-step's gradients
 are averaged across ranks before Keras accumulates them.
 
-Mixed precision (``mixed_float16``) wraps the loss-scale optimizer, not the other way round::
+Mixed precision (``mixed_float16``) works in either order. Wrapping the loss-scale optimizer::
 
     opt = hvd.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1)))
 
-The gradients are then averaged before the ``LossScaleOptimizer`` checks them; a non-finite value
-on any rank stays non-finite through the sum, so every rank skips the same steps and lowers its
-scale identically (``compile`` sees a ``LossScaleOptimizer`` and does not wrap it again). The other
-order, ``LossScaleOptimizer(DistributedOptimizer(opt))`` -- which ``compile`` builds by itself when
-it is given a plain DistributedOptimizer under ``mixed_float16`` -- would check each rank's local
-gradients and skip the averaging on some ranks only, so it is refused when the optimizer is built,
-with a message that shows the order above.
+averages the gradients before the ``LossScaleOptimizer`` checks them; a non-finite value on any
+rank stays non-finite through the sum, so every rank skips the same steps and lowers its scale
+identically (``compile`` sees a ``LossScaleOptimizer`` and does not wrap it again). The other
+order, ``LossScaleOptimizer(DistributedOptimizer(opt))``, is what ``compile`` builds by itself
+from a plain DistributedOptimizer under ``mixed_float16`` (Horovod's scripts do this). There the
+``LossScaleOptimizer`` checks each rank's own gradients, so its check is made to agree across the
+ranks (one more small allreduce per step): a non-finite gradient on any rank skips the step on all.
 """
 import dataclasses
 import hashlib
@@ -34,7 +34,7 @@ import sys
 import keras
 import tensorflow as tf
 
-from horo_core.errors import HoroInvalidArgument, HoroUnsupportedError
+from horo_core.errors import HoroInvalidArgument
 from horo_core.reduce_ops import name_of
 from horo_tf.gradient_reduction import (ReductionOptions, groups_option, local_layer_variables,
                                         reduce_gradients_keeping_local)
@@ -50,14 +50,6 @@ class _AccumulationState:
             self.sums = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name=f"{name}_sum_{i}")
                          for i, v in enumerate(variables)]
             self.keys = [id(v) for v in variables]
-
-
-LOSS_SCALE_ORDER_MESSAGE = (
-    "a keras.optimizers.LossScaleOptimizer wraps this DistributedOptimizer (model.compile does so by itself "
-    "under the mixed_float16 policy). It would decide on each rank alone whether the gradients are finite and "
-    "skip the averaging on some ranks only. Wrap the other way round, so that the gradients are averaged "
-    "before the finiteness check and every rank skips the same steps: "
-    "hvd.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(optimizer)).")
 
 
 def _wrapping_loss_scale_optimizer(inner, depth=6):
@@ -116,14 +108,12 @@ class _DistributedMixin:
         return dataclasses.replace(self._horo_reduction, name=f"{self._horo_reduction.name}.{digest}")
 
     def build(self, variables):
-        """Builds the wrapped optimizer.
-
-        Raises:
-            HoroUnsupportedError: a LossScaleOptimizer wraps this optimizer (LossScaleOptimizer.build
-                builds its inner optimizer, so the wrong order is caught before the first step).
-        """
-        if _wrapping_loss_scale_optimizer(self) is not None:
-            raise HoroUnsupportedError(LOSS_SCALE_ORDER_MESSAGE)
+        """Builds the wrapped optimizer; a LossScaleOptimizer that wraps this one (as model.compile
+        does by itself under the mixed_float16 policy) is made to decide with every rank whether
+        the gradients are finite (LossScaleOptimizer.build is what builds its inner optimizer)."""
+        wrapper = _wrapping_loss_scale_optimizer(self)
+        if wrapper is not None:
+            _agree_on_finite_gradients(wrapper, self._horo_reduction)
         return super().build(variables)
 
     def apply(self, grads, trainable_variables=None):
@@ -176,6 +166,32 @@ class _DistributedMixin:
             return tf.constant(True)
 
         tf.cond(passes >= steps, update, lambda: tf.constant(False))
+
+
+def _agree_on_finite_gradients(wrapper, options):
+    """Makes wrapper, a LossScaleOptimizer around a DistributedOptimizer, skip a step on every rank
+    when any rank's gradients are not finite. It checks each rank's gradients before they are
+    averaged, so alone it would skip the step, and the averaging, on some ranks only; Horovod's
+    optimizer under Keras 2 averaged them before the check. The ranks now agree through one more
+    allreduce (Min of the local answers) per step; the dynamic scale then moves alike everywhere."""
+    from horo_tf import mpi_ops
+
+    if wrapper.__dict__.get("_horo_agrees_on_finite"):
+        return
+    local_check = wrapper.check_finite
+    process_set = options.process_set
+
+    def check_finite(grads):
+        finite = local_check(grads)
+        if not process_set.included() or process_set.size() == 1:
+            return finite
+        every = mpi_ops.allreduce(tf.cast(finite, tf.int32), op=mpi_ops.Min, name=f"{options.name}.finite",
+                                  process_set=process_set)
+        return tf.equal(every, 1)
+
+    # Past Keras's attribute tracking: the saved optimizer stays the plain LossScaleOptimizer.
+    object.__setattr__(wrapper, "check_finite", check_finite)
+    object.__setattr__(wrapper, "_horo_agrees_on_finite", True)
 
 
 def distributed_class(optimizer_class, options, backward_passes_per_step=1, average_aggregated_gradients=False,

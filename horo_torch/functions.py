@@ -253,7 +253,8 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None):
     has state, its structure and every non-tensor value (Python step counters, None entries, ...)
     travel through broadcast_object (cloudpickle), and every state tensor through an in-place
     broadcast; the non-root ranks then install the result with ``optimizer.load_state_dict``, keeping
-    their own param_groups list and dicts (root's values are written into them), as Horovod does.
+    their own param_groups list and dicts and state dict (root's values are written into them), as
+    Horovod does.
 
     Args:
         optimizer: a torch optimizer, or one returned by DistributedOptimizer, with the same
@@ -307,24 +308,28 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None):
 
 
 def _load_keeping_groups(optimizer, state_dict):
-    """optimizer.load_state_dict, with the loaded hyper-parameters written into the optimizer's own
-    param_groups list and dicts, as Horovod's in-place update does. load_state_dict alone installs
-    new ones, and whatever held the old ones would then see values no step uses: an LR scheduler
-    made on the optimizer before DistributedOptimizer wrapped it (ReduceLROnPlateau sets the rate
-    in those dicts), or a script's own reference to a group."""
-    groups = optimizer.param_groups
+    """optimizer.load_state_dict, with what it loads written into the optimizer's own param_groups
+    list and dicts and its own state dict, as Horovod's in-place update does. load_state_dict alone
+    installs new ones, and whatever held the old ones would then see values no step uses: an LR
+    scheduler made on the optimizer before DistributedOptimizer wrapped it (ReduceLROnPlateau sets
+    the rate in those dicts), the optimizer a DistributedOptimizer wraps (it shares both with it),
+    or a script's own reference to a group."""
+    groups, state = optimizer.param_groups, optimizer.state
     own = list(groups)
     optimizer.load_state_dict(state_dict)
     for mine, loaded in zip(own, optimizer.param_groups):
         mine.clear()
         mine.update(loaded)
     groups[:] = own
-    optimizer.param_groups = groups
-    # DistributedOptimizer.load_state_dict pointed the optimizer it wrapped at the new list.
+    loaded_state = optimizer.state
+    state.clear()
+    state.update(loaded_state)
+    optimizer.param_groups, optimizer.state = groups, state
+    # DistributedOptimizer.load_state_dict pointed the optimizer it wrapped at the new ones.
     scheduled = getattr(optimizer, "_horo_scheduled", None)
     original = scheduled() if scheduled is not None else None
     if original is not None:
-        original.param_groups = groups
+        original.param_groups, original.state = groups, state
 
 
 # Sparse gradients --------------------------------------------------------------------------------

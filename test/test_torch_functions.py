@@ -160,6 +160,16 @@ def check_optimizer_state(hvd, rank):
     train_step(model, opt, x, y)
     step_lr.step()
     report["step lr"] = (opt.param_groups[0]["lr"], len(opt.state))
+    # Broadcast through the optimizer a DistributedOptimizer wraps: the one that steps sees it too.
+    model = make_model(seed=rank)
+    base = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt = hvd.DistributedOptimizer(base, named_parameters=model.named_parameters())
+    if rank == 0:
+        for p in model.parameters():
+            p.grad = torch.ones_like(p)
+        torch.optim.SGD.step(opt)  # a local step, no reduction: momentum buffers on the root only
+    hvd.broadcast_optimizer_state(base, root_rank=0)
+    report["through the wrapped optimizer"] = (opt.state is base.state, len(opt.state))
 
     # Different parameter layouts fail on every rank, naming the odd rank.
     model = torch.nn.Linear(4, 3 if rank == 2 else 2)
@@ -305,6 +315,7 @@ def test_broadcast_optimizer_state(reports):
         assert o["root without state"] == (0, 0.2)
         assert o["plateau"] == (True, True, 0.05), f"rank {rank}"
         assert o["step lr"] == (0.05, 4), f"rank {rank}"
+        assert o["through the wrapped optimizer"] == (True, 4), f"rank {rank}"
         kind, message = o["layout mismatch"]
         assert kind == "ValueError"
         assert message == ("broadcast_optimizer_state: the optimizer's parameter groups differ from root rank 0's "

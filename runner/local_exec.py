@@ -15,8 +15,8 @@ goes on alone holding its CPUs and GPUs, and a watchdog process that the launche
 a session of its own) SIGKILLs every worker's process group once the launcher's end of a pipe
 closes without a word that the job is over: what the workers started (data loaders, servers)
 dies with them, as under Horovod's per-rank middleman. The watchdog then also removes what such
-a job leaves on disk: the exit notes directory, and the shared-memory segments of workers killed
-while they set up their links (the launcher removes those itself at the end of every job).
+a job leaves on disk: the exit notes, and the shared-memory segments of workers killed while they
+set up their links (the launcher removes those itself as each worker exits).
 
 The failing worker the job is blamed on is the first to exit non-zero, unless that worker noted
 (horo_core, under ``exit_notes_dir``) that its error came from another rank ending the job (a
@@ -63,18 +63,18 @@ after its rank holding ``consequence`` (another rank ended the job) or ``cause``
 _SHM_SEGMENTS = "/dev/shm/horo-{pid}-*"
 
 # The watchdog: reads one process group id per line (a worker's pid: each starts a session), or
-# "dir <path>" for a directory of the launcher's to remove, until "done"; if its input ends first,
-# the launcher died without cleaning up: every group gets SIGKILL, and the workers' segments and
-# the directories are removed.
+# "notes <path>" for the exit notes directory, until "done"; if its input ends first, the launcher
+# died without cleaning up: every group gets SIGKILL, and the workers' segments and notes (files
+# named by rank) are removed, and the notes directory if nothing else is in it.
 _WATCHDOG = """
-import glob, os, shutil, signal, sys
+import glob, os, signal, sys
 groups, dirs = [], []
 for line in sys.stdin:
     line = line.strip()
     if line == "done":
         sys.exit(0)
-    if line.startswith("dir "):
-        dirs.append(line[4:])
+    if line.startswith("notes "):
+        dirs.append(line[6:])
     else:
         groups.append(int(line))
 for group in groups:
@@ -89,7 +89,13 @@ for group in groups:
         except OSError:
             pass
 for path in dirs:
-    shutil.rmtree(path, ignore_errors=True)
+    try:
+        for name in os.listdir(path):
+            if name.isdigit():
+                os.unlink(os.path.join(path, name))
+        os.rmdir(path)
+    except OSError:
+        pass
 """ % _SHM_SEGMENTS
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -233,8 +239,21 @@ class _Job:
         for fd, stream in ((out_r, "stdout"), (err_r, "stderr")):
             self.readers.append(self._thread(forward_pipe, fd, worker.rank, stream, self.sink,
                                              name=f"hororun-{stream}-{worker.rank}"))
-        self._thread(lambda: self.events.put(("exit", worker.rank, proc.wait())),
-                     name=f"hororun-wait-{worker.rank}")
+        self._thread(self._wait_for, worker.rank, proc, name=f"hororun-wait-{worker.rank}")
+
+    def _wait_for(self, rank: int, proc: subprocess.Popen) -> None:
+        """Posts the worker's exit, after removing the shared-memory segments it died holding: while
+        it is not reaped its pid cannot name another process's segment."""
+        try:
+            os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+        except (ChildProcessError, OSError):
+            pass
+        for path in glob.glob(_SHM_SEGMENTS.format(pid=proc.pid)):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        self.events.put(("exit", rank, proc.wait()))
 
     def start_watchdog(self) -> None:
         """Starts the watchdog of the module docstring; without it (it could not start) the job
@@ -247,16 +266,7 @@ class _Job:
             self.watchdog = None
             return
         if self.options.exit_notes_dir is not None:
-            self.tell_watchdog(f"dir {self.options.exit_notes_dir}\n")
-
-    def remove_segments(self) -> None:
-        """Removes the shared-memory segments of exited workers that died before unlinking them."""
-        for proc in self.procs.values():
-            for path in glob.glob(_SHM_SEGMENTS.format(pid=proc.pid)):
-                try:
-                    os.unlink(path)
-                except OSError:
-                    pass
+            self.tell_watchdog(f"notes {self.options.exit_notes_dir}\n")
 
     def tell_watchdog(self, text: str) -> None:
         if self.watchdog is None:
@@ -435,7 +445,6 @@ def execute(workers: Sequence[Worker], options: ExecOptions = ExecOptions(),
         if job.running:  # an unexpected exception: never leave orphans behind
             job.signal_groups(list(job.running), signal.SIGKILL)
         job.end_leftovers()
-        job.remove_segments()
         job.release_watchdog()
         job.finish()
         sink.close()

@@ -267,6 +267,16 @@ def check_checkpoint_and_load(c, hvd, keras, tf):
             c.equal(f"load_model .h5 optimizer variable {i}", a, b)
         from_h5.fit(xs, ys, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
 
+        untrained = make_model(keras, 102)
+        untrained.compile(optimizer=keras.optimizers.Adam(0.01), loss="mean_squared_error")
+        path = os.path.join(tmp, f"untrained-rank{r}.h5")
+        untrained.save(path)
+        resumed = hvd.load_model(path)
+        resumed.fit(xs, ys, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+        c.same("a legacy .h5 file saved before any training loads and trains, distributed",
+               ("DistributedMixin" in str(type(resumed.optimizer).__mro__), int(resumed.optimizer.iterations.numpy())),
+               (True, STEPS))
+
         @keras.saving.register_keras_serializable(package="horo_test")
         class CustomAdam(keras.optimizers.Adam):
             pass
@@ -475,16 +485,30 @@ def check_mixed_precision(c, hvd, keras, tf):
             for i, (a, b) in enumerate(zip(dist.get_weights(), ref.get_weights())):
                 c.close(f"{what}: weight {i} matches one process", a, b, rtol=2e-3, atol=2e-4)
                 c.equal(f"{what}: weight {i} identical on every rank", a, hvd.broadcast(a, 0, name=f"w.{what}.{i}"))
-        # Horovod's script as written: compile wraps the DistributedOptimizer itself.
+        # Horovod's script as written: compile wraps the DistributedOptimizer itself; then resumed
+        # with load_model from either format, with the gradients reduced once.
+        import os
+        import tempfile
         (xs, ys), _, _ = shard_and_global(n, r)
         model = make_model(keras, seed=100)
-        model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="mse")
+        model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss=keras.losses.MeanSquaredError())
         model.fit(xs, ys, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
         c.same("compile wraps a DistributedOptimizer in a LossScaleOptimizer",
                type(model.optimizer), keras.optimizers.LossScaleOptimizer)
-        for i, a in enumerate(model.get_weights()):
-            c.equal(f"compile's own order: weight {i} identical on every rank", a,
-                    hvd.broadcast(a, 0, name=f"w.compiled.{i}"))
+        with tempfile.TemporaryDirectory() as tmp:
+            for ext in ("keras", "h5"):
+                path = os.path.join(tmp, f"mixed-rank{r}.{ext}")
+                model.save(path)
+                loaded = hvd.load_model(path)
+                outer, inner = loaded.optimizer, loaded.optimizer.inner_optimizer
+                c.same(f"load_model .{ext} under mixed_float16: one of the two optimizers is distributed",
+                       [isinstance(o, hvd._DistributedMixin) for o in (outer, inner)].count(True), 1)
+                c.same(f"load_model .{ext} under mixed_float16: the loss scale is restored",
+                       float(outer.dynamic_scale.numpy()), float(model.optimizer.dynamic_scale.numpy()))
+                loaded.fit(xs, ys, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+                for i, a in enumerate(loaded.get_weights()):
+                    c.equal(f"resumed from .{ext} under mixed_float16: weight {i} identical on every rank", a,
+                            hvd.broadcast(a, 0, name=f"w.resumed.{ext}.{i}"))
     finally:
         keras.mixed_precision.set_global_policy("float32")
 

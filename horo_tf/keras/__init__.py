@@ -117,6 +117,10 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
                          "load with legacy_opts=False")
     objects = {}
     for cls in _optimizer_classes() + list(custom_optimizers or []):
+        if issubclass(cls, keras.optimizers.LossScaleOptimizer):
+            # Its inner optimizer is looked up here too: mapping both would reduce twice. A
+            # LossScaleOptimizer whose inner optimizer is plain is wrapped below.
+            continue
         # Named as DistributedOptimizer names it: a rank that restores the checkpoint reduces its
         # gradients with the ranks that build their optimizer.
         options = ReductionOptions(compression=compression, name=f"DistributedOptimizer.{cls.__name__}")
@@ -129,38 +133,46 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
     objects.update(custom_objects or {})
     model = keras.models.load_model(filepath, custom_objects=objects)
     optimizer = getattr(model, "optimizer", None)
-    if str(filepath).endswith((".h5", ".hdf5")) and isinstance(optimizer, keras.optimizers.Optimizer) \
-            and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        optimizer = model.optimizer = _rebuilt_from_h5(optimizer, model, filepath)
-    if isinstance(optimizer, keras.optimizers.Optimizer) and not isinstance(optimizer, _DistributedMixin) \
-            and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        return model
+    if str(filepath).endswith((".h5", ".hdf5")):
+        optimizer = model.optimizer = _rebuilt_from_h5(optimizer, model, filepath, objects)
+    distributed = isinstance(optimizer, _DistributedMixin) or (
+        isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+        and isinstance(optimizer.inner_optimizer, _DistributedMixin))
+    if not distributed:
         # A checkpoint written without Horovod names its optimizer as a built-in class, which Keras 3
         # builds from keras.optimizers whatever custom_objects says: wrap it now, state included.
         wrapped = distributed_class(type(optimizer), ReductionOptions(
             compression=compression, name=f"DistributedOptimizer.{type(optimizer).__name__}"))
-        model.optimizer = _with_state_of(wrapped.from_config(optimizer.get_config()), optimizer, model)
+        with keras.saving.custom_object_scope(objects):
+            fresh = wrapped.from_config(optimizer.get_config())
+        model.optimizer = _with_state_of(fresh, optimizer, model)
     return model
 
 
-def _rebuilt_from_h5(optimizer, model, filepath):
+def _rebuilt_from_h5(optimizer, model, filepath, objects):
     """The optimizer of a model loaded from a legacy .h5 file, built on the model's trainable
     variables with the state the file holds.
 
     Keras 3's .h5 loader builds the optimizer on the variables the model object itself tracks (none
     for a Sequential or functional model), so the saved state does not load ("Error in loading the
     saved optimizer state") and the first step fails with "Unknown variable", with or without Horo:
-    Horovod's resume from its examples' default ``checkpoint-{epoch}.h5`` would break."""
+    Horovod's resume from its examples' default ``checkpoint-{epoch}.h5`` would break. An optimizer
+    saved before it was built (no training yet) is returned unbuilt, with its saved values."""
     trainable = model.trainable_variables
     known = {id(v) for v in getattr(optimizer, "_trainable_variables", [])}
     if not optimizer.built or all(id(v) in known for v in trainable):
         return optimizer
     import h5py
     from keras.src.legacy.saving import legacy_h5_format
-    fresh = type(optimizer).from_config(optimizer.get_config())
-    fresh.build(trainable)
+    with keras.saving.custom_object_scope(objects):
+        fresh = type(optimizer).from_config(optimizer.get_config())
     with h5py.File(filepath, "r") as f:
         saved = [np.asarray(d) for d in legacy_h5_format.load_optimizer_weights_from_hdf5_group(f)] \
             if "optimizer_weights" in f else []
+    if len(saved) != len(fresh.variables):
+        fresh.build(trainable)
     if len(saved) != len(fresh.variables):
         raise ValueError(f"load_model: {filepath} holds {len(saved)} optimizer weights, but its "
                          f"{type(optimizer).__name__} builds {len(fresh.variables)} on the model's trainable variables")

@@ -16,10 +16,18 @@ class SparseFuture:
         self.wait = wait
 
 
+def on_the_wire(tensor):
+    """tensor as Horo's collectives take it: a complex tensor as its real view (real and imaginary
+    parts side by side, sharing its storage), as torch.distributed sends complex tensors; Sum and
+    Average of the parts are those of the complex numbers."""
+    return torch.view_as_real(tensor) if tensor.is_complex() else tensor
+
+
 def flat_gradients(bucket):
-    """The dense gradients of a bucket's parameters, end to end in one new flat tensor."""
+    """The dense gradients of a bucket's parameters, end to end in one new flat tensor; complex
+    gradients as their real view (on_the_wire), twice as many real numbers."""
     with torch.no_grad():
-        return torch.cat([dense_grad(p).reshape(-1) for p in bucket.params])
+        return on_the_wire(torch.cat([dense_grad(p).reshape(-1) for p in bucket.params])).reshape(-1)
 
 
 def launch_sparse(bucket, process_set):
@@ -82,6 +90,8 @@ def write_back(buckets, results, usage, grad_scale, bucket_scale):
                 if usage is None or int(usage[i]) != 0:
                     p.grad = flat * grad_scale if grad_scale != 1.0 else flat
                 continue
+            if bucket.params[0].is_complex() and isinstance(flat, torch.Tensor) and not flat.is_complex():
+                flat = torch.view_as_complex(flat.reshape(-1, 2).contiguous())  # flat_gradients' real view
             expected = sum(p.numel() for p in bucket.params)
             if not isinstance(flat, torch.Tensor) or flat.numel() != expected:
                 got = flat.numel() if isinstance(flat, torch.Tensor) else type(flat).__name__

@@ -16,7 +16,7 @@ import torch
 
 from horo_core import basics
 from horo_torch import mpi_ops
-from horo_torch._ddp_gradients import wait_all
+from horo_torch._ddp_gradients import on_the_wire, wait_all
 
 
 class EarlyTermination(RuntimeError):
@@ -117,6 +117,7 @@ class JoinMixin:
             if basics.rank() != source:
                 for b in buffers:
                     b.zero_()
-            handles = [mpi_ops.allreduce_async_(b, name=f"{self._prefix}.join.buffer.{i}", op=mpi_ops.Sum,
+            handles = [mpi_ops.allreduce_async_(on_the_wire(b), name=f"{self._prefix}.join.buffer.{i}",
+                                                op=mpi_ops.Sum,
                                                 process_set=self.process_set) for i, b in enumerate(buffers)]
             wait_all(handles)

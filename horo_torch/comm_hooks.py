@@ -41,7 +41,8 @@ class GradBucket:
         return self._name
 
     def buffer(self):
-        """Returns the flat buffer of gradients."""
+        """Returns the flat buffer of gradients (complex gradients as their real view: real and
+        imaginary parts side by side, as torch.distributed sends them)."""
         return self._buffer
 
     def set_buffer(self, buffer):
@@ -62,8 +63,11 @@ class GradBucket:
     def gradients(self):
         """Returns views of the buffer shaped like each parameter, in buffer order."""
         views, offset = [], 0
+        buffer = self._buffer
+        if self._parameters and self._parameters[0].is_complex() and not buffer.is_complex():
+            buffer = torch.view_as_complex(buffer.reshape(-1, 2))
         for p in self._parameters:
-            views.append(self._buffer[offset:offset + p.numel()].view_as(p))
+            views.append(buffer[offset:offset + p.numel()].view_as(p))
             offset += p.numel()
         return views
 

@@ -56,8 +56,8 @@ from horo_core import basics
 from horo_core.errors import HoroInvalidArgument
 from horo_core.process_sets import global_process_set
 from horo_torch import mpi_ops
-from horo_torch._ddp_gradients import (flat_gradients, launch_sparse, raise_if_late, raise_if_unused, wait_all,
-                                       write_back)
+from horo_torch._ddp_gradients import (flat_gradients, launch_sparse, on_the_wire, raise_if_late, raise_if_unused,
+                                       wait_all, write_back)
 from horo_torch._ddp_join import JoinMixin
 from horo_torch._ddp_setup import (_adopt_torch_sync_batch_norms, _check_devices, _horo_hook_for, _Sink, _to_device,
                                    keep_forward_helpers_out_of_compile, root_rank)
@@ -444,7 +444,7 @@ class DistributedDataParallel(JoinMixin, torch.nn.Module):
             return
         root = self._root if root is None else root
         with torch.no_grad():
-            handles = [mpi_ops.broadcast_async_(t, root, name=f"{self._prefix}.{kind}.{i}",
+            handles = [mpi_ops.broadcast_async_(on_the_wire(t), root, name=f"{self._prefix}.{kind}.{i}",
                                                 process_set=self.process_set) for kind, i, t in tensors]
             wait_all(handles)
 

@@ -132,6 +132,21 @@ class RunTwiceCheckpointed(torch.nn.Module):
         return checkpoint(self.fc3, checkpoint(self.fc3, h, use_reentrant=True), use_reentrant=True)
 
 
+class Rotary(torch.nn.Module):
+    """A complex parameter and a complex buffer (as a rotary embedding's ``freqs_cis``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(5, 4).double()
+        self.mix = torch.nn.Parameter(torch.randn(4, 3, dtype=torch.complex128) / 4)
+        angles = torch.arange(4, dtype=torch.float64)
+        self.register_buffer("phase", torch.polar(torch.ones_like(angles), angles), persistent=False)
+
+    def forward(self, x, rank=None):
+        h = torch.tanh(self.fc1(x)).to(torch.complex128) * self.phase
+        return (h @ self.mix).real
+
+
 def batch(step, rows, dtype):
     g = torch.Generator().manual_seed(1000 + step)
     return torch.randn(rows, 5, generator=g).to(dtype), torch.randn(rows, 3, generator=g).to(dtype)
@@ -331,6 +346,30 @@ def check_compression_hooks(hvd, c):
         return comm_hooks.HandleFuture(handle).then(lambda fut: fut.value() / hvd.size())
 
     train_and_compare(hvd, c, "torch-style then()", Mlp, sgd, hook=halved_sum_hook)
+
+
+def check_complex(hvd, c):
+    """Complex parameters and buffers travel as their real views, as torch.distributed sends them
+    (they were refused as an unsupported dtype): the buffer is rank 0's after wrapping, and
+    training matches one process."""
+    from horo_torch.ddp import DistributedDataParallel
+    size, rank = hvd.size(), hvd.rank()
+    torch.manual_seed(0)
+    ref = Rotary()
+    torch.manual_seed(0)
+    model = Rotary()
+    model.phase.mul_(rank + 1)  # differs per rank until the wrapper broadcasts rank 0's
+    ddp = DistributedDataParallel(model, bucket_cap_mb=TINY_BUCKETS_MB)
+    c.same("a complex buffer is rank 0's after wrapping", torch.equal(ddp.module.phase, ref.phase), True)
+    ref_opt, opt = sgd(ref.parameters()), sgd(ddp.parameters())
+    for step in range(3):
+        reference_step(ref, ref_opt, step, size, torch.float64, False)
+        opt.zero_grad()
+        x, y = batch(step, size * BATCH, torch.float64)
+        local_loss(ddp, rows(x, rank), rows(y, rank), rank).backward()
+        opt.step()
+        for (name, p), q in zip(ddp.module.named_parameters(), ref.parameters()):
+            c.close(f"complex step {step} {name}", p.detach(), q.detach())
 
 
 def check_unused_parameters(hvd, c):
@@ -869,6 +908,7 @@ def run_checks(size):
         "no_sync": lambda c: check_no_sync(hvd, c),
         "wrapped_again": lambda c: check_wrapped_again(hvd, c),
         "compression_hooks": lambda c: check_compression_hooks(hvd, c),
+        "complex": lambda c: check_complex(hvd, c),
         "unused_parameters": lambda c: check_unused_parameters(hvd, c),
         "unused_without_flag": lambda c: check_unused_without_flag(hvd, c),
         "state_broadcast": lambda c: check_state_broadcast(hvd, c),

@@ -113,6 +113,14 @@ def test_under_mpirun(worker, mpi_initialized, tmp_path):
     check(reports([out.stdout]), 2)
 
 
+def torchrun_env(rank, master_port, **settings):
+    """What torchrun gives rank of a 2-rank job on this host (MASTER_PORT master_port), and settings."""
+    env = clean_env()
+    env.update({"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2",
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port), **settings})
+    return env
+
+
 def test_a_taken_rendezvous_port_is_named(worker):
     """Under torchrun, rank 0 hosts Horo's rendezvous on MASTER_PORT + 1; when another job holds
     that port the error names it, where it came from and how to choose another."""
@@ -120,30 +128,30 @@ def test_a_taken_rendezvous_port_is_named(worker):
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", master + 1))
         holder.listen()
-        env = clean_env()
-        env.update({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
-                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master)})
-        out = subprocess.run([sys.executable, worker], capture_output=True, text=True, timeout=120, env=env)
+        out = subprocess.run([sys.executable, worker], capture_output=True, text=True, timeout=120,
+                             env=torchrun_env(0, master))
     assert out.returncode != 0
     assert (f"rank 0 could not listen for the rendezvous on 127.0.0.1:{master + 1} (port from torchrun's "
             "MASTER_PORT + 1)") in out.stderr, out.stderr
     assert "set HORO_RENDEZVOUS_PORT to a free port on every rank" in out.stderr
 
 
+# A rank that prints the HorovodInternalError init() raises, if any.
+INIT_REPORTING_ITS_ERROR = ("import horo_torch as hvd\n"
+                            "try:\n"
+                            "    hvd.init()\n"
+                            "except hvd.HorovodInternalError as e:\n"
+                            "    print(type(e).__name__, e)\n")
+
+
 def test_a_rank_that_never_comes_is_named_in_a_horovod_internal_error(tmp_path):
     """Under torchrun, rank 1 never starts: rank 0's init() fails after the start timeout with
     HoroTimeoutError (a HorovodInternalError, as init() documents) naming rank 1 and the setting."""
     script = tmp_path / "alone.py"
-    script.write_text("import horo_torch as hvd\n"
-                      "try:\n"
-                      "    hvd.init()\n"
-                      "except hvd.HorovodInternalError as e:\n"
-                      "    print(type(e).__name__, e)\n")
+    script.write_text(INIT_REPORTING_ITS_ERROR)
     master = free_port()
-    env = clean_env()
-    env.update({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2", "HORO_START_TIMEOUT": "1",
-                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master)})
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                         env=torchrun_env(0, master, HORO_START_TIMEOUT="1"))
     assert out.returncode == 0, out.stderr
     assert (f"HoroTimeoutError rank 1 did not reach the rendezvous at 127.0.0.1:{master + 1} within 1 s (the start "
             "timeout: raise HORO_START_TIMEOUT or hororun --start-timeout if ranks start slowly)") in out.stdout, \
@@ -155,20 +163,13 @@ def test_a_rendezvous_that_closes_is_a_horovod_internal_error(tmp_path):
     closes gets a HorovodInternalError (it was the key-value store's bare ConnectionError) that
     says whose rendezvous failed."""
     script = tmp_path / "worker.py"
-    script.write_text("import horo_torch as hvd\n"
-                      "try:\n"
-                      "    hvd.init()\n"
-                      "except hvd.HorovodInternalError as e:\n"
-                      "    print(type(e).__name__, e)\n")
+    script.write_text(INIT_REPORTING_ITS_ERROR)
     master = free_port()
     with socket.socket() as rendezvous:
         rendezvous.bind(("127.0.0.1", master + 1))
         rendezvous.listen()
-        env = clean_env()
-        env.update({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
-                    "HORO_START_TIMEOUT": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master)})
         worker = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True, env=env)
+                                  text=True, env=torchrun_env(1, master, HORO_START_TIMEOUT="3"))
         connection, _ = rendezvous.accept()
         connection.close()  # as rank 0's death closes it
         out, err = worker.communicate(timeout=120)

@@ -224,6 +224,22 @@ def gone(pid):
         return True
 
 
+def wait_until(condition, seconds=30):
+    """Polls condition until it holds or seconds have passed (the caller asserts it)."""
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def kill_groups(pids):
+    """SIGKILLs the process groups of pids that still exist (what a failed test leaves)."""
+    for pid in pids:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_sigterm_to_hororun_terminates_workers(child_env, signum):
     # SIGHUP: the terminal or ssh session that ran hororun closed.
@@ -235,11 +251,7 @@ def test_sigterm_to_hororun_terminates_workers(child_env, signum):
         if launcher.poll() is None:
             launcher.kill()
             launcher.wait()
-            for pid in pids:
-                try:
-                    os.killpg(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            kill_groups(pids)
     assert launcher.returncode == 128 + signum
     assert f"hororun: received {signal.Signals(signum).name}; terminated 3 ranks" in err.decode()
     for pid in pids[::2]:  # hororun reaped every worker before exiting
@@ -268,16 +280,10 @@ def test_workers_die_with_a_killed_hororun(child_env):
     try:
         launcher.kill()
         launcher.wait()
-        deadline = time.monotonic() + 30
-        while not all(gone(pid) for pid in pids) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: all(gone(pid) for pid in pids))
         assert all(gone(pid) for pid in pids), [pid for pid in pids if not gone(pid)]
     finally:
-        for pid in pids:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_groups(pids)
 
 
 def test_a_killed_hororun_leaves_nothing_on_disk(child_env):
@@ -298,16 +304,10 @@ def test_a_killed_hororun_leaves_nothing_on_disk(child_env):
         assert all(os.path.exists(path) for path in left)
         launcher.kill()
         launcher.wait()
-        deadline = time.monotonic() + 30
-        while any(os.path.exists(path) for path in left) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: not any(os.path.exists(path) for path in left))
         assert not [path for path in left if os.path.exists(path)]
     finally:
-        for pid in pids:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_groups(pids)
         for path in left:
             if path.startswith("/dev/shm/") and os.path.exists(path):
                 os.unlink(path)

@@ -428,6 +428,16 @@ def test_frozen_rank_fails_every_other_rank(tmp_path):
     assert any(stalled.search(m) or "no progress for 2 s" in m for m in messages), messages
 
 
+def outcomes_beside_a_frozen_rank_0(procs, before=lambda: None):
+    """finish() of every rank but rank 0, after before(); rank 0, stopped, is killed afterwards."""
+    try:
+        before()
+        return {rank: finish(procs[rank]) for rank in range(1, len(procs))}
+    finally:
+        procs[0].kill()
+        procs[0].communicate()
+
+
 def test_frozen_coordinator_is_noticed_by_the_workers(tmp_path):
     # A stopped rank 0 sends nothing and closes nothing, and its stall inspector is stopped with
     # it: the workers waited for ever without a word. They now warn, and with a stall shutdown
@@ -435,11 +445,7 @@ def test_frozen_coordinator_is_noticed_by_the_workers(tmp_path):
     script = write_script(tmp_path, LOST_RANK_WORKER)
     procs = spawn_ranks(script, N, (0, "frozen-idle"), HORO_PEER_TIMEOUT_SECONDS=2, HORO_STALL_CHECK_TIME_SECONDS=1,
                         HORO_STALL_SHUTDOWN_TIME_SECONDS=1)
-    try:
-        outcomes = {rank: finish(procs[rank]) for rank in range(1, N)}
-    finally:
-        procs[0].kill()
-        procs[0].communicate()
+    outcomes = outcomes_beside_a_frozen_rank_0(procs)
     for rank, (code, out, err) in outcomes.items():
         assert code == 0, err
         got = reports(out)
@@ -476,15 +482,13 @@ def test_frozen_coordinator_is_noticed_in_shutdown(tmp_path):
     script = write_script(tmp_path, FROZEN_AT_SHUTDOWN_WORKER)
     procs = spawn_ranks(script, N, HORO_PEER_TIMEOUT_SECONDS=2, HORO_STALL_CHECK_TIME_SECONDS=1,
                         HORO_STALL_SHUTDOWN_TIME_SECONDS=1)
-    try:
+    def once_rank_0_is_stopped():
         wait_until_stopped(procs[0])
         for rank in range(1, N):
             procs[rank].stdin.write("go\n")
             procs[rank].stdin.flush()
-        outcomes = {rank: finish(procs[rank]) for rank in range(1, N)}
-    finally:
-        procs[0].kill()
-        procs[0].communicate()
+
+    outcomes = outcomes_beside_a_frozen_rank_0(procs, once_rank_0_is_stopped)
     for rank, (code, out, err) in outcomes.items():
         assert code == 0, err
         assert [g.get("value") for g in reports(out)] == [[3.0] * 4, [False]], out

@@ -279,6 +279,57 @@ void AddUnsigned(void* dst, const void* src, size_t count, const void* context) 
   }
 }
 
+// Rank 1 of 2 in a forked child: child_main runs there with its listening TcpTransport, rank 0's
+// address and the write end of a pipe to the parent, and must end the process. The parent keeps
+// rank 0's listening transport and reads the child's messages (ReadFromChild).
+struct ForkedRank {
+  std::unique_ptr<TcpTransport> parent_tcp;
+  std::string parent_address;
+  pid_t child = -1;
+  int from_child = -1;
+};
+
+constexpr size_t kChildMessageBytes = 128;
+
+ForkedRank ForkRankOne(const std::function<void(std::unique_ptr<TcpTransport>, const std::string&, int)>& child_main) {
+  ForkedRank forked;
+  ExpectOk(TcpTransport::Listen(Setup(0, 2).tcp, &forked.parent_tcp), "parent Listen");
+  forked.parent_address = forked.parent_tcp->address();
+  int pipe_fds[2];
+  Check(::pipe(pipe_fds) == 0, "pipe");
+  std::fflush(stdout);
+  forked.child = ::fork();
+  Check(forked.child >= 0, "fork");
+  if (forked.child == 0) {
+    ::close(pipe_fds[0]);
+    std::unique_ptr<TcpTransport> tcp;
+    if (!TcpTransport::Listen(Setup(1, 2).tcp, &tcp).ok()) ::_exit(3);
+    child_main(std::move(tcp), forked.parent_address, pipe_fds[1]);
+    ::_exit(6);
+  }
+  ::close(pipe_fds[1]);
+  forked.from_child = pipe_fds[0];
+  return forked;
+}
+
+// In the child: sends text (at most kChildMessageBytes - 1 bytes) to the parent, or exits.
+void TellParent(int to_parent, const std::string& text) {
+  char message[kChildMessageBytes] = {};
+  std::snprintf(message, sizeof(message), "%s", text.c_str());
+  if (::write(to_parent, message, sizeof(message)) != sizeof(message)) ::_exit(4);
+}
+
+std::string ReadFromChild(const ForkedRank& forked, const char* what) {
+  char message[kChildMessageBytes] = {};
+  size_t have = 0;
+  while (have < sizeof(message)) {
+    ssize_t n = ::read(forked.from_child, message + have, sizeof(message) - have);
+    Check(n > 0, std::string("child's ") + what + " (child exited early?)");
+    have += static_cast<size_t>(n);
+  }
+  return std::string(message);
+}
+
 // kSigkillWhileParentReduces: the child dies as in kSigkillWhileSending while the parent receives
 // with SendRecvReduce (reducing straight from the ring).
 enum class ChildDeath { kSigkillWhileSending, kExitWhileReceiving, kSigkillWhileParentReduces };
@@ -288,22 +339,10 @@ void TestForkedPeerDies(ChildDeath how) {
   const char* name = how == ChildDeath::kSigkillWhileSending         ? "child SIGKILLed while sending"
                      : how == ChildDeath::kSigkillWhileParentReduces ? "child SIGKILLed while the parent reduces"
                                                                      : "child _exit()s while receiving";
-  std::unique_ptr<TcpTransport> parent_tcp;
-  ExpectOk(TcpTransport::Listen(Setup(0, 2).tcp, &parent_tcp), "parent Listen");
-  const std::string parent_address = parent_tcp->address();
-  int pipe_fds[2];
-  Check(::pipe(pipe_fds) == 0, "pipe");
-  std::fflush(stdout);
-  pid_t child = ::fork();
-  Check(child >= 0, "fork");
-  if (child == 0) {
-    ::close(pipe_fds[0]);
-    std::unique_ptr<TcpTransport> tcp;
-    if (!TcpTransport::Listen(Setup(1, 2).tcp, &tcp).ok()) ::_exit(3);
+  ForkedRank forked = ForkRankOne([&](std::unique_ptr<TcpTransport> tcp, const std::string& parent_address,
+                                      int to_parent) {
     ShmTransport t(std::move(tcp), ShmOptions());
-    char address[128] = {};
-    std::snprintf(address, sizeof(address), "%s", t.address().c_str());
-    if (::write(pipe_fds[1], address, sizeof(address)) != sizeof(address)) ::_exit(4);
+    TellParent(to_parent, t.address());
     if (!t.Connect({parent_address, t.address()}).ok() || !t.SharedMemoryPeer(0)) ::_exit(5);
     std::vector<uint8_t> data(8 << 20, 9);
     if (child_sends) {
@@ -313,19 +352,12 @@ void TestForkedPeerDies(ChildDeath how) {
       t.Recv(0, data.data(), data.size());  // 8 MB of the 256 MB the parent sends
       ::_exit(0);
     }
-    ::_exit(6);
-  }
-  ::close(pipe_fds[1]);
-  ShmTransport parent(std::move(parent_tcp), ShmOptions());
-  char address[128] = {};
-  size_t have = 0;
-  while (have < sizeof(address)) {
-    ssize_t n = ::read(pipe_fds[0], address + have, sizeof(address) - have);
-    Check(n > 0, "child address (child exited early?)");
-    have += static_cast<size_t>(n);
-  }
-  ::close(pipe_fds[0]);
-  ExpectOk(parent.Connect({parent_address, address}), "parent Connect to child");
+  });
+  const pid_t child = forked.child;
+  ShmTransport parent(std::move(forked.parent_tcp), ShmOptions());
+  const std::string address = ReadFromChild(forked, "address");
+  ::close(forked.from_child);
+  ExpectOk(parent.Connect({forked.parent_address, address}), "parent Connect to child");
   Check(parent.SharedMemoryPeer(1), "parent and child should share memory");
   auto start = Clock::now();
   if (how == ChildDeath::kSigkillWhileSending) {
@@ -367,26 +399,14 @@ void TestForkedPeerDies(ChildDeath how) {
 // plain TcpTransport: it echoes the parent's hello (same host, shared memory enabled) and offers
 // a real segment in the wire layout of link_builder.cc.
 void TestPeerDiesDuringLinkSetup() {
-  std::unique_ptr<TcpTransport> parent_tcp;
-  ExpectOk(TcpTransport::Listen(Setup(0, 2).tcp, &parent_tcp), "parent Listen");
-  const std::string parent_address = parent_tcp->address();
-  int pipe_fds[2];
-  Check(::pipe(pipe_fds) == 0, "pipe");
-  std::fflush(stdout);
-  pid_t child = ::fork();
-  Check(child >= 0, "fork");
-  if (child == 0) {
-    ::close(pipe_fds[0]);
-    std::unique_ptr<TcpTransport> tcp;
-    if (!TcpTransport::Listen(Setup(1, 2).tcp, &tcp).ok()) ::_exit(3);
-    char message[128] = {};
-    std::snprintf(message, sizeof(message), "%s", tcp->address().c_str());
-    if (::write(pipe_fds[1], message, sizeof(message)) != sizeof(message)) ::_exit(4);
+  ForkedRank forked = ForkRankOne([](std::unique_ptr<TcpTransport> tcp, const std::string& parent_address,
+                                     int to_parent) {
+    TellParent(to_parent, tcp->address());
     if (!tcp->Connect({parent_address, tcp->address()}).ok()) ::_exit(5);
     char hello[48];  // magic, enabled, reserved, host digest
-    if (!tcp->Recv(0, hello, sizeof(hello)).ok() || !tcp->Send(0, hello, sizeof(hello)).ok()) ::_exit(6);
+    if (!tcp->Recv(0, hello, sizeof(hello)).ok() || !tcp->Send(0, hello, sizeof(hello)).ok()) ::_exit(7);
     std::unique_ptr<shm::Segment> segment;
-    if (!shm::Segment::Create(1, shm::Segment::kMinRingBytes, &segment).ok()) ::_exit(7);
+    if (!shm::Segment::Create(1, shm::Segment::kMinRingBytes, &segment).ok()) ::_exit(8);
     struct {
       uint32_t ok = 1, slot = 0;
       uint64_t ring_bytes, token;
@@ -396,31 +416,18 @@ void TestPeerDiesDuringLinkSetup() {
     offer.token = segment->token();
     std::snprintf(offer.name, sizeof(offer.name), "%s", segment->name().c_str());
     static_assert(sizeof(offer) == 88, "link_builder.cc's Offer");
-    if (!tcp->Send(0, &offer, sizeof(offer)).ok() || !tcp->Recv(0, &offer, sizeof(offer)).ok()) ::_exit(8);
-    std::snprintf(message, sizeof(message), "%s", segment->name().c_str());
-    if (::write(pipe_fds[1], message, sizeof(message)) != sizeof(message)) ::_exit(9);
+    if (!tcp->Send(0, &offer, sizeof(offer)).ok() || !tcp->Recv(0, &offer, sizeof(offer)).ok()) ::_exit(9);
+    TellParent(to_parent, segment->name());
     ::raise(SIGKILL);  // no destructor runs: the name stays linked
-    ::_exit(10);
-  }
-  ::close(pipe_fds[1]);
-  auto read_message = [&](const char* what) {
-    char message[128] = {};
-    size_t have = 0;
-    while (have < sizeof(message)) {
-      ssize_t n = ::read(pipe_fds[0], message + have, sizeof(message) - have);
-      Check(n > 0, std::string("child's ") + what + " (child exited early?)");
-      have += static_cast<size_t>(n);
-    }
-    return std::string(message);
-  };
-  const std::string child_address = read_message("address");
-  ShmTransport parent(std::move(parent_tcp), ShmOptions());
-  ExpectCode(parent.Connect({parent_address, child_address}), HORO_ERR_PEER_LOST,
+  });
+  const std::string child_address = ReadFromChild(forked, "address");
+  ShmTransport parent(std::move(forked.parent_tcp), ShmOptions());
+  ExpectCode(parent.Connect({forked.parent_address, child_address}), HORO_ERR_PEER_LOST,
              "parent Connect while the child dies in link setup", {"rank 1"});
-  const std::string name = read_message("segment name");
-  ::close(pipe_fds[0]);
+  const std::string name = ReadFromChild(forked, "segment name");
+  ::close(forked.from_child);
   int wstatus = 0;
-  Check(::waitpid(child, &wstatus, 0) == child, "waitpid");
+  Check(::waitpid(forked.child, &wstatus, 0) == forked.child, "waitpid");
   Check(WIFSIGNALED(wstatus) && WTERMSIG(wstatus) == SIGKILL, "child did not die of SIGKILL");
   Check(::access(("/dev/shm" + name).c_str(), F_OK) != 0, "the dead child's segment " + name + " is left in /dev/shm");
   Pass("a peer SIGKILLed during link setup: Connect fails naming it, and its segment is unlinked");

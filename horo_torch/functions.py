@@ -318,18 +318,24 @@ def _load_keeping_groups(optimizer, state_dict):
     own = list(groups)
     optimizer.load_state_dict(state_dict)
     for mine, loaded in zip(own, optimizer.param_groups):
-        mine.clear()
-        mine.update(loaded)
-    groups[:] = own
+        if loaded is not mine:  # an optimizer whose load_state_dict updates its dicts in place
+            mine.clear()
+            mine.update(loaded)
     loaded_state = optimizer.state
-    state.clear()
-    state.update(loaded_state)
-    optimizer.param_groups, optimizer.state = groups, state
+    if loaded_state is not state:
+        state.clear()
+        state.update(loaded_state)
+    groups[:] = own
     # DistributedOptimizer.load_state_dict pointed the optimizer it wrapped at the new ones.
     scheduled = getattr(optimizer, "_horo_scheduled", None)
     original = scheduled() if scheduled is not None else None
-    if original is not None:
-        original.param_groups, original.state = groups, state
+    for holder in (optimizer, original):
+        for attribute, kept in (("param_groups", groups), ("state", state)):
+            if holder is not None and getattr(holder, attribute) is not kept:
+                try:
+                    setattr(holder, attribute, kept)
+                except AttributeError:  # a read-only property (a wrapper that forwards to its optimizer)
+                    pass
 
 
 # Sparse gradients --------------------------------------------------------------------------------

@@ -89,6 +89,42 @@ def check_parameters(hvd, rank):
     return report
 
 
+class ForwardingOptimizer(torch.optim.Optimizer):
+    """Forwards to the optimizer it holds; state is a read-only property (as torch's
+    PostLocalSGDOptimizer)."""
+
+    def __init__(self, optim):  # noqa: D107 - torch.optim.Optimizer.__init__ is not called, as there
+        self.optim = optim
+        self.param_groups = optim.param_groups
+        self.defaults = optim.defaults
+
+    @property
+    def state(self):
+        return self.optim.state
+
+    def state_dict(self):
+        return self.optim.state_dict()
+
+    def load_state_dict(self, state_dict):
+        self.optim.load_state_dict(state_dict)
+        self.param_groups = self.optim.param_groups
+
+    def step(self, closure=None):
+        return self.optim.step(closure)
+
+
+class SgdLoadingInPlace(torch.optim.SGD):
+    """load_state_dict keeps the optimizer's own state dict, updated in place."""
+
+    def load_state_dict(self, state_dict):
+        state = self.state
+        super().load_state_dict(state_dict)
+        loaded = self.state
+        state.clear()
+        state.update(loaded)
+        self.state = state
+
+
 def check_optimizer_state(hvd, rank):
     report = {}
 
@@ -170,6 +206,17 @@ def check_optimizer_state(hvd, rank):
         torch.optim.SGD.step(opt)  # a local step, no reduction: momentum buffers on the root only
     hvd.broadcast_optimizer_state(base, root_rank=0)
     report["through the wrapped optimizer"] = (opt.state is base.state, len(opt.state))
+    # Optimizers whose state cannot be re-pointed, or that keep their own dict when loading.
+    for kind, make in (("forwarding", lambda ps: ForwardingOptimizer(torch.optim.SGD(ps, lr=0.1, momentum=0.9))),
+                       ("loading in place", lambda ps: SgdLoadingInPlace(ps, lr=0.1, momentum=0.9))):
+        model = make_model(seed=rank)
+        opt = make(model.parameters())
+        if rank == 0:
+            for p in model.parameters():
+                p.grad = torch.ones_like(p)
+            opt.step()
+        hvd.broadcast_optimizer_state(opt, root_rank=0)
+        report[f"state of an optimizer {kind}"] = len(opt.state)
 
     # Different parameter layouts fail on every rank, naming the odd rank.
     model = torch.nn.Linear(4, 3 if rank == 2 else 2)
@@ -316,6 +363,8 @@ def test_broadcast_optimizer_state(reports):
         assert o["plateau"] == (True, True, 0.05), f"rank {rank}"
         assert o["step lr"] == (0.05, 4), f"rank {rank}"
         assert o["through the wrapped optimizer"] == (True, 4), f"rank {rank}"
+        assert (o["state of an optimizer forwarding"], o["state of an optimizer loading in place"]) == (4, 4), \
+            f"rank {rank}"
         kind, message = o["layout mismatch"]
         assert kind == "ValueError"
         assert message == ("broadcast_optimizer_state: the optimizer's parameter groups differ from root rank 0's "

@@ -143,12 +143,26 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
     if not distributed:
         # A checkpoint written without Horovod names its optimizer as a built-in class, which Keras 3
         # builds from keras.optimizers whatever custom_objects says: wrap it now, state included.
-        wrapped = distributed_class(type(optimizer), ReductionOptions(
-            compression=compression, name=f"DistributedOptimizer.{type(optimizer).__name__}"))
-        with keras.saving.custom_object_scope(objects):
-            fresh = wrapped.from_config(optimizer.get_config())
+        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+            # Only its inner optimizer: the LossScaleOptimizer's finiteness check is then agreed
+            # between the ranks (optimizer.py), and nothing is reduced twice.
+            config = optimizer.get_config()
+            del config["inner_optimizer"]
+            fresh = type(optimizer)(_distributed_copy(optimizer.inner_optimizer, compression, objects), **config)
+        else:
+            fresh = _distributed_copy(optimizer, compression, objects)
         model.optimizer = _with_state_of(fresh, optimizer, model)
     return model
+
+
+def _distributed_copy(optimizer, compression, objects):
+    """An unbuilt DistributedOptimizer of optimizer's class and config, named as DistributedOptimizer
+    names it (a rank that restores a checkpoint reduces its gradients with the ranks that build
+    their optimizer)."""
+    wrapped = distributed_class(type(optimizer), ReductionOptions(
+        compression=compression, name=f"DistributedOptimizer.{type(optimizer).__name__}"))
+    with keras.saving.custom_object_scope(objects):
+        return wrapped.from_config(optimizer.get_config())
 
 
 def _rebuilt_from_h5(optimizer, model, filepath, objects):

@@ -20,7 +20,16 @@ def on_the_wire(tensor):
     """tensor as Horo's collectives take it: a complex tensor as its real view (real and imaginary
     parts side by side, sharing its storage), as torch.distributed sends complex tensors; Sum and
     Average of the parts are those of the complex numbers."""
-    return torch.view_as_real(tensor) if tensor.is_complex() else tensor
+    if not tensor.is_complex():
+        return tensor
+    # A conjugated view (t.conj()) has no real view of its own; its storage is the same on every rank.
+    return torch.view_as_real(tensor.conj() if tensor.is_conj() else tensor)
+
+
+def as_complex(flat, like):
+    """A real flat tensor (flat_gradients' real view, or what a hook made of it) as the complex
+    numbers of parameters like `like`, in their precision: a new tensor, whatever its offset."""
+    return torch.view_as_complex(flat.to(like.real.dtype).reshape(-1, 2).clone())
 
 
 def flat_gradients(bucket):
@@ -90,9 +99,10 @@ def write_back(buckets, results, usage, grad_scale, bucket_scale):
                 if usage is None or int(usage[i]) != 0:
                     p.grad = flat * grad_scale if grad_scale != 1.0 else flat
                 continue
-            if bucket.params[0].is_complex() and isinstance(flat, torch.Tensor) and not flat.is_complex():
-                flat = torch.view_as_complex(flat.reshape(-1, 2).contiguous())  # flat_gradients' real view
             expected = sum(p.numel() for p in bucket.params)
+            if (bucket.params[0].is_complex() and isinstance(flat, torch.Tensor) and not flat.is_complex()
+                    and flat.numel() == 2 * expected):
+                flat = as_complex(flat, bucket.params[0])  # flat_gradients' real view
             if not isinstance(flat, torch.Tensor) or flat.numel() != expected:
                 got = flat.numel() if isinstance(flat, torch.Tensor) else type(flat).__name__
                 raise ValueError(f"communication hook returned {got} for bucket {bucket.name}; "

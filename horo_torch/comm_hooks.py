@@ -65,7 +65,11 @@ class GradBucket:
         views, offset = [], 0
         buffer = self._buffer
         if self._parameters and self._parameters[0].is_complex() and not buffer.is_complex():
-            buffer = torch.view_as_complex(buffer.reshape(-1, 2))
+            try:  # views of the buffer, as for real gradients
+                buffer = torch.view_as_complex(buffer.reshape(-1, 2))
+            except RuntimeError:  # a buffer set_buffer gave in another dtype or at an odd offset
+                from horo_torch._ddp_gradients import as_complex
+                buffer = as_complex(buffer, self._parameters[0])
         for p in self._parameters:
             views.append(buffer[offset:offset + p.numel()].view_as(p))
             offset += p.numel()

@@ -354,22 +354,35 @@ def check_complex(hvd, c):
     training matches one process."""
     from horo_torch.ddp import DistributedDataParallel
     size, rank = hvd.size(), hvd.rank()
-    torch.manual_seed(0)
-    ref = Rotary()
-    torch.manual_seed(0)
-    model = Rotary()
-    model.phase.mul_(rank + 1)  # differs per rank until the wrapper broadcasts rank 0's
-    ddp = DistributedDataParallel(model, bucket_cap_mb=TINY_BUCKETS_MB)
-    c.same("a complex buffer is rank 0's after wrapping", torch.equal(ddp.module.phase, ref.phase), True)
-    ref_opt, opt = sgd(ref.parameters()), sgd(ddp.parameters())
-    for step in range(3):
-        reference_step(ref, ref_opt, step, size, torch.float64, False)
-        opt.zero_grad()
-        x, y = batch(step, size * BATCH, torch.float64)
-        local_loss(ddp, rows(x, rank), rows(y, rank), rank).backward()
-        opt.step()
-        for (name, p), q in zip(ddp.module.named_parameters(), ref.parameters()):
-            c.close(f"complex step {step} {name}", p.detach(), q.detach())
+
+    def offset_average(state, bucket):
+        """Averages the buffer, and returns it at an odd offset of a larger tensor."""
+        padded = torch.cat([bucket.buffer().new_zeros(1), bucket.buffer()])
+        hvd.allreduce_(padded, op=hvd.Average, name=bucket.name())
+        done = torch.futures.Future()
+        done.set_result(padded[1:])
+        return done
+
+    for hook in (None, offset_average):
+        what = "complex" if hook is None else "complex, a hook's result at an odd offset"
+        torch.manual_seed(0)
+        ref = Rotary()
+        torch.manual_seed(0)
+        model = Rotary()
+        model.phase.mul_(rank + 1)  # differs per rank until the wrapper broadcasts rank 0's
+        ddp = DistributedDataParallel(model, bucket_cap_mb=TINY_BUCKETS_MB)
+        if hook is not None:
+            ddp.register_comm_hook(None, hook)
+        c.same(f"{what}: the buffer is rank 0's after wrapping", torch.equal(ddp.module.phase, ref.phase), True)
+        ref_opt, opt = sgd(ref.parameters()), sgd(ddp.parameters())
+        for step in range(3):
+            reference_step(ref, ref_opt, step, size, torch.float64, False)
+            opt.zero_grad()
+            x, y = batch(step, size * BATCH, torch.float64)
+            local_loss(ddp, rows(x, rank), rows(y, rank), rank).backward()
+            opt.step()
+            for (name, p), q in zip(ddp.module.named_parameters(), ref.parameters()):
+                c.close(f"{what}: step {step} {name}", p.detach(), q.detach())
 
 
 def check_unused_parameters(hvd, c):

@@ -246,7 +246,7 @@ class _Job:
         it is not reaped its pid cannot name another process's segment."""
         try:
             os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
-        except (ChildProcessError, OSError, AttributeError):  # AttributeError: no waitid (macOS, Python < 3.13)
+        except (ChildProcessError, OSError, AttributeError):  # no os.waitid: macOS before Python 3.13
             pass
         for path in glob.glob(_SHM_SEGMENTS.format(pid=proc.pid)):
             try:

@@ -500,7 +500,8 @@ def check_mixed_precision(c, hvd, keras, tf):
         import tempfile
         (xs, ys), _, _ = shard_and_global(n, r)
         model = make_model(keras, seed=100)
-        model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss=keras.losses.MeanSquaredError())
+        model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)),
+                      loss=keras.losses.MeanSquaredError())
         model.fit(xs, ys, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
         c.same("compile wraps a DistributedOptimizer in a LossScaleOptimizer",
                type(model.optimizer), keras.optimizers.LossScaleOptimizer)

@@ -495,8 +495,8 @@ def test_frozen_coordinator_is_noticed_in_shutdown(tmp_path):
         # The watch looks every 250 ms, so a loaded machine may see a second more.
         assert re.search(r"shutdown\(\) has waited \d+ s, and rank 0 \(the coordinator\) has sent this rank nothing "
                          r"meanwhile", err), (rank, err)
-        assert re.search(r"rank 0 \(the coordinator\) sent this rank nothing for \d+ s while shutdown\(\) waited", err), \
-            (rank, err)
+        assert re.search(r"rank 0 \(the coordinator\) sent this rank nothing for \d+ s while shutdown\(\) "
+                         r"waited", err), (rank, err)
 
 
 def test_hororun_exits_nonzero_naming_the_killed_rank(tmp_path):

@@ -7,8 +7,9 @@
 // (host names overridden) including SendRecv with one direction of each kind, shared memory
 // disabled on one rank, fallback to TCP when a segment cannot be created, no segment left in
 // /dev/shm, a peer that Close()s, Close() from another thread, data timeouts, forked children
-// that are SIGKILLed or exit mid-transfer or during link setup (their segment unlinked), and the control plane (in order, larger than its ring,
-// both ways at once, Wake, a closed worker), and SendRecvReduce (reducing straight from the ring:
+// that are SIGKILLed or exit mid-transfer or during link setup (their segment unlinked), and the
+// control plane (in order, larger than its ring, both ways at once, Wake, a closed worker), and
+// SendRecvReduce (reducing straight from the ring:
 // element sizes 1-8, skewed streams, exact sums; after odd-length messages still straight from
 // the ring, each message starting at a 64-byte boundary; Unsupported with nothing moved for a TCP
 // peer; PeerLost when the sender is SIGKILLed). Prints

@@ -46,7 +46,8 @@ bool Runtime::WatchCoordinator() {
   if (config_.stall_shutdown_time_seconds > 0 && silent_s >= limit) {
     std::ostringstream os;
     os << "rank 0 (the coordinator) sent this rank nothing for " << static_cast<int64_t>(silent_s)
-       << " s while " << waiting << " waited; it is stopped or stuck (" << config_.VariableName("STALL_SHUTDOWN_TIME_SECONDS")
+       << " s while " << waiting << " waited; it is stopped or stuck ("
+       << config_.VariableName("STALL_SHUTDOWN_TIME_SECONDS")
        << " + " << config_.VariableName("PEER_TIMEOUT_SECONDS") << " = " << limit << " s)";
     Stop(Status::PeerLost(os.str()), true);
     return false;

@@ -25,14 +25,15 @@ seconds for the worker whose failure that was, which may take longer to exit, an
 
 Then every worker still running gets SIGTERM on its whole process group, and SIGKILL after a grace
 period (a second Ctrl-C skips the grace period). Processes that a worker left behind in its group
-when it exited get the same at the end of the job, so that none goes on alone. The job's exit code is the failing worker's code,
-``128 + signal`` for a worker killed by a signal or for a signal to the launcher, 1 for a monitor
-failure and 127 when a worker cannot be started at all.
+when it exited get the same at the end of the job, so that none goes on alone. The job's exit code
+is the failing worker's code, ``128 + signal`` for a worker killed by a signal or for a signal to
+the launcher, 1 for a monitor failure and 127 when a worker cannot be started at all.
 """
 from __future__ import annotations
 
 import dataclasses
 import glob
+import inspect
 import os
 import queue
 import signal
@@ -62,11 +63,25 @@ after its rank holding ``consequence`` (another rank ended the job) or ``cause``
 # it; a rank killed before that leaves it, and nothing else would ever remove it.
 _SHM_SEGMENTS = "/dev/shm/horo-{pid}-*"
 
-# The watchdog: reads one process group id per line (a worker's pid: each starts a session), or
-# "notes <path>" for the exit notes directory, until "done"; if its input ends first, the launcher
-# died without cleaning up: every group gets SIGKILL, and the workers' segments and notes (files
-# named by rank) are removed, and the notes directory if nothing else is in it.
-_WATCHDOG = """
+
+def _process_start(pid):
+    """When the process ``pid`` started (clock ticks since boot, as text), or None where there is
+    no such process or no /proc: a pid and its start time name one process, never a later one."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]  # field 22; the name (field 2) may hold ")"
+    except (OSError, IndexError):
+        return None
+
+
+# The watchdog: reads one line per worker, "<pid> <start time>" (its pid is its process group:
+# each starts a session), or "notes <path>" for the exit notes directory, until "done"; if its input
+# ends first, the launcher died without cleaning up: every group gets SIGKILL, and the workers'
+# segments and notes (files named by rank) are removed, and the notes directory if nothing else is
+# in it. A group whose pid now names a process that started at another time is left alone: that
+# worker and all it started are gone (the kernel reuses no pid still naming a group), and the pid
+# was given to another job, perhaps another session leader.
+_WATCHDOG = inspect.getsource(_process_start) + """
 import glob, os, signal, sys
 groups, dirs = [], []
 for line in sys.stdin:
@@ -76,7 +91,9 @@ for line in sys.stdin:
     if line.startswith("notes "):
         dirs.append(line[6:])
     else:
-        groups.append(int(line))
+        pid, _, start = line.partition(" ")
+        groups.append((int(pid), start))
+groups = [pid for pid, start in groups if _process_start(pid) in (None, start or None)]
 for group in groups:
     try:
         os.killpg(group, signal.SIGKILL)
@@ -235,7 +252,7 @@ class _Job:
             os.close(err_w)
         self.procs[worker.rank] = proc
         self.running.add(worker.rank)
-        self.tell_watchdog(f"{proc.pid}\n")
+        self.tell_watchdog(f"{proc.pid} {_process_start(proc.pid) or ''}\n")
         for fd, stream in ((out_r, "stdout"), (err_r, "stderr")):
             self.readers.append(self._thread(forward_pipe, fd, worker.rank, stream, self.sink,
                                              name=f"hororun-{stream}-{worker.rank}"))

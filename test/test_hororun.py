@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 
@@ -310,6 +311,35 @@ def test_a_killed_hororun_leaves_nothing_on_disk(child_env):
         kill_groups(pids)
         for path in left:
             if path.startswith("/dev/shm/") and os.path.exists(path):
+                os.unlink(path)
+
+
+def test_the_watchdog_spares_a_group_whose_pid_was_reused(runner_path):
+    """A worker that exited long before the launcher was killed may have had its pid given to
+    another job's session leader: the watchdog kills (and sweeps the segments of) only the groups
+    whose leader is still the process the launcher started, or gone."""
+    from horo_runner.local_exec import _WATCHDOG, _process_start
+
+    sleep = [sys.executable, "-c", "import time; time.sleep(3600)"]
+    ours, stranger = (subprocess.Popen(sleep, start_new_session=True) for _ in range(2))
+    segments = [f"/dev/shm/horo-{p.pid}-test" for p in (ours, stranger)]
+    try:
+        for path in segments:
+            open(path, "w").close()
+        started = int(_process_start(stranger.pid))
+        watchdog = subprocess.Popen([sys.executable, "-I", "-S", "-c", _WATCHDOG], stdin=subprocess.PIPE,
+                                    text=True)
+        # The stranger's pid, as if a worker that started one tick earlier had held it.
+        watchdog.communicate(f"{ours.pid} {_process_start(ours.pid)}\n{stranger.pid} {started - 1}\n",
+                             timeout=60)
+        assert ours.wait(timeout=60) == -signal.SIGKILL and not os.path.exists(segments[0])
+        assert stranger.poll() is None and os.path.exists(segments[1])
+    finally:
+        for proc in (ours, stranger):
+            proc.kill()
+            proc.wait()
+        for path in segments:
+            if os.path.exists(path):
                 os.unlink(path)
 
 

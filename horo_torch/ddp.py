@@ -63,7 +63,7 @@ from horo_torch._ddp_setup import (_adopt_torch_sync_batch_norms, _check_devices
                                    keep_forward_helpers_out_of_compile, root_rank)
 from horo_torch._weak_hooks import remove_when_collected, weak_hook
 from horo_torch.functions import _gather_if_different
-from horo_torch.comm_hooks import GradBucket, allreduce_hook
+from horo_torch.comm_hooks import GradBucket, allreduce_hook, fp16_compress_hook
 from horo_torch.ddp_buckets import MIB, Bucket, assign_buckets
 
 
@@ -295,6 +295,23 @@ class DistributedDataParallel(JoinMixin, torch.nn.Module):
             raise RuntimeError("register_comm_hook or register_builtin_comm_hook can only be called once.")
         hook = _horo_hook_for(hook, state)
         self._comm_state, self._comm_hook, self._hook_registered = state, hook, True
+
+    def _register_builtin_comm_hook(self, comm_hook_type):
+        """Registers one of torch's built-in hooks by its ``torch.distributed.BuiltinCommHookType``
+        (torch DDP's private method of this name, which some scripts call): ALLREDUCE registers
+        ``comm_hooks.allreduce_hook``, FP16_COMPRESS ``comm_hooks.fp16_compress_hook``.
+
+        Raises:
+            TypeError: comm_hook_type is not one of those two.
+            RuntimeError: a hook was already registered.
+        """
+        hook = None
+        if type(comm_hook_type).__name__ == "BuiltinCommHookType":  # torch's enum, where distributed is built
+            hook = {"ALLREDUCE": allreduce_hook, "FP16_COMPRESS": fp16_compress_hook}.get(comm_hook_type.name)
+        if hook is None:
+            raise TypeError(f"_register_builtin_comm_hook: expected torch.distributed.BuiltinCommHookType "
+                            f"ALLREDUCE or FP16_COMPRESS, got {comm_hook_type!r}")
+        self.register_comm_hook(None, hook)
 
     @property
     def buckets(self):

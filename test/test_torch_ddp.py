@@ -189,7 +189,9 @@ def train_and_compare(hvd, c, what, model_cls, opt_fn, steps=3, hook=None, tol=1
     ddp = DistributedDataParallel(model_cls().to(dtype), bucket_cap_mb=TINY_BUCKETS_MB,
                                   find_unused_parameters=find_unused, process_set=process_set,
                                   static_graph=static_graph)
-    if hook is not None:
+    if type(hook).__name__ == "BuiltinCommHookType":
+        ddp._register_builtin_comm_hook(hook)
+    elif hook is not None:
         ddp.register_comm_hook(None, hook)
     ref_opt, opt = opt_fn(ref.parameters()), opt_fn(ddp.parameters())
     for step in range(steps):
@@ -330,6 +332,11 @@ def check_compression_hooks(hvd, c):
     train_and_compare(hvd, c, "bf16 sgd", Mlp, sgd, hook=comm_hooks.bf16_compress_hook, tol=2e-2,
                       dtype=torch.float32)
     train_and_compare(hvd, c, "allreduce hook sgd", Mlp, sgd, hook=comm_hooks.allreduce_hook)
+    # torch DDP's private _register_builtin_comm_hook, which some scripts call.
+    import torch.distributed as dist
+    train_and_compare(hvd, c, "builtin FP16_COMPRESS", Mlp, adam, hook=dist.BuiltinCommHookType.FP16_COMPRESS,
+                      tol=2e-3, dtype=torch.float32)
+    train_and_compare(hvd, c, "builtin ALLREDUCE", Mlp, sgd, hook=dist.BuiltinCommHookType.ALLREDUCE)
     # Hooks written for torch's DDP chain futures the torch way: then(callback) calls callback(future),
     # which reads future.value(); torch's own fp16_compress_wrapper does.
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -493,6 +500,11 @@ def check_hook_api(hvd, c):
              lambda: ddp.register_comm_hook(None, comm_hooks.allreduce_hook))
     c.raises("hook not callable", TypeError, "callable",
              lambda: DistributedDataParallel(Mlp()).register_comm_hook(None, 3))
+    import torch.distributed as dist
+    c.raises("a builtin hook after a hook", RuntimeError, "only be called once",
+             lambda: ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE))
+    c.raises("a builtin hook by name", TypeError, "expected torch.distributed.BuiltinCommHookType",
+             lambda: DistributedDataParallel(Mlp())._register_builtin_comm_hook("FP16_COMPRESS"))
     c.raises("bucket_cap_mb", ValueError, "negative", lambda: DistributedDataParallel(Mlp(), bucket_cap_mb=-1))
     c.same("bucket_cap_mb=0 (torch takes it): one parameter per bucket",
            len(DistributedDataParallel(Mlp(), bucket_cap_mb=0).buckets), 4)

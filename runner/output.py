@@ -10,6 +10,8 @@ also written to ``<dir>/rank.<rank>/{stdout,stderr}`` (zero-padded rank, as Horo
 from __future__ import annotations
 
 import os
+import re
+import sys
 import threading
 import time
 from typing import IO, Optional
@@ -24,38 +26,39 @@ def rank_dir_name(rank: int, size: int) -> str:
     return f"rank.{str(rank).zfill(len(str(max(size - 1, 0))))}"
 
 
-def split_lines(pending: bytes, chunk: bytes) -> tuple[list[bytes], bytes]:
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+
+
+def split_lines(pending: bytearray, chunk: bytes) -> tuple[list[bytes], bytearray]:
     """Cuts ``pending + chunk`` into complete lines and a remainder.
 
     A line ends at ``\\n``, ``\\r\\n`` or a lone ``\\r``; the terminator stays on the line. A
-    trailing ``\\r`` is kept in the remainder because the next chunk may start with ``\\n``.
+    trailing ``\\r`` is kept in the remainder because the next chunk may start with ``\\n``. Only
+    ``chunk`` is scanned, and a remainder that grows is extended in place, so a line of any length
+    costs time in proportion to its length.
 
     Args:
-        pending: the remainder returned by the previous call.
+        pending: the remainder returned by the previous call (bytes are copied; a bytearray is
+            reused).
         chunk: newly read bytes.
 
     Returns:
         ``(lines, remainder)``.
     """
-    data = pending + chunk
+    head = pending if isinstance(pending, bytearray) else bytearray(pending)
     lines = []
+    if head.endswith(b"\r") and chunk:  # its line ends here, with the \n that may begin chunk
+        cut = 1 if chunk.startswith(b"\n") else 0
+        lines.append(bytes(head) + chunk[:cut])
+        head, chunk = bytearray(), chunk[cut:]
     start = 0
-    i = 0
-    n = len(data)
-    while i < n:
-        byte = data[i]
-        if byte == 0x0A:  # \n
-            lines.append(data[start:i + 1])
-            start = i + 1
-        elif byte == 0x0D:  # \r
-            if i + 1 == n:
-                break  # maybe the first half of \r\n: decide with the next chunk
-            end = i + 2 if data[i + 1] == 0x0A else i + 1
-            lines.append(data[start:end])
-            start = end
-            i = end - 1
-        i += 1
-    return lines, data[start:]
+    for end in _LINE_END.finditer(chunk):
+        if end.end() == len(chunk) and end.group() == b"\r":
+            break  # maybe the first half of \r\n: decide with the next chunk
+        lines.append(bytes(head) + chunk[start:end.end()] if head else chunk[start:end.end()])
+        head, start = bytearray(), end.end()
+    head += chunk[start:]
+    return lines, head
 
 
 class OutputSink:
@@ -74,14 +77,13 @@ class OutputSink:
         self._streams = {"stdout": stdout, "stderr": stderr}
         self._prefix_timestamp = prefix_timestamp
         self._lock = threading.Lock()
-        self._files: dict[tuple[int, str], IO[str]] = {}
+        self._files: dict[tuple[int, str], IO[bytes]] = {}
         if output_dir is not None:
             for rank in range(size):
                 rank_dir = os.path.join(output_dir, rank_dir_name(rank, size))
                 os.makedirs(rank_dir, exist_ok=True)
                 for stream in ("stdout", "stderr"):
-                    self._files[(rank, stream)] = open(os.path.join(rank_dir, stream), "w",
-                                                       encoding="utf-8", newline="")
+                    self._files[(rank, stream)] = open(os.path.join(rank_dir, stream), "wb")
 
     def write_lines(self, rank: int, stream: str, lines: list[bytes]) -> None:
         """Writes complete lines of one rank's stream, each with its prefix, atomically.
@@ -94,23 +96,40 @@ class OutputSink:
         if not lines:
             return
         stamp = time.asctime() if self._prefix_timestamp else ""
-        prefix = f"{stamp}[{rank}]<{stream}>:"
-        text = "".join(prefix + line.decode("utf-8", errors="replace") for line in lines)
+        prefix = f"{stamp}[{rank}]<{stream}>:".encode()
+        data = b"".join(prefix + line for line in lines)
         with self._lock:
             out = self._streams[stream]
             if out is not None:
                 try:
-                    out.write(text)
-                    out.flush()
+                    _write(out, data)
                 except BrokenPipeError:
                     # The reader went away (`hororun ... | head`): the job goes on, its lines for
                     # this stream are dropped (the per-rank files still get them).
                     self._streams[stream] = None
                     _silence(out)
+                except (OSError, ValueError) as e:  # a full disk, a closed stream
+                    self._streams[stream] = None
+                    self._tell(f"hororun: cannot write the ranks' {stream} ({e}); "
+                               f"their {stream} lines are dropped from now on")
             f = self._files.get((rank, stream))
             if f is not None:
-                f.write(text)
-                f.flush()
+                try:
+                    f.write(data)
+                    f.flush()
+                except (OSError, ValueError) as e:
+                    del self._files[(rank, stream)]
+                    self._tell(f"hororun: cannot write {f.name} ({e}); rank {rank}'s {stream} lines "
+                               f"are no longer written there")
+
+    def _tell(self, message: str) -> None:
+        """Says once, on the launcher's stderr where it still works, why output is being dropped."""
+        for out in (self._streams["stderr"], sys.__stderr__):
+            try:
+                _write(out, (message + "\n").encode())
+                return
+            except (OSError, ValueError, AttributeError):
+                continue
 
     def close(self) -> None:
         """Closes the per-rank files."""
@@ -118,6 +137,19 @@ class OutputSink:
             for f in self._files.values():
                 f.close()
             self._files.clear()
+
+
+def _write(stream: IO[str], data: bytes) -> None:
+    """Writes a worker's bytes as they are to a text stream's binary buffer (whatever the stream's
+    encoding, and binary output intact), or decoded as UTF-8 where it has none (a StringIO)."""
+    raw = getattr(stream, "buffer", None)
+    if raw is None:
+        stream.write(data.decode("utf-8", errors="replace"))
+        stream.flush()
+        return
+    stream.flush()  # what the launcher itself wrote to the stream comes first
+    raw.write(data)
+    raw.flush()
 
 
 def _silence(stream: IO[str]) -> None:
@@ -143,7 +175,7 @@ def forward_pipe(fd: int, rank: int, stream: str, sink: OutputSink) -> None:
         stream: ``"stdout"`` or ``"stderr"``.
         sink: where lines go.
     """
-    pending = b""
+    pending = bytearray()
     try:
         while True:
             try:
@@ -159,6 +191,6 @@ def forward_pipe(fd: int, rank: int, stream: str, sink: OutputSink) -> None:
         if pending:
             if not pending.endswith((b"\n", b"\r")):
                 pending += b"\n"
-            sink.write_lines(rank, stream, [pending])
+            sink.write_lines(rank, stream, [bytes(pending)])
     finally:
         os.close(fd)

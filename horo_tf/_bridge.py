@@ -22,6 +22,7 @@ Two rules keep ranks in step in graphs:
 XLA cannot compile a ``numpy_function``; tracing a collective inside a ``jit_compile=True`` function
 raises a ``HoroUnsupportedError`` that says how to turn XLA off.
 """
+import re
 import threading
 import weakref
 
@@ -128,9 +129,15 @@ def _function_path(graph):
     path = []
     while graph is not None:
         if type(graph).__name__ == "FuncGraph":
-            path.append(graph.name)
+            path.append(_GENERATED_UID.sub(r"\1", graph.name))
         graph = getattr(graph, "outer_graph", None)
     return "/".join(reversed(path))
+
+
+# The graphs TensorFlow derives from a function for a tape ("__backward_f_166", "__forward_f_170")
+# end in a process-wide counter, which differs between ranks as soon as one of them traced any
+# other function (a rank-0-only summary or checkpoint): without it, they are named alike everywhere.
+_GENERATED_UID = re.compile(r"^(__(?:backward|forward|inference)_.*)_\d+$")
 
 
 def to_numpy(tensor):

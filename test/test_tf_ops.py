@@ -862,6 +862,34 @@ def _retrace_and_wrap_inside():
 
     nested = [t.numpy().tolist() for t in outer(tf.ones([2]))]
 
+    # Gradients of a tf.function's collectives, taken by a tape outside it: TensorFlow names the
+    # backward function after a process-wide counter, which rank 0 alone moved on here by tracing
+    # another function (the ranks waited on each other's names forever).
+    if r == 0:
+        tf.function(lambda: tf.constant(1.0) * 2)()
+
+    @tf.function
+    def summed(x):
+        return hvd.allreduce(x, op=hvd.Sum)
+
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(summed(v * (r + 1.0)))
+    outside_tape = tape.gradient(loss, v).numpy().tolist()
+
+    # The same with the tape in an outer tf.function, which rank 1 alone traces again (its last
+    # batch is smaller), around an inner function's allgather.
+    @tf.function
+    def gathered_rows(h):
+        return hvd.allgather(h)
+
+    @tf.function
+    def train_step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(gathered_rows(x * v))
+        return hvd.DistributedGradientTape(tape, op=hvd.Sum).gradient(loss, v)
+
+    nested_tape = [train_step(tf.ones([1 if r == 1 and i == 2 else 2, 2])).numpy().tolist() for i in range(3)]
+
     wrapped = []
     for persistent in (False, True):
         with tf.GradientTape(persistent=persistent) as tape:
@@ -876,13 +904,18 @@ def _retrace_and_wrap_inside():
             loss = tf.reduce_sum(v * 3.0)
         wrapped.append((inside, outside, plain.gradient(loss, v).numpy().tolist()))
     hvd.shutdown()
-    return n, steps, wrapped, names, nested
+    return n, steps, wrapped, names, nested, outside_tape, nested_tape
 
 
 def test_unnamed_collectives_agree_when_one_rank_retraces_and_a_tape_wraps_inside_its_block():
     env = {**CHILD_ENV, "HORO_STALL_CHECK_TIME_SECONDS": "5", "HORO_STALL_SHUTDOWN_TIME_SECONDS": "30"}
     reports = horo_runner.run(_retrace_and_wrap_inside, num_proc=2, env=env)
-    for r, (n, steps, wrapped, names, nested) in enumerate(reports):
+    for r, (n, steps, wrapped, names, nested, outside_tape, nested_tape) in enumerate(reports):
+        # d/dv of sum(allreduce_sum((r+1) v)) is (r+1) times the allreduced ones: 2 on each rank.
+        assert outside_tape == [2.0 * (r + 1)] * 2, f"rank {r}: {outside_tape}"
+        # The allgather's gradient averages the ranks' (all-ones) upstream gradients; each rank's
+        # d/dv is its row count, summed over the ranks: 4, 4, then 3.
+        assert nested_tape == [[4.0, 4.0], [4.0, 4.0], [3.0, 3.0]], f"rank {r}: {nested_tape}"
         assert len(names) == 2 and names[0] != names[1], f"rank {r}: {names}"
         assert nested == [[4.0, 4.0], [2.0, 4.0]], f"rank {r}: {nested}"
         # Rows gathered: 4, 4, then 3, summed over the 2 ranks. The loss sums the gathered rows; the

@@ -9,7 +9,8 @@ from typing import List, Optional
 
 
 class ProcessSet:
-    """A set of global ranks.
+    """A set of global ranks. Sets compare and hash by identity, as Horovod's: registering or
+    removing one changes its id, never its place in a dict or set.
 
     Args:
         ranks_or_comm: a list of global ranks, or an mpi4py communicator whose members form the set.
@@ -60,13 +61,6 @@ class ProcessSet:
             return None
         from horo_core import basics
         return basics.rank() in self._members()
-
-    def __eq__(self, other):
-        return isinstance(other, ProcessSet) and self.process_set_id == other.process_set_id and \
-            self._members() == other._members()
-
-    def __hash__(self):
-        return hash((self.process_set_id, tuple(self.ranks)))
 
     def __repr__(self):
         return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks}, mpi_comm={self.mpi_comm})"

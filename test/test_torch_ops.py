@@ -665,8 +665,11 @@ def check_static_process_sets(hvd, c, env):
 
 
 def check_dynamic_process_sets(hvd, c, env):
+    before_init = {hvd.global_process_set: "global"}
     hvd.init(process_sets="dynamic")
     r, n = hvd.rank(), hvd.size()
+    c.same("a set made a dict key before init is found after (hashed by identity, as Horovod's)",
+           before_init.get(hvd.global_process_set), "global")
     if n == 1:
         c.raises("adding a set equal to the global set", [ValueError], "exists", lambda: hvd.add_process_set([0]))
         return
@@ -676,11 +679,15 @@ def check_dynamic_process_sets(hvd, c, env):
            (True, first_ranks))
     check_process_set_ops(hvd, c, first, "dynamic set")
     second = hvd.ProcessSet(second_ranks)
+    keyed = {second: "second", first: "first"}
     c.same("add_process_set(ProcessSet) returns it", hvd.add_process_set(second) is second, True)
+    c.same("a set stays a dict key when registered", keyed.get(second), "second")
+    c.same("another set of the same ranks is another set", hvd.ProcessSet(second_ranks) in keyed, False)
     check_process_set_ops(hvd, c, second, "second dynamic set")
     c.raises("adding the same ranks twice", [ValueError], "exists", lambda: hvd.add_process_set(list(first.ranks)))
     c.same("remove_process_set", hvd.remove_process_set(first), True)
     c.same("removed set is unregistered", (first.process_set_id, first.size()), (None, None))
+    c.same("... and still a dict key", keyed.get(first), "first")
     c.same("removing it again", hvd.remove_process_set(first), False)
     c.same("removing the global set", hvd.remove_process_set(hvd.global_process_set), False)
     c.raises("op on a removed set", [ValueError], "not registered",

@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from horo_core import basics
 from horo_core._binding import lib
-from horo_core.errors import HoroInvalidArgument
+from horo_core.errors import HoroInvalidArgument, HoroUnsupportedError
 from horo_core.process_sets import global_process_set
 from horo_core.reduce_ops import Average, Sum
 from horo_core.runtime import split_counts
@@ -135,6 +135,8 @@ def _reducescatter(tensors, base, op, prescale_factor, postscale_factor, process
         ys = forward(*xs)
 
         def grad(*dys):
+            if op not in (Sum, Average):  # the allgather below would be no gradient of theirs
+                raise HoroUnsupportedError("the gradient of a reducescatter is defined for Sum and Average only")
             grads = grad_or_zeros(dys, ys)
             # Horovod's factor (the set's size for Sum), and the scales as the allreduce's gradient
             # applies them; horo_torch's reducescatter gradient is the same.

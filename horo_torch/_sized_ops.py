@@ -8,6 +8,7 @@ import torch
 
 from horo_core import basics
 from horo_core._binding import lib
+from horo_core.errors import HoroUnsupportedError
 from horo_core.process_sets import global_process_set
 from horo_core.reduce_ops import Average, Sum
 from horo_core.runtime import prepare_run
@@ -261,6 +262,14 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
     return _reducescatter_async([tensor], name, op, process_set, prescale_factor, postscale_factor, "reducescatter")
 
 
+def _refuse_gradient_of(op):
+    """Raises HoroUnsupportedError for Min, Max and Product, whose gradient the allgather of the
+    incoming gradient is not (it would reach every rank, whichever held the extreme or the factors)."""
+    if op not in (Sum, Average):
+        raise HoroUnsupportedError("the gradient of a reducescatter is defined for Sum and Average only; "
+                                   "detach the input of a reducescatter with op=Min, Max or Product")
+
+
 class HorovodReducescatter(torch.autograd.Function):
     """Reducescatter; the gradient is the allgather of the gradient times the scales, and times the
     set's size for Sum: Horovod's factor (its tests assert it), the set's size times the derivative
@@ -273,6 +282,7 @@ class HorovodReducescatter(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
+        _refuse_gradient_of(ctx.op)
         grad = allgather(grad_output, process_set=ctx.process_set)
         scale = ctx.scale * (ctx.process_set.size() if ctx.op == Sum else 1)
         if scale != 1.0:
@@ -334,6 +344,7 @@ class HorovodGroupedReducescatter(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grad_outputs):
+        _refuse_gradient_of(ctx.op)
         grads = grouped_allgather(list(grad_outputs), process_set=ctx.process_set)
         scale = ctx.scale * (ctx.process_set.size() if ctx.op == Sum else 1)
         if scale != 1.0:

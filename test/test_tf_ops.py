@@ -275,6 +275,17 @@ def check_gradients(c, hvd, tf, env):
         c.equal(f"reducescatter Sum grad {mode}", g, np.concatenate([w.numpy() * (s + 1) * n for s in range(n)]))
     for mode, g in grad_of(lambda t: hvd.reducescatter(t, op=hvd.Average), xr):
         c.equal(f"reducescatter Average grad {mode}", g, np.concatenate([w.numpy() * (s + 1) for s in range(n)]))
+    # Min, Max and Product have no gradient of this form: every rank raises, in both modes.
+    for op in (hvd.Min, hvd.Max, hvd.Product):
+        for what, fn in (("allreduce", hvd.allreduce), ("reducescatter", hvd.reducescatter)):
+            def refused(fn=fn, op=op):
+                with tf.GradientTape() as tape:
+                    tape.watch(xr)
+                    loss = tf.reduce_sum(fn(xr, op=op))
+                return tape.gradient(loss, xr)
+            for mode, run in (("eager", refused), ("graph", tf.function(refused))):
+                c.raises(f"{what} op {op} grad {mode}", [NotImplementedError], "defined for Sum and Average only",
+                         run)
     # The scales apply to the gradient as to the allreduce's (and as horo_torch's reducescatter does).
     for mode, g in grad_of(lambda t: hvd.reducescatter(t, op=hvd.Sum, prescale_factor=4.0, postscale_factor=0.5), xr):
         c.equal(f"reducescatter scaled Sum grad {mode}", g,

@@ -777,6 +777,14 @@ def check_autograd(hvd, c, env):
                 cat_w * (2 * n))
         got = grad_of(lambda t: hvd.reducescatter(t), xr * n)
         c.equal(f"reducescatter Average grad {rows_total}", got, cat_w)
+    # Min, Max and Product: the allgathered gradient would reach every rank, also those whose values
+    # lost; every rank raises (as for the allreduce above).
+    for op in (hvd.Min, hvd.Max, hvd.Product):
+        c.raises(f"reducescatter op {op} grad", [NotImplementedError], "defined for Sum and Average only",
+                 lambda: grad_of(lambda t: hvd.reducescatter(t, op=op), torch.ones(n, 2, dtype=torch.float64)))
+        c.raises(f"grouped_reducescatter op {op} grad", [NotImplementedError], "defined for Sum and Average only",
+                 lambda: grad_of(lambda t: hvd.grouped_reducescatter([t], op=op)[0],
+                                 torch.ones(n, 2, dtype=torch.float64)))
     # grouped_reducescatter: each member as reducescatter alone.
     xrs = [torch.ones(n, 2, dtype=torch.float64, requires_grad=True),
            torch.ones(2 * n + 1, dtype=torch.float64, requires_grad=True)]

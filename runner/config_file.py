@@ -38,9 +38,10 @@ def _scalar(value: Any, parse: Callable[[str], Any]) -> Any:
 
 
 def _boolean(value: Any, _parse: Callable[[str], Any]) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"expected true or false, got {value!r}")
-    return value
+    """true/false, or 1/0 as horovodrun also takes them (it tests the value's truth)."""
+    if isinstance(value, int) and value in (0, 1):  # True and False included
+        return bool(value)
+    raise ValueError(f"expected true or false, got {value!r}")
 
 
 def _negated(value: Any, parse: Callable[[str], Any]) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import socket
+import threading
 from typing import Sequence
 
 from horo_core.launch_env import local_topologies
@@ -155,13 +156,18 @@ def get_host_assignments(hosts: Sequence[HostSlots], num_proc: int) -> list[Slot
 
 
 def is_local_host(hostname: str) -> bool:
-    """True for ``localhost``, a loopback address, this machine's own host name, or an address of
-    one of its interfaces (hostfiles are often written with IP addresses)."""
+    """True for ``localhost``, a loopback address, this machine's own host name, an address of one
+    of its interfaces (hostfiles are often written with IP addresses), or a name that resolves to
+    such addresses only (an /etc/hosts alias, the full name where the machine calls itself by its
+    short one), as horovodrun tells its local hosts by their addresses."""
     name = hostname.strip("[]").lower()
     if name in ("localhost", "localhost.localdomain", "::1") or name.startswith("127."):
         return True
     own = socket.gethostname().lower()
-    return name in (own, own.split(".", 1)[0]) or _is_own_address(name)
+    if name in (own, own.split(".", 1)[0]) or _is_own_address(name):
+        return True
+    addresses = _addresses_of(name)
+    return bool(addresses) and all(a.startswith("127.") or a == "::1" or _is_own_address(a) for a in addresses)
 
 
 def _is_own_address(name: str) -> bool:
@@ -170,13 +176,33 @@ def _is_own_address(name: str) -> bool:
         family = socket.AF_INET6 if ":" in name else socket.AF_INET
         socket.inet_pton(family, name)
     except OSError:
-        return False  # a host name, not an address: not resolved here (that would wait on DNS)
+        return False  # a host name, not an address
     with socket.socket(family, socket.SOCK_DGRAM) as probe:
         try:
             probe.bind((name, 0))
         except OSError:
             return False
     return True
+
+
+_LOOKUP_TIMEOUT_S = 5.0
+
+
+def _addresses_of(name: str) -> set[str]:
+    """The addresses name resolves to, or none where it does not within _LOOKUP_TIMEOUT_S (an
+    unreachable DNS server must not hold the launch for the resolver's own minutes)."""
+    found: set[str] = set()
+
+    def look_up() -> None:
+        try:
+            found.update(info[4][0].split("%", 1)[0] for info in socket.getaddrinfo(name, None))
+        except (OSError, UnicodeError):
+            pass
+
+    lookup = threading.Thread(target=look_up, name="hororun-lookup", daemon=True)
+    lookup.start()
+    lookup.join(_LOOKUP_TIMEOUT_S)
+    return set(found) if not lookup.is_alive() else set()
 
 
 def remote_hosts(hosts: Sequence[HostSlots]) -> list[str]:

@@ -142,7 +142,7 @@ def _dest(option_strings: Sequence[str]) -> str:
 
 def _build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="hororun", allow_abbrev=False, formatter_class=_HelpFormatter,
+        prog="hororun", formatter_class=_HelpFormatter,  # abbreviations as horovodrun takes them
         description="Launch a Horo job: run COMMAND as NP ranks with a shared, authenticated "
                     "rendezvous. Output lines are prefixed [<rank>]<stdout>: / [<rank>]<stderr>:.",
         epilog="Example: hororun -np 4 python train.py")
@@ -153,7 +153,7 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="show which frameworks, controllers and tensor operations are available")
     p.add_argument("--start-timeout", type=float, default=None, metavar="SECONDS",
                    help="seconds every rank has to register with the rendezvous once the first "
-                        "has (default: HORO_START_TIMEOUT or HOROVOD_START_TIMEOUT, else 30; "
+                        "has (default, and 0: HORO_START_TIMEOUT or HOROVOD_START_TIMEOUT, else 30; "
                         "HORO_START_TIMEOUT in the workers)")
     p.add_argument("--output-filename", metavar="DIR",
                    help="also write each rank's output to DIR/rank.<rank>/{stdout,stderr}")
@@ -253,8 +253,8 @@ def _build_parser() -> argparse.ArgumentParser:
                                help="core log level (HORO_LOG_LEVEL)")
     logging_group.add_argument("--log-without-timestamp", action="store_true",
                                help="omit timestamps from core logs (HORO_LOG_HIDE_TIME=1)")
-    logging_group.add_argument("--log-with-timestamp", dest="log_without_timestamp", action="store_false",
-                               default=False, help=argparse.SUPPRESS)
+    logging_group.add_argument("--log-with-timestamp", "--no-log-hide-timestamp", dest="log_without_timestamp",
+                               action="store_false", default=False, help=argparse.SUPPRESS)
     # horovodrun's older spelling, which it still takes (hidden, as there).
     logging_group.add_argument("--log-hide-timestamp", dest="log_without_timestamp", action="store_true",
                                help=argparse.SUPPRESS)
@@ -318,7 +318,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         parser.error("no command given")
     if args.hosts and args.hostfile:
         parser.error("use either -H/--hosts or --hostfile, not both")
-    if args.start_timeout is None:
+    if not args.start_timeout:  # 0 too, as horovodrun reads it: the default
         try:
             args.start_timeout = start_timeout_from_env(os.environ)
         except ValueError as e:

@@ -32,10 +32,12 @@ the launcher, 1 for a monitor failure and 127 when a worker cannot be started at
 from __future__ import annotations
 
 import dataclasses
+import errno
 import glob
 import inspect
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -191,6 +193,31 @@ class JobResult:
     returncodes: tuple[Optional[int], ...]
 
 
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+
+
+def _as_a_shell_would(command: Sequence[str], env: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
+    """The command and environment a shell would run ``command`` with: leading ``NAME=value`` words
+    go into the environment (``hororun -np 2 OMP_NUM_THREADS=1 python train.py``), as under
+    horovodrun, which runs the command through ``sh -c``."""
+    command, env = list(command), dict(env)
+    while len(command) > 1 and _ASSIGNMENT.match(command[0]):
+        name, _, value = command.pop(0).partition("=")
+        env[name] = value
+    return command, env
+
+
+def _popen(command: list[str], **kwargs) -> subprocess.Popen:
+    """Starts command; an executable file that is no binary and has no ``#!`` line runs under
+    /bin/sh, as a shell runs it (execve refuses it with ENOEXEC)."""
+    try:
+        return subprocess.Popen(command, **kwargs)
+    except OSError as e:
+        if e.errno != errno.ENOEXEC:
+            raise
+    return subprocess.Popen(["/bin/sh", *command], **kwargs)
+
+
 def _signal_name(signum: int) -> str:
     try:
         return signal.Signals(signum).name
@@ -236,11 +263,10 @@ class _Job:
         try:
             if worker.cpus is not None:
                 os.sched_setaffinity(0, worker.cpus)
-            proc = subprocess.Popen(list(worker.command), env=dict(worker.env),
-                                    stdin=None if worker.rank == 0 else subprocess.DEVNULL,
-                                    stdout=out_w, stderr=err_w,
-                                    start_new_session=True, close_fds=True, cwd=self.options.cwd,
-                                    preexec_fn=_die_with(os.getpid()))
+            command, env = _as_a_shell_would(worker.command, worker.env)
+            proc = _popen(command, env=env, stdin=None if worker.rank == 0 else subprocess.DEVNULL,
+                          stdout=out_w, stderr=err_w, start_new_session=True, close_fds=True,
+                          cwd=self.options.cwd, preexec_fn=_die_with(os.getpid()))
         except BaseException:
             for fd in (out_r, err_r):
                 os.close(fd)
@@ -433,7 +459,7 @@ def execute(workers: Sequence[Worker], options: ExecOptions = ExecOptions(),
                 job.start(worker)
             except OSError as e:
                 exit_code, failed_rank = 127, worker.rank
-                message = f"could not start rank {worker.rank} ({worker.command[0]}): {e}"
+                message = f"could not start rank {worker.rank} ({_as_a_shell_would(worker.command, {})[0][0]}): {e}"
                 break
         else:
             for monitor in monitors:

@@ -417,6 +417,33 @@ def test_sigkill_after_grace_period_and_monitor_failure(runner_path):
     assert result.returncodes == (-signal.SIGKILL, -signal.SIGKILL)
 
 
+def test_commands_run_as_a_shell_runs_them(child_env, tmp_path):
+    # horovodrun runs the command through sh -c: leading NAME=value words set variables, and an
+    # executable script without a #! line runs under sh. Both failed here with 127.
+    script = tmp_path / "no_shebang.sh"
+    script.write_text('echo "script $HORO_RANK $1"\n')
+    script.chmod(0o755)
+    proc = hororun(child_env, "-np", "2", "GREETING=hi there", "X=1", *worker("""
+        import os
+        print(os.environ["GREETING"], os.environ["X"])
+    """))
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert sorted(proc.stdout.decode().splitlines()) == ["[0]<stdout>:hi there 1", "[1]<stdout>:hi there 1"]
+    proc = hororun(child_env, "-np", "2", str(script), "arg")
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert sorted(proc.stdout.decode().splitlines()) == ["[0]<stdout>:script 0 arg", "[1]<stdout>:script 1 arg"]
+    proc = hororun(child_env, "-np", "1", "X=1", "/nonexistent/program")
+    assert proc.returncode == 127
+    assert "hororun: could not start rank 0 (/nonexistent/program)" in proc.stderr.decode()
+
+
+def test_python_m_launch_runs_without_a_warning(child_env):
+    # python -m horo_runner.launch, as python -m horovod.runner.launch: runpy warned on every launch
+    # that the package had imported the module already.
+    proc = hororun(child_env, "-np", "1", "true")
+    assert (proc.returncode, proc.stderr) == (0, b"")
+
+
 def test_command_not_found(child_env):
     proc = hororun(child_env, "-np", "2", "/nonexistent/program")
     assert proc.returncode == 127
@@ -546,6 +573,7 @@ def test_start_timeout_from_horovods_variable_or_ours(runner_path, monkeypatch):
     assert parse_args(["-np", "2", "--start-timeout", "7", "true"]).start_timeout == 7.0
     monkeypatch.setenv("HORO_START_TIMEOUT", "45")
     assert parse_args(["-np", "2", "true"]).start_timeout == 45.0
+    assert parse_args(["-np", "2", "--start-timeout", "0", "true"]).start_timeout == 45.0  # 0: the default
     for bad in ("abc", "0", "-3", "inf", "nan", "2e6"):
         monkeypatch.setenv("HORO_START_TIMEOUT", bad)
         with pytest.raises(SystemExit):

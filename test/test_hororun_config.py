@@ -77,14 +77,26 @@ def test_config_file_sets_horovods_settings_and_later_flags_win(runner_path, mon
                                    "--no-timeline-mark-cycles", "--log-with-timestamp", "true"]))
     for name in ("HORO_AUTOTUNE", "HORO_STALL_CHECK_DISABLE", "HORO_TIMELINE_MARK_CYCLES", "HORO_LOG_HIDE_TIME"):
         assert name not in env, name
-    # horovodrun's older spelling of --log-without-timestamp.
+    # horovodrun's older spellings of --log-without-timestamp and its negation, and abbreviations.
     assert settings_env(parse_args(["-np", "2", "--log-hide-timestamp", "true"]))["HORO_LOG_HIDE_TIME"] == "1"
+    assert "HORO_LOG_HIDE_TIME" not in settings_env(parse_args(["-np", "2", "--log-hide-timestamp",
+                                                                "--no-log-hide-timestamp", "true"]))
+    args = parse_args(["--num-p", "2", "--output-file", "out", "--verb", "--timeline-file", "t.json", "python",
+                       "train.py", "--verb"])
+    assert (args.num_proc, args.output_filename, args.verbose, args.command) == (2, "out", True,
+                                                                                  ["python", "train.py", "--verb"])
+    assert settings_env(args)["HORO_TIMELINE"] == "t.json"
+    # 1 and 0 for true and false in the file, as horovodrun reads them.
+    cfg.write_text("params:\n  hierarchical_allreduce: 1\ntimeline:\n  mark_cycles: 0\n")
+    env = settings_env(parse_args(["-np", "2", "--config-file", str(cfg), "true"]))
+    assert env["HORO_HIERARCHICAL_ALLREDUCE"] == "1" and "HORO_TIMELINE_MARK_CYCLES" not in env
 
 
 @pytest.mark.parametrize("text, message", [
     ("params:\n  cycle_time_ms: fast\n", "params.cycle_time_ms: expected a number, got 'fast'"),
     ("params:\n  cache_capacity: true\n", "params.cache_capacity: expected a number or a string, got True"),
-    ("params:\n  hierarchical_allreduce: 1\n", "params.hierarchical_allreduce: expected true or false, got 1"),
+    ("params:\n  hierarchical_allreduce: 2\n", "params.hierarchical_allreduce: expected true or false, got 2"),
+    ("params:\n  hierarchical_allreduce: yes please\n", "expected true or false, got 'yes please'"),
     ("autotune:\n  gaussian_process_noise: 2\n", "autotune.gaussian_process_noise:"),
     ("autotune:\n  steps_per_sample: 0\n", "autotune.steps_per_sample:"),
     ("logging:\n  level: loud\n", "logging.level: expected one of TRACE, DEBUG, INFO, WARNING, ERROR, FATAL, got 'loud'"),

@@ -35,6 +35,24 @@ def test_this_machines_addresses_are_local_hosts(runner_path, child_env):
     assert proc.returncode == 0, proc.stderr.decode()
 
 
+def test_names_that_resolve_to_this_machine_are_local_hosts(runner_path, monkeypatch):
+    # An /etc/hosts alias, or the full name of a machine that calls itself by its short one: they
+    # were refused as remote hosts, where horovodrun runs them here.
+    from horo_runner import hosts
+    table = {"alias": ["127.0.1.1"], "node01.cluster.local": ["127.0.0.1", "::1"],
+             "elsewhere": ["203.0.113.7"], "half-here": ["127.0.0.1", "203.0.113.7"]}
+
+    def getaddrinfo(name, port, *args, **kwargs):
+        if name not in table:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return [(socket.AF_INET6 if ":" in a else socket.AF_INET, socket.SOCK_STREAM, 6, "", (a, 0))
+                for a in table[name]]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    assert [hosts.is_local_host(h) for h in table] == [True, True, False, False]
+    assert hosts.remote_hosts([hosts.HostSlots("alias", 2), hosts.HostSlots("nowhere", 1)]) == ["nowhere"]
+
+
 def test_parse_hosts_and_hostfile(runner_path, tmp_path):
     from horo_runner.hosts import HostSlots, parse_hostfile, parse_hosts
     assert parse_hosts("localhost:2, node-2:4,n3") == [

@@ -51,8 +51,8 @@ def _host_slots(hostname: str, slots_text: str | None, where: str) -> HostSlots:
     except ValueError:
         raise ValueError(f"{where}: slots {slots_text!r} of host {hostname!r} is not an "
                          f"integer") from None
-    if slots < 1:
-        raise ValueError(f"{where}: host {hostname!r} must have at least one slot, got {slots}")
+    if slots < 0:  # 0: listed, and given no rank (as horovodrun takes it)
+        raise ValueError(f"{where}: host {hostname!r} cannot have {slots} slots")
     return HostSlots(hostname, slots)
 
 

@@ -54,7 +54,7 @@ def test_names_that_resolve_to_this_machine_are_local_hosts(runner_path, monkeyp
 
 
 def test_parse_hosts_and_hostfile(runner_path, tmp_path):
-    from horo_runner.hosts import HostSlots, parse_hostfile, parse_hosts
+    from horo_runner.hosts import HostSlots, get_host_assignments, parse_hostfile, parse_hosts
     assert parse_hosts("localhost:2, node-2:4,n3") == [
         HostSlots("localhost", 2), HostSlots("node-2", 4), HostSlots("n3", 1)]
     hostfile = tmp_path / "hosts"
@@ -63,7 +63,9 @@ def test_parse_hosts_and_hostfile(runner_path, tmp_path):
     assert parse_hostfile(str(hostfile)) == [
         HostSlots("node1", 4), HostSlots("node2", 2), HostSlots("pod-0.job.ns.svc", 1),
         HostSlots("node4", 1)]
-    for bad, match in (("a:0", "at least one slot"), ("a:x", "not an integer"),
+    assert parse_hosts("localhost:0,b:2") == [HostSlots("localhost", 0), HostSlots("b", 2)]  # as horovodrun
+    assert [s.hostname for s in get_host_assignments(parse_hosts("a:0,b:2"), 2)] == ["b", "b"]
+    for bad, match in (("a:-1", "cannot have -1 slots"), ("a:x", "not an integer"),
                        ("a:1,a:2", "listed more than once"), ("", "no hosts")):
         with pytest.raises(ValueError, match=match):
             parse_hosts(bad)

@@ -10,6 +10,7 @@ import dataclasses
 import re
 import socket
 import threading
+import time
 from typing import Sequence
 
 from horo_core.launch_env import local_topologies
@@ -160,14 +161,15 @@ def is_local_host(hostname: str) -> bool:
     of its interfaces (hostfiles are often written with IP addresses), or a name that resolves to
     such addresses only (an /etc/hosts alias, the full name where the machine calls itself by its
     short one), as horovodrun tells its local hosts by their addresses."""
-    name = hostname.strip("[]").lower()
+    return not remote_hosts([HostSlots(hostname, 1)])
+
+
+def _named_as_local(name: str) -> bool:
+    """Whether name is this machine by its text alone (no lookup)."""
     if name in ("localhost", "localhost.localdomain", "::1") or name.startswith("127."):
         return True
     own = socket.gethostname().lower()
-    if name in (own, own.split(".", 1)[0]) or _is_own_address(name):
-        return True
-    addresses = _addresses_of(name)
-    return bool(addresses) and all(a.startswith("127.") or a == "::1" or _is_own_address(a) for a in addresses)
+    return name in (own, own.split(".", 1)[0]) or _is_own_address(name)
 
 
 def _is_own_address(name: str) -> bool:
@@ -188,23 +190,36 @@ def _is_own_address(name: str) -> bool:
 _LOOKUP_TIMEOUT_S = 5.0
 
 
-def _addresses_of(name: str) -> set[str]:
-    """The addresses name resolves to, or none where it does not within _LOOKUP_TIMEOUT_S (an
-    unreachable DNS server must not hold the launch for the resolver's own minutes)."""
-    found: set[str] = set()
+def _addresses_of(names: Sequence[str]) -> dict[str, set[str]]:
+    """The addresses each name resolves to, looked up side by side; none for a name that does not
+    resolve within _LOOKUP_TIMEOUT_S of the start (an unreachable DNS server must not hold the
+    launch for the resolver's own minutes, once per name)."""
+    found: dict[str, set[str]] = {}
 
-    def look_up() -> None:
+    def look_up(name: str) -> None:
         try:
-            found.update(info[4][0].split("%", 1)[0] for info in socket.getaddrinfo(name, None))
+            found[name] = {info[4][0].split("%", 1)[0] for info in socket.getaddrinfo(name, None)}
         except (OSError, UnicodeError):
             pass
 
-    lookup = threading.Thread(target=look_up, name="hororun-lookup", daemon=True)
-    lookup.start()
-    lookup.join(_LOOKUP_TIMEOUT_S)
-    return set(found) if not lookup.is_alive() else set()
+    lookups = [threading.Thread(target=look_up, args=(name,), name="hororun-lookup", daemon=True)
+               for name in set(names)]
+    for lookup in lookups:
+        lookup.start()
+    deadline = time.monotonic() + _LOOKUP_TIMEOUT_S
+    for lookup in lookups:
+        lookup.join(max(deadline - time.monotonic(), 0))
+    return {name: set(found.get(name, ())) for name in names}
 
 
 def remote_hosts(hosts: Sequence[HostSlots]) -> list[str]:
-    """Returns the host names in ``hosts`` that are not this machine."""
-    return [h.hostname for h in hosts if not is_local_host(h.hostname)]
+    """Returns the host names in ``hosts`` that are not this machine (see :func:`is_local_host`)."""
+    def bare(name: str) -> str:
+        return name.strip("[]").lower()
+
+    def here(address: str) -> bool:
+        return address.startswith("127.") or address == "::1" or _is_own_address(address)
+
+    unknown = [h.hostname for h in hosts if not _named_as_local(bare(h.hostname))]
+    addresses = _addresses_of([bare(name) for name in unknown])
+    return [name for name in unknown if not (addresses[bare(name)] and all(map(here, addresses[bare(name)])))]

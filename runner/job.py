@@ -148,7 +148,7 @@ def run_job(spec: JobSpec, stdout: Optional[IO[str]] = None,
     remote = remote_hosts(hosts)
     if remote:
         raise ValueError(f"remote hosts are not supported yet: {', '.join(remote)} (only this "
-                         f"machine: localhost, 127.0.0.1 or its host name)")
+                         f"machine: localhost, its host name or addresses, or a name that resolves only to them)")
     slots = get_host_assignments(hosts, spec.num_proc)
     # Every host is this machine (even under other names): all ranks share its CPUs.
     cpus = rank_cpu_sets(spec.bind_to, len(slots))

@@ -34,10 +34,10 @@ from __future__ import annotations
 import dataclasses
 import errno
 import glob
-import inspect
 import os
 import queue
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -66,14 +66,18 @@ after its rank holding ``consequence`` (another rank ended the job) or ``cause``
 _SHM_SEGMENTS = "/dev/shm/horo-{pid}-*"
 
 
+# When the process ``pid`` started (clock ticks since boot, as text), or None where there is no
+# such process or no /proc: a pid and its start time name one process, never a later one. Source
+# text, because the watchdog runs it too.
+_PROCESS_START = """
 def _process_start(pid):
-    """When the process ``pid`` started (clock ticks since boot, as text), or None where there is
-    no such process or no /proc: a pid and its start time name one process, never a later one."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[19]  # field 22; the name (field 2) may hold ")"
     except (OSError, IndexError):
         return None
+"""
+exec(_PROCESS_START)
 
 
 # The watchdog: reads one line per worker, "<pid> <start time>" (its pid is its process group:
@@ -83,7 +87,7 @@ def _process_start(pid):
 # in it. A group whose pid now names a process that started at another time is left alone: that
 # worker and all it started are gone (the kernel reuses no pid still naming a group), and the pid
 # was given to another job, perhaps another session leader.
-_WATCHDOG = inspect.getsource(_process_start) + """
+_WATCHDOG = _PROCESS_START + """
 import glob, os, signal, sys
 groups, dirs = [], []
 for line in sys.stdin:
@@ -207,15 +211,23 @@ def _as_a_shell_would(command: Sequence[str], env: Mapping[str, str]) -> tuple[l
     return command, env
 
 
-def _popen(command: list[str], **kwargs) -> subprocess.Popen:
-    """Starts command; an executable file that is no binary and has no ``#!`` line runs under
-    /bin/sh, as a shell runs it (execve refuses it with ENOEXEC)."""
+def _popen(command: list[str], env: Mapping[str, str], **kwargs) -> subprocess.Popen:
+    """Starts command; an executable text file without a ``#!`` line runs under /bin/sh, as a
+    shell runs it (execve refuses it with ENOEXEC; a binary for another machine stays refused)."""
     try:
-        return subprocess.Popen(command, **kwargs)
+        return subprocess.Popen(command, env=env, **kwargs)
     except OSError as e:
         if e.errno != errno.ENOEXEC:
             raise
-    return subprocess.Popen(["/bin/sh", *command], **kwargs)
+        path = command[0] if "/" in command[0] else shutil.which(command[0], path=env.get("PATH", os.defpath))
+        try:
+            with open(path or command[0], "rb") as f:
+                binary = b"\0" in f.read(256)
+        except OSError:
+            binary = True
+        if binary:
+            raise
+    return subprocess.Popen(["/bin/sh", path, *command[1:]], env=env, **kwargs)
 
 
 def _signal_name(signum: int) -> str:

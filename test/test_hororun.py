@@ -148,10 +148,10 @@ def test_a_long_line_and_bytes_the_terminal_cannot_encode(child_env):
     env = dict(child_env, PYTHONIOENCODING="ascii")
     proc = hororun(env, "-np", "1", *worker("""
         import sys
-        sys.stdout.buffer.write(b"caf\\xc3\\xa9 \\xff\\n" + b"x" * (16 << 20) + b"\\nafter\\n")
-    """), timeout=120)
+        sys.stdout.buffer.write(b"caf\\xc3\\xa9 \\xff\\n" + b"x" * 300000 + b"\\nafter\\n")
+    """))
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout == b"[0]<stdout>:caf\xc3\xa9 \xff\n[0]<stdout>:" + b"x" * (16 << 20) + b"\n[0]<stdout>:after\n"
+    assert proc.stdout == b"[0]<stdout>:caf\xc3\xa9 \xff\n[0]<stdout>:" + b"x" * 300000 + b"\n[0]<stdout>:after\n"
 
 
 def test_prefix_timestamp(child_env):
@@ -423,15 +423,22 @@ def test_commands_run_as_a_shell_runs_them(child_env, tmp_path):
     script = tmp_path / "no_shebang.sh"
     script.write_text('echo "script $HORO_RANK $1"\n')
     script.chmod(0o755)
-    proc = hororun(child_env, "-np", "2", "GREETING=hi there", "X=1", *worker("""
+    proc = hororun(child_env, "-np", "2", "GREETING=hi", "X=1", *worker("""
         import os
         print(os.environ["GREETING"], os.environ["X"])
     """))
     assert proc.returncode == 0, proc.stderr.decode()
-    assert sorted(proc.stdout.decode().splitlines()) == ["[0]<stdout>:hi there 1", "[1]<stdout>:hi there 1"]
-    proc = hororun(child_env, "-np", "2", str(script), "arg")
-    assert proc.returncode == 0, proc.stderr.decode()
-    assert sorted(proc.stdout.decode().splitlines()) == ["[0]<stdout>:script 0 arg", "[1]<stdout>:script 1 arg"]
+    assert sorted(proc.stdout.decode().splitlines()) == ["[0]<stdout>:hi 1", "[1]<stdout>:hi 1"]
+    on_path = dict(child_env, PATH=f"{tmp_path}{os.pathsep}{child_env.get('PATH', os.defpath)}")
+    for command in (str(script), script.name):  # by its path, and found on PATH
+        proc = hororun(on_path, "-np", "2", command, "arg")
+        assert proc.returncode == 0, proc.stderr.decode()
+        assert sorted(proc.stdout.decode().splitlines()) == ["[0]<stdout>:script 0 arg", "[1]<stdout>:script 1 arg"]
+    binary = tmp_path / "other_machine"  # a binary execve refuses is not handed to sh
+    binary.write_bytes(b"\x7fELF\x02\x01\x01\0" + bytes(64))
+    binary.chmod(0o755)
+    proc = hororun(child_env, "-np", "1", str(binary))
+    assert proc.returncode == 127 and "Exec format error" in proc.stderr.decode(), proc.stderr.decode()
     proc = hororun(child_env, "-np", "1", "X=1", "/nonexistent/program")
     assert proc.returncode == 127
     assert "hororun: could not start rank 0 (/nonexistent/program)" in proc.stderr.decode()

@@ -3,6 +3,7 @@ import json
 import os
 import re
 import socket
+import threading
 
 import pytest
 
@@ -22,11 +23,17 @@ def own_address():
             return None
 
 
+def _raise(error):
+    raise error
+
+
 def test_this_machines_addresses_are_local_hosts(runner_path, child_env):
     # Hostfiles are often written with IP addresses: this machine's own was refused as remote.
     from horo_runner.hosts import is_local_host
     assert all(is_local_host(h) for h in ("localhost", "127.0.0.1", "[::1]", socket.gethostname()))
-    assert not any(is_local_host(h) for h in ("203.0.113.7", "otherhost", "[2001:db8::1]"))
+    with pytest.MonkeyPatch.context() as patch:  # no DNS server asked about a name it cannot know
+        patch.setattr(socket, "getaddrinfo", lambda *args, **kwargs: _raise(socket.gaierror(socket.EAI_NONAME, "")))
+        assert not any(is_local_host(h) for h in ("203.0.113.7", "otherhost", "[2001:db8::1]"))
     own = own_address()
     if own is None or own.startswith("127."):
         return  # no route off this machine: the addresses above are all it can show
@@ -51,6 +58,15 @@ def test_names_that_resolve_to_this_machine_are_local_hosts(runner_path, monkeyp
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
     assert [hosts.is_local_host(h) for h in table] == [True, True, False, False]
     assert hosts.remote_hosts([hosts.HostSlots("alias", 2), hosts.HostSlots("nowhere", 1)]) == ["nowhere"]
+    # Names that do not answer are looked up side by side, within one shared time limit.
+    monkeypatch.setattr(hosts, "_LOOKUP_TIMEOUT_S", 0.5)
+    stuck = threading.Event()
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *args, **kwargs: stuck.wait(30) and [])
+    try:
+        assert hosts.remote_hosts([hosts.HostSlots(f"slow{i}", 1) for i in range(6)] +
+                                  [hosts.HostSlots("localhost", 1)]) == [f"slow{i}" for i in range(6)]
+    finally:
+        stuck.set()
 
 
 def test_parse_hosts_and_hostfile(runner_path, tmp_path):

@@ -129,15 +129,22 @@ def _function_path(graph):
     path = []
     while graph is not None:
         if type(graph).__name__ == "FuncGraph":
-            path.append(_GENERATED_UID.sub(r"\1", graph.name))
+            path.append(_without_counters(graph.name))
         graph = getattr(graph, "outer_graph", None)
     return "/".join(reversed(path))
 
 
-# The graphs TensorFlow derives from a function for a tape ("__backward_f_166", "__forward_f_170")
-# end in a process-wide counter, which differs between ranks as soon as one of them traced any
-# other function (a rank-0-only summary or checkpoint): without it, they are named alike everywhere.
-_GENERATED_UID = re.compile(r"^(__(?:backward|forward|inference)_.*)_\d+$")
+_GENERATED = re.compile(r"__(backward|forward|inference)_(.*)_\d+")
+
+
+def _without_counters(name):
+    """The name of a function's graph without the process-wide counters of the graphs TensorFlow
+    derives from it for a tape ("__backward_f_166", "__backward___backward_f_51_78" for a second
+    order): those differ between ranks as soon as one of them traced any other function (a
+    rank-0-only summary or checkpoint). Two such graphs of one function are then named alike, as
+    its forward graphs already are."""
+    derived = _GENERATED.fullmatch(name)
+    return f"__{derived[1]}_{_without_counters(derived[2])}" if derived else name
 
 
 def to_numpy(tensor):

@@ -886,6 +886,12 @@ def _retrace_and_wrap_inside():
     with tf.GradientTape() as tape:
         loss = tf.reduce_sum(summed(v * (r + 1.0)))
     outside_tape = tape.gradient(loss, v).numpy().tolist()
+    # A second order (a gradient penalty): its graph is named after two counters.
+    with tf.GradientTape() as outer:
+        with tf.GradientTape() as inner:
+            y = tf.reduce_sum(summed(v * v) * v)
+        penalty = tf.reduce_sum(inner.gradient(y, v))
+    second_order = outer.gradient(penalty, v).numpy().tolist()
 
     # The same with the tape in an outer tf.function, which rank 1 alone traces again (its last
     # batch is smaller), around an inner function's allgather.
@@ -915,13 +921,16 @@ def _retrace_and_wrap_inside():
             loss = tf.reduce_sum(v * 3.0)
         wrapped.append((inside, outside, plain.gradient(loss, v).numpy().tolist()))
     hvd.shutdown()
-    return n, steps, wrapped, names, nested, outside_tape, nested_tape
+    return n, steps, wrapped, names, nested, outside_tape, nested_tape, second_order
 
 
 def test_unnamed_collectives_agree_when_one_rank_retraces_and_a_tape_wraps_inside_its_block():
     env = {**CHILD_ENV, "HORO_STALL_CHECK_TIME_SECONDS": "5", "HORO_STALL_SHUTDOWN_TIME_SECONDS": "30"}
     reports = horo_runner.run(_retrace_and_wrap_inside, num_proc=2, env=env)
-    for r, (n, steps, wrapped, names, nested, outside_tape, nested_tape) in enumerate(reports):
+    for r, (n, steps, wrapped, names, nested, outside_tape, nested_tape, second_order) in enumerate(reports):
+        # v is the same on both ranks: y's gradient is 2v S(v) + S(v^2) with S the sum over ranks,
+        # 3n v^2, and the penalty's is 6n v.
+        assert second_order == [6.0 * n * x for x in (1.0, 2.0)], f"rank {r}: {second_order}"
         # d/dv of sum(allreduce_sum((r+1) v)) is (r+1) times the allreduced ones: 2 on each rank.
         assert outside_tape == [2.0 * (r + 1)] * 2, f"rank {r}: {outside_tape}"
         # The allgather's gradient averages the ranks' (all-ones) upstream gradients; each rank's

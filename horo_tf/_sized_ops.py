@@ -136,7 +136,9 @@ def _reducescatter(tensors, base, op, prescale_factor, postscale_factor, process
 
         def grad(*dys):
             if op not in (Sum, Average):  # the allgather below would be no gradient of theirs
-                raise HoroUnsupportedError("the gradient of a reducescatter is defined for Sum and Average only")
+                raise HoroUnsupportedError("the gradient of a reducescatter is defined for Sum and Average only; "
+                                           "stop the gradient of the input of a reducescatter with op=Min, Max "
+                                           "or Product")
             grads = grad_or_zeros(dys, ys)
             # Horovod's factor (the set's size for Sum), and the scales as the allreduce's gradient
             # applies them; horo_torch's reducescatter gradient is the same.
@@ -162,7 +164,8 @@ def reducescatter(tensor, device_dense="", compression=Compression.none, op=Aver
         tensor: same shape on every rank, rank >= 1.
         device_dense: accepted for Horovod compatibility.
         compression: the dtype the data travels in.
-        op: Average (default), Sum, Min, Max or Product.
+        op: Average (default), Sum, Min, Max or Product (whose gradients raise
+            HoroUnsupportedError: detach the input).
         name: operation name.
         process_set: the ranks taking part.
         ignore_name_scope: leave the current name scope out of the name.

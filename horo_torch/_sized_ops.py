@@ -299,7 +299,8 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average, p
         tensor: same shape on every rank, rank >= 1.
         name: operation name.
         compression: the dtype the data travels in.
-        op: Average (default), Sum, Min, Max or Product.
+        op: Average (default), Sum, Min, Max or Product (whose gradients raise
+            HoroUnsupportedError: detach the input).
         process_set: the ranks taking part.
         prescale_factor, postscale_factor: scale before and after the reduction.
     Returns:

@@ -505,6 +505,11 @@ def check_hook_api(hvd, c):
              lambda: ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE))
     c.raises("a builtin hook by name", TypeError, "expected torch.distributed.BuiltinCommHookType",
              lambda: DistributedDataParallel(Mlp())._register_builtin_comm_hook("FP16_COMPRESS"))
+    for kind, hook in ((dist.BuiltinCommHookType.ALLREDUCE, comm_hooks.allreduce_hook),
+                       (dist.BuiltinCommHookType.FP16_COMPRESS, comm_hooks.fp16_compress_hook)):
+        builtin = DistributedDataParallel(Mlp())
+        builtin._register_builtin_comm_hook(kind)
+        c.same(f"{kind} registers {hook.__name__}", builtin._comm_hook is hook, True)
     c.raises("bucket_cap_mb", ValueError, "negative", lambda: DistributedDataParallel(Mlp(), bucket_cap_mb=-1))
     c.same("bucket_cap_mb=0 (torch takes it): one parameter per bucket",
            len(DistributedDataParallel(Mlp(), bucket_cap_mb=0).buckets), 4)

@@ -91,7 +91,7 @@ class _DistributedOptimizer:
         self._handles = {}                # unit index -> _Submitted
         self._sparse_dims = {}            # parameter -> sparse_dim of its last sparse gradient
         self._hook_handles = []
-        self._synchronized = False
+        self._synchronized = None         # after synchronize(): the reduced gradients, see _unchanged_since
         self._should_synchronize = True
         if process_set.included() and process_set.size() > 1:
             self._register_hooks()
@@ -242,7 +242,7 @@ class _DistributedOptimizer:
             HorovodInternalError: a reduction failed (for example shapes differ between ranks).
         """
         if not self._units:
-            self._synchronized = True
+            self._synchronized = self._gradients_now()
             return
         for index, unit in enumerate(self._units):
             if index in self._handles:
@@ -252,7 +252,28 @@ class _DistributedOptimizer:
                     p.grad = self._zero_gradient(p)
             self._handles[index] = self._submit(unit)
         self._drain()
-        self._synchronized = True
+        self._synchronized = self._gradients_now()
+
+    def _gradients_now(self):
+        """Each trainable parameter's gradient tensor (weakly: a gradient set to None is freed) and
+        its version counter, which every in-place change (a backward's accumulation, a
+        zero_grad(set_to_none=False)) moves on."""
+        return [(None, None) if p.grad is None else (weakref.ref(p.grad), p.grad._version)
+                for p in self._requires_update]
+
+    def _unchanged_since(self, synchronized):
+        """Whether no gradient changed since synchronize() recorded them: step() then has nothing
+        to reduce. Any backward or zero_grad since (through this optimizer or the model) counts as a
+        new iteration, whose gradients every rank reduces, whether or not it computed any."""
+        if synchronized is None:
+            return False
+        for p, (grad, version) in zip(self._requires_update, synchronized):
+            if grad is None:
+                if p.grad is not None:
+                    return False
+            elif grad() is None or p.grad is not grad() or p.grad._version != version:
+                return False
+        return True
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -272,11 +293,11 @@ class _DistributedOptimizer:
             What the wrapped optimizer's step returns.
         """
         if self._should_synchronize:
-            if self._synchronized and not self._handles and not self._accumulating():
+            if not self._handles and not self._accumulating() and self._unchanged_since(self._synchronized):
                 warnings.warn(_STEP_AFTER_SYNCHRONIZE)
             else:
                 self.synchronize()
-        self._synchronized = False
+        self._synchronized = None
         original = self._horo_scheduled() if self._horo_scheduled else None
         if original is not None:
             original._opt_called = True  # an LR scheduler made on it before wrapping checks this
@@ -314,7 +335,7 @@ class _DistributedOptimizer:
             state_dict: as for the wrapped optimizer.
         """
         self._drain()
-        self._synchronized = False
+        self._synchronized = None
         self._should_synchronize = True
         result = super().load_state_dict(state_dict)
         original = self._horo_scheduled() if self._horo_scheduled else None

@@ -253,6 +253,25 @@ def run_behaviour(size, rank):
         warnings.simplefilter("always")
         opt.step()
     report["skip_synchronize"] = (model.weight.tolist(), len(caught))
+    # synchronize() and no step (a step skipped for a non-finite gradient norm), then an iteration
+    # in which only rank 0 has data: its step reduces on every rank, the other rank's gradient as
+    # zeros, whether the gradients were cleared through the optimizer or the model. (A rank that
+    # ran no backward kept the gradients of the skipped iteration and took them for reduced ones:
+    # the ranks then paired different iterations' reductions and hung at the end.)
+    for clear in ("optimizer", "model"):
+        with torch.no_grad():
+            model.weight.fill_(0.0)
+        opt.zero_grad()
+        model(torch.full((1, 2), float(rank + 1))).sum().backward()
+        opt.synchronize()
+        (opt if clear == "optimizer" else model).zero_grad()
+        if rank == 0:
+            model(torch.full((1, 2), 5.0)).sum().backward()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            opt.step()
+        report[f"skipped step, then only rank 0 computes ({clear}.zero_grad)"] = (
+            model.weight.tolist(), [str(w.message) for w in caught])
 
     # An LR scheduler made on the optimizer before it is wrapped (torch patches the original's
     # step): step() still reduces, the scheduler's rate reaches the wrapper, and it does not warn.
@@ -452,6 +471,8 @@ def test_distributed_optimizer_behaves_as_horovods(two_rank_reports):
         assert len(warned) == 1 and warned[0].startswith("optimizer.step() called without optimizer.skip_synchronize()")
         assert "the gradients were already reduced and are not reduced again" in warned[0]
         assert b["skip_synchronize"] == ([[-6.0, -6.0]], 0)
+        for clear in ("optimizer", "model"):  # the gradient summed over the ranks: 5 + 0
+            assert b[f"skipped step, then only rank 0 computes ({clear}.zero_grad)"] == ([[-5.0, -5.0]], [])
         # Steps of lr 1 and 0.5 on the summed gradient 3: -3 - 1.5.
         assert b["scheduler made before wrapping"] == ([[-4.5, -4.5]], 0.25, [])
         assert b["wrapped again"] == [[-10.5, -10.5]], "two more steps of lr 1 on the summed gradient 3"

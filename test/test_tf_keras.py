@@ -43,8 +43,15 @@ def make_model(keras, seed):
                              keras.layers.Dense(1)])
 
 
+def adamw_sparing_biases(keras, **kw):
+    optimizer = keras.optimizers.AdamW(0.01, weight_decay=0.5, **kw)
+    optimizer.exclude_from_weight_decay(var_names=["bias"])  # not in the optimizer's config
+    return optimizer
+
+
 OPTIMIZERS = {"SGD momentum": lambda keras, **kw: keras.optimizers.SGD(0.05, momentum=0.9, **kw),
-              "Adam": lambda keras, **kw: keras.optimizers.Adam(0.01, **kw)}
+              "Adam": lambda keras, **kw: keras.optimizers.Adam(0.01, **kw),
+              "AdamW sparing biases": adamw_sparing_biases}
 
 
 def check_fit_equivalence(c, hvd, keras, tf):
@@ -129,7 +136,21 @@ def check_callbacks(c, hvd, keras, tf):
     raw, averaged = [], []
     model = make_model(keras, 100)
     base_lr = 0.01
-    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(base_lr)), loss="mse", metrics=["mae"])
+
+    class Spread(keras.metrics.Metric):  # a vector metric, as F1Score(average=None) is
+        def __init__(self):
+            super().__init__(name="spread")
+            self.total = self.add_variable(shape=(2,), initializer="zeros", name="total")
+
+        def update_state(self, y_true, y_pred, sample_weight=None):
+            error = keras.ops.abs(y_true - y_pred)
+            self.total.assign_add(keras.ops.stack([keras.ops.sum(error), keras.ops.max(error)]))
+
+        def result(self):
+            return self.total
+
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(base_lr)), loss="mse",
+                  metrics=["mae", Spread()])
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         model.fit(xs, ys, batch_size=BATCH, epochs=2, shuffle=False, verbose=0, validation_data=(xs, ys),
@@ -142,9 +163,10 @@ def check_callbacks(c, hvd, keras, tf):
     import horo_tf
     everyone = horo_tf.allgather_object(raw)
     for epoch in range(2):
-        for key in ("loss", "mae", "val_loss", "val_mae"):
+        for key in ("loss", "mae", "val_loss", "val_mae", "spread", "val_spread"):
             c.close(f"MetricAverageCallback epoch {epoch} {key}", averaged[epoch][key],
-                    np.mean([logs[epoch][key] for logs in everyone]))
+                    np.mean([logs[epoch][key] for logs in everyone], axis=0))
+        c.same(f"a vector metric keeps its shape, epoch {epoch}", np.shape(averaged[epoch]["spread"]), (2,))
     c.close("warmup ends at initial_lr", float(model.optimizer.learning_rate.numpy()), base_lr * n)
     # The last batch of epoch 0 is one epoch into the two-epoch ramp from base_lr to base_lr * n.
     c.close("warmup halfway after epoch 0", raw[0]["learning_rate"], base_lr * ((n - 1) / 2 + 1))

@@ -103,7 +103,8 @@ def _is_seed_state(variable):
 
 
 class MetricAverageCallback(keras.callbacks.Callback):
-    """Replaces every numeric value in the epoch-end logs by its average over all ranks.
+    """Replaces every numeric value in the epoch-end logs, scalar or array, by its average over all
+    ranks.
 
     Place it before callbacks that read the logs (checkpoints, early stopping, LR on plateau).
 
@@ -117,14 +118,24 @@ class MetricAverageCallback(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if not logs:
             return
-        names = sorted(k for k, v in logs.items() if np.ndim(v) == 0 and np.issubdtype(np.asarray(v).dtype, np.number))
+        arrays = {k: np.asarray(v) for k, v in logs.items()}
+        names = sorted(k for k, v in arrays.items() if np.issubdtype(v.dtype, np.number))
         if not names:
             return
-        values = tf.constant([float(np.asarray(logs[k])) for k in names], tf.float64)
-        averaged = mpi_ops.allreduce(values, op=mpi_ops.Average, name=f"MetricAverageCallback.{epoch}",
+        # One allreduce for all of them, vector metrics (a per-class F1Score) included.
+        flat = tf.constant(np.concatenate([arrays[k].astype(np.float64).ravel() for k in names]), tf.float64)
+        averaged = mpi_ops.allreduce(flat, op=mpi_ops.Average, name=f"MetricAverageCallback.{epoch}",
                                      ignore_name_scope=True).numpy()
-        for k, v in zip(names, averaged):
-            logs[k] = float(v)
+        start = 0
+        for k in names:
+            value = arrays[k]
+            part = averaged[start:start + value.size]
+            start += value.size
+            if value.ndim == 0:
+                logs[k] = float(part[0])
+            else:
+                kind = value.dtype if np.issubdtype(value.dtype, np.floating) else np.float64
+                logs[k] = part.reshape(value.shape).astype(kind)
 
 
 class LearningRateScheduleCallback(keras.callbacks.Callback):

@@ -27,6 +27,7 @@ from a plain DistributedOptimizer under ``mixed_float16`` (Horovod's scripts do 
 ``LossScaleOptimizer`` checks each rank's own gradients, so its check is made to agree across the
 ranks (one more small allreduce per step): a non-finite gradient on any rank skips the step on all.
 """
+import copy
 import dataclasses
 import hashlib
 import sys
@@ -294,7 +295,12 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                                name=f"DistributedOptimizer.{type(optimizer).__name__ if name is None else name}")
     cls = distributed_class(type(optimizer), options, backward_passes_per_step, average_aggregated_gradients,
                             scale_local_gradients)
-    return cls.from_config(config)
+    distributed = cls.from_config(config)
+    # What exclude_from_weight_decay() set is no part of the config: AdamW would decay those too.
+    for attribute in ("_exclude_from_weight_decay", "_exclude_from_weight_decay_pattern"):
+        if getattr(optimizer, attribute, None):
+            setattr(distributed, attribute, copy.copy(getattr(optimizer, attribute)))
+    return distributed
 
 
 def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=None,

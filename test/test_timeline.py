@@ -250,10 +250,13 @@ def repeated_steps_job(pause_s, steps):
 
 def test_agreed_steps_start_when_the_ranks_agree(tmp_path):
     """A repeated tensor agreed between the ranks (no coordinator list) begins its op phase when the
-    round completes; it once began at the last coordinator list, a step or more earlier."""
+    round completes; it once began at the last coordinator list, a step or more earlier. With
+    mark_cycles every such round is marked CYCLE_START (only the coordinator's lists were, so a
+    training loop's steady state showed none)."""
     path = str(tmp_path / "repeated.json")
     pause_s, steps = 0.25, 5
-    horo_runner.run(repeated_steps_job, args=(pause_s, steps), num_proc=2, env={"HORO_TIMELINE": path})
+    horo_runner.run(repeated_steps_job, args=(pause_s, steps), num_proc=2,
+                    env={"HORO_TIMELINE": path, "HORO_TIMELINE_MARK_CYCLES": "1"})
     trace = Trace(path)
     for track in ("rank 0", "rank 1"):
         phases = trace.tracks[("allreduce.repeated", track)]
@@ -261,6 +264,10 @@ def test_agreed_steps_start_when_the_ranks_agree(tmp_path):
         durations_ms = [(p.end - p.begin) / 1e3 for p in phases]
         assert all(p.name == "ALLREDUCE" for p in phases)
         assert max(durations_ms) < pause_s * 1e3 / 2, (track, durations_ms)
+    cycles = [m["ts"] for m in trace.markers if m["name"] == "CYCLE_START"]
+    phases = trace.tracks[("allreduce.repeated", "rank 0")]
+    for before, phase in zip([None] + phases, phases):  # a cycle began in the pause before each step
+        assert any((before is None or before.end <= ts) and ts <= phase.begin for ts in cycles), (cycles, phase)
 
 
 def switch_job(paths, late_s):

@@ -220,6 +220,9 @@ bool Runtime::AdvanceRounds(bool* progress, const std::atomic<bool>* caller_done
     int64_t round = 0;
     if (!agreement_->RoundReady(&round)) break;
     *progress = true;
+    // A completed round is a negotiation cycle, as a coordinator list is: the steady state of a
+    // training loop runs on rounds alone. Rank 0 marks it, as it marks the lists.
+    if (rank_ == 0) timeline_->MarkCycleStart();
     // The round's steps became known now: their op phases (and QUEUE) begin here on the timeline,
     // not at the last coordinator list, which may be several steps old.
     timeline_->ResponsesArrived();

@@ -75,8 +75,10 @@ def _stop_hosted_rendezvous():
         kept[1].stop()
 
 
-def _rendezvous(info, mpi_comm):
-    """Returns (host, port, secret, server) of the rendezvous this rank uses."""
+def _rendezvous(info, mpi_comm, members=None):
+    """Returns (host, port, secret, server) of the rendezvous this rank uses; members: the global
+    ranks of init(comm=[...]), which alone take part (under MPI through a communicator of their own,
+    so that nothing reaches the other ranks' MPI calls)."""
     if info.needs_mpi_bootstrap or mpi_comm is not None:
         try:
             from mpi4py import MPI
@@ -95,14 +97,26 @@ def _rendezvous(info, mpi_comm):
                 f"{comm.Get_rank()} of {comm.Get_size()}: mpi4py is built against another MPI than the one "
                 f"that launched this job ({MPI.Get_library_version().splitlines()[0].strip()}); install the "
                 "mpi4py of the launcher's MPI, or launch with hororun")
-        server = None
-        payload = None
-        if comm.Get_rank() == 0:
-            secret = info.secret or os.urandom(32)
-            server = KVServer(info.bind_host, 0, secret).start()
-            host, port = server.address
-            payload = (host, port, secret.hex())
-        host, port, secret_hex = comm.bcast(payload, root=0)
+        own = None
+        if members is not None and mpi_comm is None:
+            # Collective over the members only (MPI_Comm_create_group), as Horovod's comm=[ranks].
+            group = MPI.COMM_WORLD.Get_group()
+            members_group = group.Incl(members)
+            own = comm = MPI.COMM_WORLD.Create_group(members_group)
+            members_group.Free()
+            group.Free()
+        try:
+            server = None
+            payload = None
+            if comm.Get_rank() == 0:
+                secret = info.secret or os.urandom(32)
+                server = KVServer(info.bind_host, 0, secret).start()
+                host, port = server.address
+                payload = (host, port, secret.hex())
+            host, port, secret_hex = comm.bcast(payload, root=0)
+        finally:
+            if own is not None:
+                own.Free()
         return host, port, bytes.fromhex(secret_hex), server
     if info.rendezvous_protocol not in (None, launch_env.HORO_KV):
         raise HoroInvalidArgument(
@@ -150,11 +164,19 @@ def init(comm=None, process_sets=None):
         rank, size = info.rank, info.size
         mpi_comm = None
         key_prefix = ""
+        members = None
         if isinstance(comm, (list, tuple)):
             ranks = sorted(int(r) for r in comm)
+            if len(set(ranks)) != len(ranks) or not all(0 <= r < size for r in ranks):
+                raise HoroInvalidArgument(f"comm={list(comm)} must list distinct ranks of the job's 0..{size - 1}")
             if rank not in ranks:
                 raise HoroInvalidArgument(f"rank {rank} is not in comm={ranks}; only those ranks may call init")
+            if 0 not in ranks and info.family != "hororun" and not info.needs_mpi_bootstrap:
+                raise HoroInvalidArgument(
+                    f"comm={ranks} leaves out rank 0, which hosts the rendezvous under {info.family}; include "
+                    "rank 0, or launch with hororun or mpirun")
             key_prefix = "comm" + "-".join(map(str, ranks)) + "/"
+            members = ranks
             rank, size = ranks.index(rank), len(ranks)
         elif comm is not None:
             mpi_comm = comm
@@ -179,7 +201,7 @@ def init(comm=None, process_sets=None):
                 with KVClient(*info.rendezvous, info.secret, timeout=start_timeout) as kv:
                     kv.set(f"ready/{info.rank}", b"1")
         else:
-            host, port, secret, server = _rendezvous(info, mpi_comm)
+            host, port, secret, server = _rendezvous(info, mpi_comm, members)
             _state.kv_server = server
             rt = None
             kv = None

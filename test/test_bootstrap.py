@@ -113,6 +113,65 @@ def test_under_mpirun(worker, mpi_initialized, tmp_path):
     check(reports([out.stdout]), 2)
 
 
+MEMBERS_WORKER = """
+import json, sys, torch
+from mpi4py import MPI
+import horo_torch as hvd
+world = MPI.COMM_WORLD.Get_rank()
+members = [int(r) for r in sys.argv[1].split(",")]
+report = {"world": world}
+if world in members:
+    hvd.init(comm=members)
+    report.update(rank=hvd.rank(), size=hvd.size(),
+                  sum=hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum).item())
+    hvd.shutdown()
+report["got"] = MPI.COMM_WORLD.bcast("the script's own" if world == 0 else None, root=0)
+print("REPORT " + json.dumps(report), flush=True)
+"""
+
+
+@pytest.mark.parametrize("members", ["1,2", "0,1"])
+def test_init_with_a_list_of_ranks_under_mpirun(tmp_path, members):
+    """init(comm=[ranks]) bootstraps over the members alone, as Horovod's MPI_Comm_create_group: a
+    list without rank 0 waited for ever on a broadcast over every rank, and with rank 0 Horo's
+    broadcast of its rendezvous (and the job's secret) was what a non-member's own broadcast got."""
+    worker = tmp_path / "members.py"
+    worker.write_text(MEMBERS_WORKER)
+    mpirun = shutil.which("mpirun", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    env = clean_env()
+    env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "HORO_START_TIMEOUT": "30"})
+    out = subprocess.run([mpirun, "-np", "3", "--oversubscribe", sys.executable, str(worker), members],
+                         capture_output=True, text=True, timeout=180, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    found = sorted((json.loads(line.split("REPORT ", 1)[1]) for line in out.stdout.splitlines() if "REPORT " in line),
+                   key=lambda r: r["world"])
+    listed = [int(r) for r in members.split(",")]
+    assert [r["world"] for r in found] == [0, 1, 2], out.stdout
+    for r in found:
+        assert r["got"] == "the script's own", r
+        if r["world"] in listed:
+            assert (r["rank"], r["size"], r["sum"]) == (listed.index(r["world"]), 2, 3.0), r
+
+
+def test_init_with_a_list_of_ranks_is_checked(worker):
+    """Under torchrun rank 0 hosts the rendezvous: a list without it is refused at once (it timed out
+    blaming rank 0), and so are repeated or unknown ranks (a timeout for a rank that never came)."""
+    script = os.path.join(os.path.dirname(worker), "lists.py")
+    with open(script, "w") as f:
+        f.write("import sys, horo_torch as hvd\n"
+                "try:\n    hvd.init(comm=[int(r) for r in sys.argv[1].split(',')])\n"
+                "except ValueError as e:\n    print('REFUSED', e, flush=True)\n")
+    for members, message in (("1", "leaves out rank 0, which hosts the rendezvous under torchrun"),
+                             ("0,0", "must list distinct ranks of the job's 0..1"),
+                             ("0,2", "must list distinct ranks of the job's 0..1")):
+        procs = [subprocess.Popen([sys.executable, script, members], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, env=torchrun_env(rank, free_port()))
+                 for rank in range(2) if rank in [int(m) for m in members.split(",")]]
+        for p in procs:
+            stdout, stderr = p.communicate(timeout=60)
+            assert p.returncode == 0 and "REFUSED comm=" in stdout and message in stdout, (members, stdout, stderr)
+
+
 def torchrun_env(rank, master_port, **settings):
     """What torchrun gives rank of a 2-rank job on this host (MASTER_PORT master_port), and settings."""
     env = clean_env()

@@ -267,26 +267,41 @@ def _read_horovod(env: _Env) -> Optional[_Partial]:
                                  "HOROVOD_GLOO_RENDEZVOUS_PORT", HOROVOD_HTTP)
 
 
-def _refuse_leftover_torch_variables(env: _Env) -> None:
+_MPI_RANK_AND_SIZE = (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"),
+                      ("MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE"))
+
+
+def _refuse_leftover_torch_variables(env: _Env) -> bool:
     """RANK and WORLD_SIZE set by hand, without torchrun (which also sets TORCHELASTIC_RUN_ID),
-    beat an MPI launcher's variables: when the two disagree on the world size they are leftovers of
-    another launch, and each rank would train alone, silently."""
+    beat an MPI launcher's variables: when the two disagree on the rank or the world size they are
+    leftovers of another launch, and each rank would train alone, or two ranks be one, silently.
+
+    Returns:
+        Whether an MPI launcher started this process (its variables agree with RANK/WORLD_SIZE).
+    """
     if env.has("TORCHELASTIC_RUN_ID"):
-        return
-    size = env.integer("WORLD_SIZE")
-    for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"):
-        launched = env.integer(name)
-        if launched is not None and launched != size:
-            raise ValueError(f"RANK/WORLD_SIZE say rank {env.integer('RANK')} of {size}, but the MPI launcher's "
-                             f"{name} is {launched}: unset RANK and WORLD_SIZE (left over from another launch?) "
-                             "or make them agree with the launcher")
+        return False
+    mine = (env.integer("RANK"), env.integer("WORLD_SIZE"))
+    under_mpi = False
+    for rank_var, size_var in _MPI_RANK_AND_SIZE:
+        launched = (env.integer(rank_var), env.integer(size_var))
+        for name, value, own in ((size_var, launched[1], mine[1]), (rank_var, launched[0], mine[0])):
+            if value is not None and value != own:
+                raise ValueError(f"RANK/WORLD_SIZE say rank {mine[0]} of {mine[1]}, but the MPI launcher's "
+                                 f"{name} is {value}: unset RANK and WORLD_SIZE (left over from another launch?) "
+                                 "or make them agree with the launcher")
+        under_mpi = under_mpi or launched[1] is not None
+    return under_mpi
 
 
 def _read_torchrun(env: _Env) -> Optional[_Partial]:
     if not env.any("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID"):
         return None
     env.require("torchrun", "RANK", "WORLD_SIZE")
-    _refuse_leftover_torch_variables(env)
+    if _refuse_leftover_torch_variables(env) and not env.any("MASTER_ADDR", "MASTER_PORT", "HORO_RENDEZVOUS_ADDR"):
+        # Under mpirun with RANK/WORLD_SIZE exported from the MPI launcher's variables (DDP over
+        # MPI with an init_method of its own): the MPI launcher's job.
+        return None
     p = _Partial("torchrun", env.integer("RANK"), env.integer("WORLD_SIZE"),
                  local_rank=env.integer("LOCAL_RANK"), local_size=env.integer("LOCAL_WORLD_SIZE"))
     if p.local_rank is not None and p.local_size is not None:

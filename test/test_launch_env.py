@@ -278,6 +278,13 @@ def test_leftover_torch_variables_under_mpirun_are_refused():
     with pytest.raises(ValueError, match="RANK/WORLD_SIZE say rank 0 of 1, but the MPI launcher's "
                                          "OMPI_COMM_WORLD_SIZE is 2"):
         detect({**mpirun, "RANK": "0", "WORLD_SIZE": "1"})
+    with pytest.raises(ValueError, match="RANK/WORLD_SIZE say rank 0 of 2, but the MPI launcher's "
+                                         "OMPI_COMM_WORLD_RANK is 1"):  # two ranks would be rank 0
+        detect({**mpirun, "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"})
+    # DDP over MPI: RANK/WORLD_SIZE exported from the MPI launcher's own, no MASTER_*: mpirun's job
+    # (it failed with "incomplete torchrun launch environment").
+    exported = detect({**mpirun, "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"})
+    assert (exported.family, exported.rank, exported.size) == ("openmpi", 1, 2)
     # Agreeing by hand, or torchrun started by mpirun (one agent per MPI rank), stay torchrun's.
     agreeing = {**mpirun, "RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
     assert detect(agreeing).family == "torchrun"

@@ -189,6 +189,7 @@ def init(comm=None, process_sets=None):
                 raise HoroInvalidArgument(f"process_sets must hold ProcessSet objects, got {ps!r}")
         start_timeout = float(settings["START_TIMEOUT"])
 
+        nodes = None  # every rank's node, where the launcher's cross values need them (LaunchInfo.node)
         generation = next(_state.generation)
         hostname = info.hostname or socket.gethostname()
         if size == 1:
@@ -216,8 +217,12 @@ def init(comm=None, process_sets=None):
                 prefix = f"{key_prefix}init{generation}/"
                 kv.set(f"{prefix}addr/{rank}", rt.address().encode())
                 kv.set(f"{prefix}host/{rank}", hostname.encode())
+                if info.node is not None and comm is None:  # the same on every rank: torchrun's
+                    kv.set(f"{prefix}node/{rank}", str(info.node).encode())
                 addresses = _gather(kv, f"{prefix}addr", size, wait, start_timeout, (host, port))
                 hostnames = _gather(kv, f"{prefix}host", size, wait, start_timeout, (host, port))
+                if info.node is not None and comm is None:
+                    nodes = [int(n) for n in _gather(kv, f"{prefix}node", size, wait, start_timeout, (host, port))]
                 rt.connect(addresses)
             except BaseException as error:
                 # Leave nothing behind, so that a later init() starts clean.
@@ -237,6 +242,8 @@ def init(comm=None, process_sets=None):
         if info.topology_known and comm is None:
             _state.local_rank, _state.local_size = info.local_rank, info.local_size
             _state.cross_rank, _state.cross_size = info.cross_rank, info.cross_size
+            if nodes is not None:
+                _state.cross_rank, _state.cross_size = launch_env.cross_of_nodes(nodes, rank)
         else:
             _state.local_rank, _state.local_size = mine.local_rank, mine.local_size
             _state.cross_rank, _state.cross_size = mine.cross_rank, mine.cross_size

@@ -34,6 +34,7 @@ the address that routes to a host) are in horo_core/launch_hosts.py and importab
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import ipaddress
@@ -41,7 +42,7 @@ import json
 import os
 import re
 import socket
-from typing import Callable, Mapping, Optional
+from typing import Callable, Mapping, Optional, Sequence
 
 from horo_core.launch_hosts import (LOOPBACK_V4, Topology, compute_local_topology, expand_slurm_nodelist,
                                     expand_slurm_tasks_per_node, local_topologies, routable_address)
@@ -51,6 +52,7 @@ __all__ = [
     "Topology",
     "detect",
     "compute_local_topology",
+    "cross_of_nodes",
     "local_topologies",
     "expand_slurm_nodelist",
     "expand_slurm_tasks_per_node",
@@ -98,6 +100,9 @@ class LaunchInfo:
         rendezvous_origin: where the port of a rendezvous that a rank hosts came from
             (``"torchrun's MASTER_PORT + 1"``, the Slurm rule, ``"HORO_RENDEZVOUS_PORT"``...), for
             the error when that port is taken; None otherwise.
+        node: the launcher's index of this process's node where the cross rank and size need every
+            rank's (torchrun's GROUP_RANK: its nodes may run different numbers of processes); the
+            caller exchanges them and calls :func:`cross_of_nodes`. None otherwise.
     """
 
     family: str
@@ -116,6 +121,7 @@ class LaunchInfo:
     bind_host: str
     needs_mpi_bootstrap: bool
     rendezvous_origin: Optional[str] = None
+    node: Optional[int] = None
 
     @property
     def topology_known(self) -> bool:
@@ -216,6 +222,7 @@ class _Partial:
     hosts_rendezvous: bool = False
     weak_secret_source: Optional[str] = None
     needs_mpi_bootstrap: bool = False
+    node: Optional[int] = None
 
 
 def _hosted_rendezvous(env: _Env, p: _Partial, default_host: str, default_port: int, origin: str) -> None:
@@ -306,10 +313,11 @@ def _read_torchrun(env: _Env) -> Optional[_Partial]:
                  local_rank=env.integer("LOCAL_RANK"), local_size=env.integer("LOCAL_WORLD_SIZE"))
     if p.local_rank is not None and p.local_size is not None:
         group_rank, group_size = env.integer("GROUP_RANK"), env.integer("GROUP_WORLD_SIZE")
-        # torchrun starts the same number of processes on every node, so the node index is the
-        # cross rank of every local rank.
+        # With the same number of processes on every node the node index is the cross rank of every
+        # local rank; nodes may run different numbers (--nproc-per-node of each agent), so init
+        # corrects these from every rank's node (cross_of_nodes).
         if group_rank is not None and group_size is not None:
-            p.cross_rank, p.cross_size = group_rank, group_size
+            p.cross_rank, p.cross_size, p.node = group_rank, group_size, group_rank
     if p.size > 1:
         master = env.pair("torchrun", "MASTER_ADDR", "MASTER_PORT")
         if master is None and not (env.has("HORO_RENDEZVOUS_ADDR")
@@ -559,4 +567,15 @@ def detect(environ: Optional[Mapping[str, str]] = None) -> LaunchInfo:
         bind_host=_bind_host(env, partial),
         needs_mpi_bootstrap=partial.needs_mpi_bootstrap,
         rendezvous_origin=partial.rendezvous_origin,
+        node=partial.node,
     )
+
+
+def cross_of_nodes(nodes: Sequence[int], rank: int) -> tuple[int, int]:
+    """Horovod's cross rank and size of ``rank`` given every rank's node (ranks of a node numbered
+    in rank order): among the nodes that run a process at this rank's position on its node, this
+    node's place in node order, and how many they are."""
+    position = sum(1 for q in range(rank) if nodes[q] == nodes[rank])
+    counts = collections.Counter(nodes)
+    having = sorted(n for n, count in counts.items() if count > position)
+    return having.index(nodes[rank]), len(having)

@@ -75,6 +75,30 @@ def test_under_torchrun(worker):
     check(reports([out.stdout]), 2)
 
 
+def test_under_torchrun_with_nodes_of_different_sizes(worker):
+    """Two torchrun agents posing as two nodes (HORO_HOSTNAME), one running 2 processes and one 1:
+    the cross rank and size are Horovod's (among the nodes with a process at that local rank), where
+    the node index and count were taken for them (rank 1 got cross size 2)."""
+    port = free_port()
+    agents = []
+    for node, (name, nproc) in enumerate((("nodeA", 2), ("nodeB", 1))):
+        env = clean_env()
+        env["HORO_HOSTNAME"] = name
+        agents.append(subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
+             "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1", "--master-port", str(port), worker],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+    outputs = []
+    for agent in agents:
+        stdout, stderr = agent.communicate(timeout=180)
+        assert agent.returncode == 0, stdout + stderr
+        outputs.append(stdout)
+    found = reports(outputs)
+    assert [(r["rank"], r["local_rank"], r["local_size"], r["cross_rank"], r["cross_size"]) for r in found] == [
+        (0, 0, 2, 0, 2), (1, 1, 2, 0, 1), (2, 0, 1, 1, 2)], found
+    assert all(r["sum"] == 6 for r in found)
+
+
 def test_inside_a_slurm_step(worker):
     size = 2
     port = free_port()

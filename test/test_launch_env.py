@@ -272,6 +272,15 @@ def test_launcher_variables_beat_slurm():
     assert (info.family, info.rank) == ("openmpi", 6)
 
 
+def test_cross_of_nodes_is_horovods_split_by_local_rank():
+    from horo_core.launch_env import cross_of_nodes
+    # Nodes of 3, 1 and 2 processes: local rank 0 on all three, 1 on nodes 0 and 2, 2 on node 0.
+    nodes = [0, 0, 0, 1, 2, 2]
+    assert [cross_of_nodes(nodes, r) for r in range(6)] == [(0, 3), (0, 2), (0, 1), (1, 3), (2, 3), (1, 2)]
+    assert [cross_of_nodes([0, 0, 1, 1], r) for r in range(4)] == [(0, 2), (0, 2), (1, 2), (1, 2)]
+    assert detect(torchrun_env(rank=5)).node == 1  # init exchanges it to correct the cross values
+
+
 def test_leftover_torch_variables_under_mpirun_are_refused():
     """RANK=0 WORLD_SIZE=1 left in the shell, then mpirun -np 2: each rank would train alone."""
     mpirun = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}

@@ -255,25 +255,19 @@ class _DistributedOptimizer:
         self._synchronized = self._gradients_now()
 
     def _gradients_now(self):
-        """Each trainable parameter's gradient tensor (weakly: a gradient set to None is freed) and
-        its version counter, which every in-place change (a backward's accumulation, a
-        zero_grad(set_to_none=False)) moves on."""
-        return [(None, None) if p.grad is None else (weakref.ref(p.grad), p.grad._version)
-                for p in self._requires_update]
+        """Each trainable parameter's gradient tensor, weakly (a gradient set to None is freed)."""
+        return [None if p.grad is None else weakref.ref(p.grad) for p in self._requires_update]
 
     def _unchanged_since(self, synchronized):
-        """Whether no gradient changed since synchronize() recorded them: step() then has nothing
-        to reduce. Any backward or zero_grad since (through this optimizer or the model) counts as a
-        new iteration, whose gradients every rank reduces, whether or not it computed any."""
+        """Whether this is still the iteration synchronize() reduced: step() then has nothing to
+        reduce. A new one has begun once this optimizer's zero_grad() ran (it forgets the record), a
+        gradient was replaced or set to None (the model's zero_grad()), or a backward started
+        reductions; its gradients every rank reduces, whether or not it computed any. Changes in
+        place (GradScaler.unscale_, clip_grad_norm_) keep the iteration, as they keep the objects."""
         if synchronized is None:
             return False
-        for p, (grad, version) in zip(self._requires_update, synchronized):
-            if grad is None:
-                if p.grad is not None:
-                    return False
-            elif grad() is None or p.grad is not grad() or p.grad._version != version:
-                return False
-        return True
+        return all((p.grad is None) if grad is None else (grad() is not None and p.grad is grad())
+                   for p, grad in zip(self._requires_update, synchronized))
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -314,6 +308,7 @@ class _DistributedOptimizer:
         """
         if self._handles or self._accumulating():
             raise AssertionError(_ZERO_GRAD_PENDING)
+        self._synchronized = None  # a new iteration: step() reduces whatever it finds
         return super().zero_grad(set_to_none=set_to_none)
 
     def set_backward_passes_per_step(self, passes):

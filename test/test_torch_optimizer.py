@@ -272,6 +272,18 @@ def run_behaviour(size, rank):
             opt.step()
         report[f"skipped step, then only rank 0 computes ({clear}.zero_grad)"] = (
             model.weight.tolist(), [str(w.message) for w in caught])
+    # Changes in place after synchronize() (GradScaler.unscale_, clipping) keep the iteration: a
+    # step() without skip_synchronize() warns and does not reduce again (Sum would multiply by 2).
+    with torch.no_grad():
+        model.weight.fill_(0.0)
+    opt.zero_grad()
+    model(torch.full((1, 2), float(rank + 1))).sum().backward()
+    opt.synchronize()
+    model.weight.grad.mul_(0.5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt.step()
+    report["step after synchronize and an unscale in place"] = (model.weight.tolist(), len(caught))
 
     # An LR scheduler made on the optimizer before it is wrapped (torch patches the original's
     # step): step() still reduces, the scheduler's rate reaches the wrapper, and it does not warn.
@@ -471,6 +483,7 @@ def test_distributed_optimizer_behaves_as_horovods(two_rank_reports):
         assert len(warned) == 1 and warned[0].startswith("optimizer.step() called without optimizer.skip_synchronize()")
         assert "the gradients were already reduced and are not reduced again" in warned[0]
         assert b["skip_synchronize"] == ([[-6.0, -6.0]], 0)
+        assert b["step after synchronize and an unscale in place"] == ([[-1.5, -1.5]], 1)
         for clear in ("optimizer", "model"):  # the gradient summed over the ranks: 5 + 0
             assert b[f"skipped step, then only rank 0 computes ({clear}.zero_grad)"] == ([[-5.0, -5.0]], [])
         # Steps of lr 1 and 0.5 on the summed gradient 3: -3 - 1.5.

@@ -74,6 +74,11 @@ def check_fit_equivalence(c, hvd, keras, tf):
                 c.close(f"fit {name} backward_passes_per_step={passes} weight {i}", a, b)
             c.same(f"fit {name} passes={passes} iterations count updates",
                    int(dist.optimizer.iterations.numpy()), 2 * STEPS // passes)
+    # The exclusions of an AdamW inside a LossScaleOptimizer survive the wrapping too.
+    bias, kernel = keras.Variable([1.0], name="bias"), keras.Variable([1.0], name="kernel")
+    scaled = hvd.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(adamw_sparing_biases(keras)))
+    c.same("exclude_from_weight_decay inside a LossScaleOptimizer",
+           [scaled.inner_optimizer._use_weight_decay(v) for v in (bias, kernel)], [False, True])
 
 
 def check_gradient_accumulation(c, hvd, keras, tf):
@@ -168,6 +173,14 @@ def check_callbacks(c, hvd, keras, tf):
                     np.mean([logs[epoch][key] for logs in everyone], axis=0))
         c.same(f"a vector metric keeps its shape, epoch {epoch}", np.shape(averaged[epoch]["spread"]), (2,))
     c.close("warmup ends at initial_lr", float(model.optimizer.learning_rate.numpy()), base_lr * n)
+    # Ranks that log different metrics (or none) are told so, on every rank, instead of pairing
+    # their values with the wrong ones or leaving the others waiting.
+    average = hvd.callbacks.MetricAverageCallback()
+    for what, logs in (("an extra metric", {"loss": 1.0, "extra": 2.0}), ("no metrics", {}),
+                       ("another shape", {"loss": np.ones(2)})):
+        c.raises(f"MetricAverageCallback with {what} on rank 1", [ValueError],
+                 "every rank must log the same metrics with the same shapes",
+                 lambda: average.on_epoch_end(7, dict(logs) if r == 1 else {"loss": 1.0}))
     # The last batch of epoch 0 is one epoch into the two-epoch ramp from base_lr to base_lr * n.
     c.close("warmup halfway after epoch 0", raw[0]["learning_rate"], base_lr * ((n - 1) / 2 + 1))
     c.same("warmup raises the rate", raw[0]["learning_rate"] < raw[1]["learning_rate"], True)

@@ -116,10 +116,18 @@ class MetricAverageCallback(keras.callbacks.Callback):
         super().__init__()
 
     def on_epoch_end(self, epoch, logs=None):
-        if not logs:
-            return
+        logs = logs if logs is not None else {}
         arrays = {k: np.asarray(v) for k, v in logs.items()}
         names = sorted(k for k, v in arrays.items() if np.issubdtype(v.dtype, np.number))
+        # The ranks must average the same metrics of the same shapes: one that logs other metrics,
+        # or none, would pair its values with the wrong ones, or leave the others waiting.
+        layout = [(k, arrays[k].shape) for k in names]
+        layouts = allgather_object(layout, name=f"MetricAverageCallback.layout.{epoch}")
+        for rank, other in enumerate(layouts):
+            if other != layout:
+                raise ValueError(f"MetricAverageCallback: at the end of epoch {epoch} rank {basics.rank()} logs "
+                                 f"the metrics {_describe(layout)} and rank {rank} {_describe(other)}; every rank "
+                                 "must log the same metrics with the same shapes")
         if not names:
             return
         # One allreduce for all of them, vector metrics (a per-class F1Score) included.
@@ -136,6 +144,10 @@ class MetricAverageCallback(keras.callbacks.Callback):
             else:
                 kind = value.dtype if np.issubdtype(value.dtype, np.floating) else np.float64
                 logs[k] = part.reshape(value.shape).astype(kind)
+
+
+def _describe(layout):
+    return ", ".join(f"{name}{list(shape) if shape else ''}" for name, shape in layout) or "none"
 
 
 class LearningRateScheduleCallback(keras.callbacks.Callback):

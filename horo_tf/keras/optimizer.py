@@ -296,11 +296,20 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     cls = distributed_class(type(optimizer), options, backward_passes_per_step, average_aggregated_gradients,
                             scale_local_gradients)
     distributed = cls.from_config(config)
-    # What exclude_from_weight_decay() set is no part of the config: AdamW would decay those too.
-    for attribute in ("_exclude_from_weight_decay", "_exclude_from_weight_decay_pattern"):
-        if getattr(optimizer, attribute, None):
-            setattr(distributed, attribute, copy.copy(getattr(optimizer, attribute)))
+    _keep_weight_decay_exclusions(optimizer, distributed)
     return distributed
+
+
+def _keep_weight_decay_exclusions(source, target):
+    """What exclude_from_weight_decay() set is no part of an optimizer's config, so an optimizer
+    rebuilt from it would decay those variables too; also the inner optimizer's of a
+    LossScaleOptimizer, whose config holds the inner one's."""
+    for attribute in ("_exclude_from_weight_decay", "_exclude_from_weight_decay_pattern"):
+        if getattr(source, attribute, None):
+            setattr(target, attribute, copy.copy(getattr(source, attribute)))
+    inner, rebuilt = getattr(source, "inner_optimizer", None), getattr(target, "inner_optimizer", None)
+    if inner is not None and rebuilt is not None:
+        _keep_weight_decay_exclusions(inner, rebuilt)
 
 
 def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=None,

@@ -220,9 +220,6 @@ bool Runtime::AdvanceRounds(bool* progress, const std::atomic<bool>* caller_done
     int64_t round = 0;
     if (!agreement_->RoundReady(&round)) break;
     *progress = true;
-    // A completed round is a negotiation cycle, as a coordinator list is: the steady state of a
-    // training loop runs on rounds alone. Rank 0 marks it, as it marks the lists.
-    if (rank_ == 0) timeline_->MarkCycleStart();
     // The round's steps became known now: their op phases (and QUEUE) begin here on the timeline,
     // not at the last coordinator list, which may be several steps old.
     timeline_->ResponsesArrived();
@@ -234,6 +231,10 @@ bool Runtime::AdvanceRounds(bool* progress, const std::atomic<bool>* caller_done
     }
     std::vector<AgreedStep>& run = agreed_run_;
     agreement_->CompleteRound(&run);
+    // A round that runs steps is a negotiation cycle, as a coordinator list is: the steady state of
+    // a training loop runs on rounds alone. Rank 0 marks it, as it marks the lists, where its steps
+    // became known.
+    if (rank_ == 0 && !run.empty()) timeline_->MarkCycleStart(timeline_->responses_arrived_us());
     agreed_rounds_.fetch_add(1, std::memory_order_relaxed);
     for (const AgreedStep& step : run) {
       agreed_responses_.fetch_add(step.contributed ? 1 : static_cast<int64_t>(step.fused.size()),

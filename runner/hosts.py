@@ -220,6 +220,6 @@ def remote_hosts(hosts: Sequence[HostSlots]) -> list[str]:
     def here(address: str) -> bool:
         return address.startswith("127.") or address == "::1" or _is_own_address(address)
 
-    unknown = [h.hostname for h in hosts if not _named_as_local(bare(h.hostname))]
-    addresses = _addresses_of([bare(name) for name in unknown])
-    return [name for name in unknown if not (addresses[bare(name)] and all(map(here, addresses[bare(name)])))]
+    unknown = {h.hostname: bare(h.hostname) for h in hosts if not _named_as_local(bare(h.hostname))}
+    addresses = _addresses_of(list(unknown.values()))
+    return [name for name, key in unknown.items() if not (addresses[key] and all(map(here, addresses[key])))]

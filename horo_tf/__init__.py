@@ -70,13 +70,10 @@ def broadcast_global_variables(root_rank):
     """
     import tensorflow as tf
 
-    from horo_core import basics
     if tf.executing_eagerly():
         raise RuntimeError("hvd.broadcast_global_variables() does not support eager execution. Please use "
                            "`hvd.broadcast_variables(<model/optimizer variables>)` instead.")
-    name = basics.auto_name("broadcast_global_variables", 0)
-    return tf.group(*[v.assign(broadcast(v, root_rank, name=f"{name}.{i}", ignore_name_scope=True))
-                      for i, v in enumerate(tf.compat.v1.global_variables())])
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
 
 
 def __getattr__(name):

@@ -15,16 +15,14 @@ Two rules keep ranks in step in graphs:
   ``HorovodAllreduce_<tensor name>``), made unique within the graph: a rank that traces a function
   again (a smaller last batch on one rank only) then still submits the names the others do. Eagerly,
   the unnamed collectives of one kind share one name (``auto_name``), as Horovod's eager ops do.
-* A ``numpy_function`` blocks the executor thread that runs it, so independent collectives of one
-  graph could start in a different order on different ranks and wait on each other. Each graph's
-  collectives are therefore chained by control dependencies in the order they were traced.
+* A ``numpy_function`` blocks the executor thread that runs it, so the collectives of one graph are
+  chained by control dependencies (``_chain``: through a whole ``tf.function``, and in a TF1 graph
+  among the collectives that need the same feeds and input pipelines).
 
 XLA cannot compile a ``numpy_function``; tracing a collective inside a ``jit_compile=True`` function
 raises a ``HoroUnsupportedError`` that says how to turn XLA off.
 """
 import re
-import threading
-import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -33,7 +31,7 @@ from horo_core import basics, dtypes
 from horo_core._binding import lib
 from horo_core.errors import HoroError, HoroInvalidArgument, HoroUnsupportedError
 from horo_core.runtime import TensorSpec, prepare_run
-from horo_tf import errors
+from horo_tf import _chain, errors
 
 try:  # 0 when no GradientTape or forward accumulator on this thread watches any of the tensors.
     from tensorflow.python.ops.gradients_util import PossibleTapeGradientTypes as _possible_gradient_types
@@ -58,8 +56,7 @@ XLA_MESSAGE = ("Horo's TensorFlow collectives run as tf.numpy_function, which XL
                "model.compile(..., jit_compile=False) for Keras, tf.function(..., jit_compile=False) otherwise "
                "(or unset TF_XLA_FLAGS=--tf_xla_auto_jit).")
 
-_chain_lock = threading.Lock()
-_last_collective = weakref.WeakKeyDictionary()  # graph -> the collective op traced last in it
+
 
 
 class Unsupported:
@@ -294,13 +291,13 @@ def call(body, inputs, touts, shapes):
         return body(*[np.asarray(a, order="C") for a in arrays])
 
     graph = tf.compat.v1.get_default_graph()
-    with _chain_lock:
-        previous = _last_collective.get(graph)
+    with _chain.lock:
+        previous, chains = _chain.before(graph, inputs)
         with tf.control_dependencies([previous] if previous is not None else []):
             outs = tf.numpy_function(run, inputs, list(touts), stateful=True)
         outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
         if outs:
-            _last_collective[graph] = outs[0].op
+            _chain.after(graph, chains, outs[0].op)
     for out, shape in zip(outs, shapes):
         out.set_shape(shape)
     return outs

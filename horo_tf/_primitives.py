@@ -9,7 +9,7 @@ from horo_core import basics
 from horo_core._binding import lib
 from horo_core.errors import HoroMismatchError, HoroUnsupportedError
 from horo_core.reduce_ops import Average, Sum
-from horo_tf import _bridge, errors
+from horo_tf import _bridge, _chain, errors
 
 
 def as_tensor(value):
@@ -85,6 +85,7 @@ def allgather_group(tensors, base, process_set, differentiable=True, join_hint=N
     def gather(*xs):
         ys = forward(*xs)
 
+        @_chain.traced_together()
         def grad(*dys):
             grads = grad_or_zeros(dys, ys)
             averaged = allreduce_dense(grads, _bridge.auto_name("allgather.grad", set_id, grads), Average,

@@ -40,32 +40,53 @@ def _bytes_tensor(payload):
 
 
 def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=global_process_set):
-    """Returns root_rank's obj on every rank (serialized with cloudpickle). Eager only.
+    """Returns root_rank's obj on every rank (serialized with cloudpickle). Eagerly, or in a TF1
+    graph through a session.
 
     Args:
         obj: any picklable object; only root_rank's value matters.
         root_rank: the global rank whose object is sent.
-        session: accepted for Horovod compatibility (TF1 sessions are not supported).
+        session: in a TF1 graph, the session that runs the broadcasts (default: the default
+            session); unused eagerly.
         name: operation name.
         process_set: the ranks taking part.
     Returns:
         root_rank's object.
     Raises:
-        ValueError: called inside a tf.function; on the other ranks, the root could not pickle obj
-            (the root raises pickling's own error, after the broadcasts, so later calls stay paired).
+        ValueError: called inside a tf.function, or in a TF1 graph without a session; on the other
+            ranks, the root could not pickle obj (the root raises pickling's own error, after the
+            broadcasts, so later calls stay paired).
         HorovodInternalError: the broadcast failed.
     """
-    if not tf.executing_eagerly():
-        raise ValueError("broadcast_object runs eagerly only; call it outside tf.function")
+    run = _runner("broadcast_object", session)
     name = name or basics.auto_name("broadcast_object", process_set.process_set_id or 0)
     is_root = basics.rank() == root_rank
     payload, error = object_bytes.serialise(obj) if is_root else (b"", None)
-    length = mpi_ops.broadcast(tf.constant([object_bytes.announced_length(payload, error)], tf.int64), root_rank,
-                               name=f"{name}.size", process_set=process_set, ignore_name_scope=True)
+    length = run(mpi_ops.broadcast(tf.constant([object_bytes.announced_length(payload, error)], tf.int64), root_rank,
+                                   name=f"{name}.size", process_set=process_set, ignore_name_scope=True))
     length = int(length[0])
-    data = mpi_ops.broadcast(_bytes_tensor(payload) if is_root else tf.zeros([abs(length)], tf.uint8), root_rank,
-                             name=f"{name}.data", process_set=process_set, ignore_name_scope=True)
-    return object_bytes.broadcast_object("broadcast_object", name, length, data.numpy().tobytes(), root_rank, error)
+    data = run(mpi_ops.broadcast(_bytes_tensor(payload) if is_root else tf.zeros([abs(length)], tf.uint8), root_rank,
+                                 name=f"{name}.data", process_set=process_set, ignore_name_scope=True))
+    return object_bytes.broadcast_object("broadcast_object", name, length, data.tobytes(), root_rank, error)
+
+
+def _runner(helper, session):
+    """The function that turns a collective's result into a NumPy array: eagerly its value, in a
+    TF1 graph session.run (Horovod's object helpers take a session for that).
+
+    Raises:
+        ValueError: inside a tf.function (the helpers need the values while they run), or in a TF1
+            graph with neither session nor a default session.
+    """
+    if tf.executing_eagerly():
+        return lambda tensor: tensor.numpy()
+    if tf.inside_function():
+        raise ValueError(f"{helper} runs eagerly (or in a TF1 graph with a session); call it outside tf.function")
+    session = session or tf.compat.v1.get_default_session()
+    if session is None:
+        raise ValueError(f"{helper} in a TF1 graph runs its collectives in a session: pass session=, or call it "
+                         f"inside `with session.as_default():`")
+    return session.run
 
 
 def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global_process_set):
@@ -83,26 +104,28 @@ def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global
 
 
 def allgather_object(obj, session=None, name=None, process_set=global_process_set):
-    """Returns the list of every rank's obj, in rank order (serialized with cloudpickle). Eager only.
+    """Returns the list of every rank's obj, in rank order (serialized with cloudpickle). Eagerly,
+    or in a TF1 graph through a session.
 
     Args:
         obj: any picklable object.
-        session: accepted for Horovod compatibility (TF1 sessions are not supported).
+        session: in a TF1 graph, the session that runs the allgathers (default: the default
+            session); unused eagerly.
         name: operation name.
         process_set: the ranks taking part.
     Returns:
         A list with one object per rank of process_set.
     Raises:
-        ValueError: called inside a tf.function; another rank could not pickle its object (this rank
-            raises pickling's own error when it could not: every rank fails, after the allgathers).
+        ValueError: called inside a tf.function, or in a TF1 graph without a session; another rank
+            could not pickle its object (this rank raises pickling's own error when it could not:
+            every rank fails, after the allgathers).
         HorovodInternalError: the allgather failed.
     """
-    if not tf.executing_eagerly():
-        raise ValueError("allgather_object runs eagerly only; call it outside tf.function")
+    run = _runner("allgather_object", session)
     name = name or basics.auto_name("allgather_object", process_set.process_set_id or 0)
     payload, error = object_bytes.serialise(obj)
-    lengths = mpi_ops.allgather(tf.constant([object_bytes.announced_length(payload, error)], tf.int64),
-                                name=f"{name}.size", process_set=process_set, ignore_name_scope=True).numpy()
-    data = mpi_ops.allgather(_bytes_tensor(payload), name=f"{name}.data", process_set=process_set,
-                             ignore_name_scope=True).numpy().tobytes()
+    lengths = run(mpi_ops.allgather(tf.constant([object_bytes.announced_length(payload, error)], tf.int64),
+                                    name=f"{name}.size", process_set=process_set, ignore_name_scope=True))
+    data = run(mpi_ops.allgather(_bytes_tensor(payload), name=f"{name}.data", process_set=process_set,
+                                 ignore_name_scope=True)).tobytes()
     return object_bytes.objects("allgather_object", name, lengths.tolist(), data, process_set.ranks, error)

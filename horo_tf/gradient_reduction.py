@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from horo_core.errors import HoroInvalidArgument
 from horo_core.process_sets import ProcessSet, global_process_set
-from horo_tf import mpi_ops
+from horo_tf import _chain, mpi_ops
 from horo_tf.compression import Compression
 
 
@@ -79,6 +79,7 @@ def _group_indices(options, variables, count):
     return out
 
 
+@_chain.traced_together()
 def reduce_gradients(grads: Sequence, options: ReductionOptions, variables: Optional[Sequence] = None) -> list:
     """Reduces grads across the ranks of options.process_set.
 

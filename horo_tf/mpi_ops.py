@@ -27,7 +27,7 @@ from horo_core.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl
                               gloo_built, gloo_enabled, init, is_homogeneous, is_initialized, local_rank, local_size,
                               mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank, rocm_built, shutdown,
                               size, start_timeline, stop_timeline)
-from horo_tf import _bridge, errors
+from horo_tf import _bridge, _chain, errors
 from horo_tf._primitives import allgather_group, allreduce_dense, as_tensor, dtype_codes, grad_or_zeros
 from horo_tf._sized_ops import (allgather, alltoall, grouped_allgather, grouped_reducescatter,  # noqa: F401 (re-exported)
                                 reducescatter)
@@ -72,6 +72,7 @@ def _allreduce_sparse(slices, base, op, prescale_factor, postscale_factor, proce
     return out
 
 
+@_chain.traced_together()
 def _grouped_allreduce(tensors, base, op, compression, prescale_factor, postscale_factor, process_set):
     dense = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
     sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]

@@ -726,45 +726,6 @@ def test_tf_collectives(size):
     assert_reports(reports, size, GROUPS)
 
 
-def _tf1_graph_broadcast():
-    """In a TF1 graph (eager execution off for the whole process, hence a job of its own),
-    broadcast_global_variables returns the op that session.run runs."""
-    import tensorflow as tf
-
-    import horo_tf as hvd
-    hvd.init()
-    r = hvd.rank()
-    tf.compat.v1.disable_eager_execution()
-    with tf.Graph().as_default():
-        v = tf.compat.v1.get_variable("v", initializer=tf.constant([float(r + 1)] * 3))
-        w = tf.compat.v1.get_variable("w", initializer=tf.constant(float(10 * (r + 1))))
-        op = hvd.broadcast_global_variables(0)
-        # broadcast_variables and broadcast_ give ops to run too (they once built assignments that
-        # nothing ran); the last rank is the root of these.
-        x = tf.compat.v1.get_variable("x", initializer=tf.constant(float(r)))
-        y = tf.compat.v1.get_variable("y", initializer=tf.constant(float(r)))
-        group = hvd.broadcast_variables([x], root_rank=1)
-        read = hvd.broadcast_(y, root_rank=1)
-        with tf.compat.v1.Session() as session:
-            session.run(tf.compat.v1.global_variables_initializer())
-            before = session.run(v).tolist()
-            session.run(op)
-            after = session.run([v, w])
-            session.run(tf.compat.v1.global_variables_initializer())
-            session.run(group)
-            broadcast = (float(session.run(x)), float(session.run(read)))
-    hvd.shutdown()
-    return before, after[0].tolist(), float(after[1]), broadcast
-
-
-def test_broadcast_global_variables_in_a_tf1_graph():
-    reports = horo_runner.run(_tf1_graph_broadcast, num_proc=2, env=CHILD_ENV)
-    for r, (before, v, w, broadcast) in enumerate(reports):
-        assert before == [float(r + 1)] * 3
-        assert (v, w) == ([1.0, 1.0, 1.0], 10.0), f"rank {r}: {v}, {w}"
-        assert broadcast == (1.0, 1.0), f"rank {r}: broadcast_variables / broadcast_ gave {broadcast}"
-
-
 def test_build_queries_of_both_modules():
     """Horovod's scripts ask these before init (tensorflow2_keras_synthetic_benchmark.py picks its
     device with sycl_built()); each answers a bool from horo_tf and horo_tf.keras alike."""

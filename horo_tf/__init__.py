@@ -19,6 +19,7 @@ from horo_core.process_sets import ProcessSet, add_process_set, global_process_s
 from horo_tf.compression import Compression
 from horo_tf.functions import allgather_object, broadcast_object, broadcast_object_fn, broadcast_variables
 from horo_tf.gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
+from horo_tf.legacy_optimizer import BroadcastGlobalVariablesHook
 from horo_tf.mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allreduce, alltoall, broadcast,
                              broadcast_, check_num_rank_power_of_2, grouped_allgather, grouped_allreduce,
                              grouped_reducescatter, handle_average_backwards_compatibility, join, local_rank_op,
@@ -30,25 +31,38 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
                          compression=Compression.none, sparse_as_dense=False, backward_passes_per_step=1,
                          op=Average, gradient_predivide_factor=1.0, average_aggregated_gradients=False,
                          num_groups=0, groups=None, process_set=global_process_set, scale_local_gradients=True):
-    """Horovod's ``horovod.tensorflow.DistributedOptimizer``: for a Keras optimizer, the same as
-    ``horo_tf.keras.DistributedOptimizer`` (as in Horovod, which delegates there).
+    """Horovod's ``horovod.tensorflow.DistributedOptimizer``: for a TF1 optimizer
+    (``tf.compat.v1.train.Optimizer``), a TF1 optimizer whose ``compute_gradients`` reduces across
+    the ranks (``op=Adasum``: Horovod's delta optimizer; see ``horo_tf.legacy_optimizer``); for a
+    Keras optimizer, the same as ``horo_tf.keras.DistributedOptimizer`` (as in Horovod, which
+    delegates there).
 
     Args:
-        optimizer: a Keras 3 optimizer.
-        use_locking: accepted for Horovod compatibility (TF1 optimizers only).
+        optimizer: a ``tf.compat.v1.train.Optimizer`` or a Keras 3 optimizer.
+        name: the TF1 optimizer's name (default ``Distributed<class>``, ``DistributedDelta<class>``
+            with Adasum) or the Keras optimizer's.
+        use_locking: the TF1 optimizer's use_locking (unused for Keras).
+        backward_passes_per_step: sum this many passes' gradients locally, then reduce and apply.
         Other arguments: as for ``horo_tf.keras.DistributedOptimizer``.
     Returns:
-        The distributed Keras optimizer.
+        The distributed optimizer.
     Raises:
-        ValueError: optimizer is not a Keras optimizer (``tf.compat.v1.train.Optimizer`` and other
-            graph-mode optimizers are not supported: use DistributedGradientTape), or invalid options.
+        ValueError: optimizer is neither a TF1 nor a Keras optimizer, or invalid options.
     """
     import keras
+    import tensorflow as tf
 
-    from horo_tf.keras.optimizer import DistributedOptimizer as keras_distributed_optimizer
+    if isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        from horo_tf.gradient_reduction import reduction_options
+        from horo_tf.legacy_optimizer import distributed_optimizer
+        options = reduction_options(compression, sparse_as_dense, op, gradient_predivide_factor, num_groups, groups,
+                           process_set, name or f"Distributed{type(optimizer).__name__}")
+        return distributed_optimizer(optimizer, name, use_locking, options, backward_passes_per_step,
+                                     average_aggregated_gradients, scale_local_gradients)
     if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise ValueError(f"DistributedOptimizer: {type(optimizer).__name__} is not a Keras optimizer; Horo wraps "
-                         "Keras optimizers only (for tf.compat.v1.train optimizers use DistributedGradientTape)")
+        raise ValueError(f"Provided optimizer doesn't inherit from either legacy TensorFlow or Keras optimizer: "
+                         f"{optimizer!r}")
+    from horo_tf.keras.optimizer import DistributedOptimizer as keras_distributed_optimizer
     return keras_distributed_optimizer(optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
                                        compression=compression, sparse_as_dense=sparse_as_dense,
                                        gradient_predivide_factor=gradient_predivide_factor, op=op,

@@ -141,6 +141,14 @@ def groups_option(groups, num_groups):
     return groups if groups is not None else (num_groups or None)
 
 
+def reduction_options(compression, sparse_as_dense, op, gradient_predivide_factor, num_groups, groups, process_set,
+                      name):
+    """ReductionOptions from Horovod's keyword arguments (num_groups: the deprecated form of groups)."""
+    return ReductionOptions(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
+                            gradient_predivide_factor=gradient_predivide_factor,
+                            groups=groups_option(groups, num_groups), process_set=process_set, name=name)
+
+
 def reduce_gradients_keeping_local(grads: Sequence, options: ReductionOptions, variables: Sequence,
                                    local_ids, scale_local_gradients: bool) -> list:
     """reduce_gradients for every gradient whose variable is not local; a local variable's gradient

@@ -15,8 +15,7 @@ import tensorflow as tf
 from horo_core.process_sets import global_process_set
 from horo_tf import mpi_ops
 from horo_tf.compression import Compression
-from horo_tf.gradient_reduction import (ReductionOptions, groups_option, local_layer_variables,
-                                        reduce_gradients_keeping_local)
+from horo_tf.gradient_reduction import local_layer_variables, reduce_gradients_keeping_local, reduction_options
 
 
 class _DistributedGradientTape(tf.GradientTape):
@@ -98,13 +97,6 @@ class _DistributedGradientTape(tf.GradientTape):
         return local, shared
 
 
-def _options(compression, sparse_as_dense, op, gradient_predivide_factor, num_groups, groups, process_set, name):
-    return ReductionOptions(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
-                            gradient_predivide_factor=gradient_predivide_factor,
-                            groups=groups_option(groups, num_groups), process_set=process_set,
-                            name=name)
-
-
 def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compression=Compression.none,
                             sparse_as_dense=False, op=mpi_ops.Average, gradient_predivide_factor=1.0, num_groups=0,
                             groups=None, process_set=global_process_set, scale_local_gradients=True):
@@ -129,7 +121,7 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
     Raises:
         ValueError: invalid options.
     """
-    options = _options(compression, sparse_as_dense, op, gradient_predivide_factor, num_groups, groups,
+    options = reduction_options(compression, sparse_as_dense, op, gradient_predivide_factor, num_groups, groups,
                        process_set, "DistributedGradientTape")
     cls = type(gradtape.__class__.__name__, (_DistributedGradientTape, gradtape.__class__), {})
     return cls(gradtape, options, scale_local_gradients=scale_local_gradients)
@@ -151,7 +143,7 @@ def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="", 
         ValueError: invalid options or local_layers.
     """
     local_sources = local_layer_variables(local_layers)
-    options = _options(compression, sparse_as_dense, op, gradient_predivide_factor, num_groups, groups,
+    options = reduction_options(compression, sparse_as_dense, op, gradient_predivide_factor, num_groups, groups,
                        process_set, "PartialDistributedGradientTape")
     cls = type(gradtape.__class__.__name__, (_DistributedGradientTape, gradtape.__class__), {})
     return cls(gradtape, options, local_sources=local_sources, scale_local_gradients=scale_local_gradients)

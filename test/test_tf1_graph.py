@@ -1,10 +1,11 @@
-"""horo_tf in TF1 graphs (``session.run``): collectives inside TF1 control flow and fetched
-together, broadcast_global_variables, the object helpers with a session.
+"""horo_tf in TF1 graphs (``session.run``): Horovod's TF1 training API (DistributedOptimizer around
+a ``tf.compat.v1.train`` optimizer, BroadcastGlobalVariablesHook, broadcast_global_variables, the
+object helpers with a session) and collectives inside TF1 control flow.
 
 Eager execution is switched off for a whole process, so each mode is a job of its own: ``v1`` is
 ``tf.compat.v1.disable_v2_behavior()`` (reference variables, TF1 control flow: what a TF1 script on
 TensorFlow 2 calls), ``graph`` only ``disable_eager_execution()`` (resource variables, TF2 control
-flow). Every expected value is exact.
+flow). Every expected value comes from one process training on all ranks' data, or is exact.
 """
 import numpy as np
 import pytest
@@ -13,6 +14,162 @@ import horo_runner
 from tf_checks import CHILD_ENV, assert_reports, run_groups
 
 MODES = ["v1", "graph"]
+
+
+def batch(step, rank):
+    """Rank's inputs at a step: 4 rows of 3 features, targets, and 3 embedding ids."""
+    rng = np.random.default_rng(100 * step + rank)
+    x = rng.normal(size=(4, 3)).astype(np.float32)
+    return x, x @ np.float32([1.0, -2.0, 0.5]) + 0.25, rng.integers(0, 5, size=3)
+
+
+def build_model(tf, rank):
+    """Placeholders, variables with rank-dependent starting values (an embedding, whose gradient is
+    IndexedSlices, among them), and the loss."""
+    v1 = tf.compat.v1
+    x, y = v1.placeholder(tf.float32, [None, 3]), v1.placeholder(tf.float32, [None])
+    ids = v1.placeholder(tf.int32, [None])
+    w = v1.get_variable("w", initializer=tf.constant([0.1 * rank, 1.0, 2.0]))
+    b = v1.get_variable("b", initializer=tf.constant(float(rank)))
+    emb = v1.get_variable("emb", initializer=tf.constant(np.arange(10, dtype=np.float32).reshape(5, 2) + rank))
+    loss = tf.reduce_mean((tf.linalg.matvec(x, w) + b - y) ** 2) + tf.reduce_mean(tf.nn.embedding_lookup(emb, ids))
+    return (x, y, ids), [w, b, emb], loss
+
+
+def reference_training(tf, optimizer, steps, size, passes=1, dense=False):
+    """What one process reaches training on every rank's batches at once, from rank 0's values: the
+    loss is the mean of the ranks' losses (of the passes' losses, each update taking `passes`);
+    dense: IndexedSlices gradients applied as dense tensors (as sparse_as_dense does)."""
+    v1 = tf.compat.v1
+    with tf.Graph().as_default():
+        models = []
+        with v1.variable_scope("model"):
+            models.append(build_model(tf, 0))
+        with v1.variable_scope("model", reuse=True):
+            models += [build_model(tf, 0) for _ in range(size * passes - 1)]
+        variables = models[0][1]
+        loss = tf.add_n([m[2] for m in models]) / float(size * passes)
+        opt = optimizer()
+        pairs = opt.compute_gradients(loss)
+        if dense:
+            pairs = [(tf.convert_to_tensor(g), v) for g, v in pairs]
+        train = opt.apply_gradients(pairs)
+        with v1.Session() as session:
+            session.run(v1.global_variables_initializer())
+            for update in range(steps // passes):
+                feed = {}
+                for k, (inputs, _, _) in enumerate(models):
+                    feed.update(zip(inputs, batch(update * passes + k // size, k % size)))
+                session.run(train, feed)
+            return session.run(variables)
+
+
+def check_hook_and_optimizer(c, hvd, tf, env):
+    """Horovod's TF1 example: MonitoredTrainingSession, BroadcastGlobalVariablesHook and
+    DistributedOptimizer(AdamOptimizer); the hook's broadcast runs without the step's inputs."""
+    v1 = tf.compat.v1
+    r, n = hvd.rank(), hvd.size()
+    with tf.Graph().as_default():
+        with v1.variable_scope("model"):
+            inputs, variables, loss = build_model(tf, r)
+        opt = hvd.DistributedOptimizer(v1.train.AdamOptimizer(0.05))
+        c.same("the TF1 optimizer's class", isinstance(opt, v1.train.Optimizer), True)
+        c.same("its name", opt.get_name(), "DistributedAdamOptimizer")
+        global_step = v1.train.get_or_create_global_step()
+        train = opt.minimize(loss, global_step=global_step)
+        c.same("slot names of the wrapped optimizer", sorted(opt.get_slot_names()), ["m", "v"])
+        with v1.train.MonitoredTrainingSession(hooks=[hvd.BroadcastGlobalVariablesHook(0)]) as session:
+            start = session.run(variables)
+            c.close("w after the hook", start[0], [0.0, 1.0, 2.0])
+            c.close("emb after the hook", start[2], np.arange(10).reshape(5, 2))
+            for step in range(4):
+                session.run(train, dict(zip(inputs, batch(step, r))))
+            got, steps = session.run([variables, global_step])
+    c.same("global_step", int(steps), 4)
+    want = reference_training(tf, lambda: v1.train.AdamOptimizer(0.05), 4, n)
+    for name, g, w in zip(("w", "b", "emb"), got, want):
+        c.close(f"{name} after 4 steps, against one process", g, w, rtol=1e-5, atol=1e-6)
+
+
+def check_backward_passes(c, hvd, tf, env):
+    """backward_passes_per_step=2 with average_aggregated_gradients: an update every second pass from
+    the mean of both passes' averaged gradients; global_step counts every pass."""
+    v1 = tf.compat.v1
+    r, n = hvd.rank(), hvd.size()
+    momentum = (lambda: v1.train.MomentumOptimizer(0.05, 0.9))
+    with tf.Graph().as_default():
+        with v1.variable_scope("model"):
+            inputs, variables, loss = build_model(tf, r)
+        opt = hvd.DistributedOptimizer(momentum(), backward_passes_per_step=2, average_aggregated_gradients=True,
+                                       sparse_as_dense=True)
+        global_step = v1.train.get_or_create_global_step()
+        unused = v1.get_variable("unused", initializer=tf.constant(1.0))
+        pairs = opt.compute_gradients(loss, var_list=variables + [unused])
+        # The usual filtering of variables without a gradient before apply_gradients.
+        train = opt.apply_gradients([(g, v) for g, v in pairs if g is not None], global_step=global_step)
+        bcast = hvd.broadcast_global_variables(0)
+        with v1.Session() as session:
+            session.run(v1.global_variables_initializer())
+            session.run(bcast)
+            start = session.run(variables)
+            seen = []
+            for step in range(4):
+                session.run(train, dict(zip(inputs, batch(step, r))))
+                seen.append(session.run([variables[0], global_step]))
+            got = session.run(variables)
+    c.close("no update after the first pass", seen[0][0], start[0])
+    c.same("global_step after each pass", [int(s[1]) for s in seen], [1, 2, 3, 4])
+    want = reference_training(tf, momentum, 4, n, passes=2, dense=True)
+    for name, g, w in zip(("w", "b", "emb"), got, want):
+        c.close(f"{name} after 2 updates of 2 passes, against one process", g, w, rtol=1e-5, atol=1e-6)
+
+
+def check_adasum(c, hvd, tf, env):
+    """op=Adasum: each rank applies its own gradient; the moves (orthogonal here: rank r moves only
+    entry r) are combined, so every rank ends at the sum of them (exact values)."""
+    v1 = tf.compat.v1
+    r, n = hvd.rank(), hvd.size()
+    for passes in (1, 2):
+        with tf.Graph().as_default():
+            w = v1.get_variable("w", initializer=tf.ones([n]))
+            loss = w[r] * float(r + 1)
+            opt = hvd.DistributedOptimizer(v1.train.GradientDescentOptimizer(0.1), op=hvd.Adasum,
+                                           backward_passes_per_step=passes)
+            c.same("the delta optimizer's name", opt.get_name(), "DistributedDeltaGradientDescentOptimizer")
+            train = opt.minimize(loss)
+            with v1.Session() as session:
+                session.run(v1.global_variables_initializer())
+                values = []
+                for _ in range(2):
+                    session.run(train)
+                    values.append(session.run(w))
+        own = np.ones(n, np.float32)
+        own[r] -= 0.1 * (r + 1)
+        combined = 1.0 - 0.1 * np.arange(1, n + 1)
+        if passes == 1:
+            c.close("Adasum after one step", values[0], combined)
+            c.close("Adasum after two steps", values[1], 1.0 - 0.2 * np.arange(1, n + 1))
+        else:
+            c.close("own move only, before the combination", values[0], own)
+            c.close("combined moves of two passes", values[1], 1.0 - 0.2 * np.arange(1, n + 1))
+
+
+def check_local_variable(c, hvd, tf, env):
+    """register_local_var: that variable's gradient stays the rank's own, divided by the size."""
+    v1 = tf.compat.v1
+    r, n = hvd.rank(), hvd.size()
+    with tf.Graph().as_default():
+        w = v1.get_variable("w", initializer=tf.constant(5.0))
+        b = v1.get_variable("b", initializer=tf.constant(5.0))
+        opt = hvd.DistributedOptimizer(v1.train.GradientDescentOptimizer(1.0))
+        opt.register_local_var(b)
+        train = opt.minimize((w + b) * float(r + 1))
+        with v1.Session() as session:
+            session.run(v1.global_variables_initializer())
+            session.run(train)
+            got = session.run([w, b])
+    c.close("shared w", got[0], 5.0 - (n + 1) / 2.0)
+    c.close("local b", got[1], 5.0 - (r + 1) / n)
 
 
 def check_control_flow(c, hvd, tf, env):
@@ -99,7 +256,8 @@ def check_broadcast_global_variables(c, hvd, tf, env):
             c.close("broadcast_", session.run(read), float(n - 1))
 
 
-GROUPS = [check_control_flow, check_collectives_fetched_together, check_object_helpers, check_broadcast_global_variables]
+GROUPS = [check_hook_and_optimizer, check_backward_passes, check_adasum, check_local_variable, check_control_flow,
+          check_collectives_fetched_together, check_object_helpers, check_broadcast_global_variables]
 
 
 def run_tf1_checks(mode):
@@ -123,3 +281,21 @@ def test_tf1_graph_api(mode):
     env = {**CHILD_ENV, "HORO_STALL_CHECK_TIME_SECONDS": "10", "HORO_STALL_SHUTDOWN_TIME_SECONDS": "30"}
     reports = horo_runner.run(run_tf1_checks, args=(mode,), num_proc=2, env=env)
     assert_reports(reports, 2, GROUPS)
+
+
+def test_tf1_optimizer_refusals():
+    """What the TF1 DistributedOptimizer refuses, before any collective."""
+    import tensorflow as tf
+
+    import horo_tf as hvd
+    v1 = tf.compat.v1
+    with pytest.raises(ValueError, match="Adasum does not support average_aggregated_gradients"):
+        hvd.DistributedOptimizer(v1.train.GradientDescentOptimizer(0.1), op=hvd.Adasum,
+                                 average_aggregated_gradients=True)
+    with pytest.raises(ValueError, match="backward_passes_per_step must be at least 1"):
+        hvd.DistributedOptimizer(v1.train.GradientDescentOptimizer(0.1), backward_passes_per_step=0)
+    with tf.Graph().as_default():
+        emb = v1.get_variable("emb", [5, 2])
+        opt = hvd.DistributedOptimizer(v1.train.GradientDescentOptimizer(0.1), backward_passes_per_step=2)
+        with pytest.raises(ValueError, match="IndexedSlices are not supported when `backward_passes_per_step` > 1"):
+            opt.compute_gradients(tf.reduce_sum(tf.nn.embedding_lookup(emb, [1, 2])))

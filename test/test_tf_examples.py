@@ -31,6 +31,22 @@ def test_keras_digits_reaches_95_percent():
     assert "finished gradual learning rate warmup" in out
 
 
+def test_tf1_session_digits_trains_and_resumes(tmp_path):
+    """Horovod's TF1 script shape (DistributedOptimizer of a tf.compat.v1.train optimizer,
+    BroadcastGlobalVariablesHook, MonitoredTrainingSession): a run that stops at step 100, and one
+    that resumes from rank 0's checkpoint there and reaches 95% test accuracy."""
+    pytest.importorskip("sklearn", reason="the digits example reads scikit-learn's bundled data set")
+    checkpoints = str(tmp_path / "checkpoints")
+    first = run_example("tensorflow1_digits.py", "--steps", "200", "--checkpoint-dir", checkpoints,
+                        "--min-accuracy", "0")
+    assert "[0]<stdout>:step 100:" in first, first[-3000:]
+    second = run_example("tensorflow1_digits.py", "--steps", "600", "--checkpoint-dir", checkpoints)
+    assert "[0]<stdout>:step 100:" not in second and "[0]<stdout>:step 300:" in second, second[-3000:]
+    match = re.search(r"\[0\]<stdout>:test accuracy \(mean over 2 ranks' shards\): ([0-9.]+)", second)
+    assert match, second[-3000:]
+    assert float(match.group(1)) >= 0.95
+
+
 def test_synthetic_benchmark_three_modes():
     out = run_example("tensorflow2_synthetic_benchmark.py", "--num-iters", "3", "--num-batches-per-iter", "2",
                       "--num-warmup-batches", "1")

@@ -518,7 +518,8 @@ def check_errors(c, hvd, tf, env):
     c.raises("XLA is refused", [Exception], "jit_compile=False", lambda: xla_step(tf.ones([2])))
     c.raises("broadcast_global_variables refuses eager execution, as Horovod's", [RuntimeError],
              "does not support eager execution", lambda: hvd.broadcast_global_variables(0))
-    c.raises("DistributedOptimizer of a non-Keras optimizer", [ValueError], "not a Keras optimizer",
+    c.raises("DistributedOptimizer of neither a TF1 nor a Keras optimizer", [ValueError],
+             "doesn't inherit from either legacy TensorFlow or Keras optimizer",
              lambda: hvd.DistributedOptimizer(object()))
     c.equal("a collective still works after the errors", hvd.allreduce(tf.ones([2]), op=hvd.Sum), [n, n])
 
@@ -699,9 +700,28 @@ def check_torch_beside(c, hvd, tf, env):
     c.equal("tf allreduce after torch", hvd.allreduce(tf.constant([float(r)]), op=hvd.Sum), [float(sum(range(n)))])
 
 
+def check_tf1_optimizer_eagerly(c, hvd, tf, env):
+    """A tf.compat.v1.train optimizer wrapped by DistributedOptimizer, minimizing eagerly: averaged
+    gradients; with backward_passes_per_step=2 an update of the summed passes every second call;
+    Adasum combining orthogonal moves (rank r moves only entry r)."""
+    n, r = hvd.size(), hvd.rank()
+    v1 = tf.compat.v1
+    scale = np.zeros(n, np.float32)
+    scale[r] = r + 1.0
+    own = 0.1 * np.arange(1, n + 1)
+    for kwargs, want in (({}, [1.0 - own / n]), ({"backward_passes_per_step": 2}, [np.ones(n), 1.0 - 2 * own / n]),
+                         ({"op": hvd.Adasum}, [1.0 - own])):
+        w = tf.Variable(tf.ones([n]))
+        opt = hvd.DistributedOptimizer(v1.train.GradientDescentOptimizer(0.1), **kwargs)
+        for i, values in enumerate(want):
+            opt.minimize(lambda: tf.reduce_sum(w * scale), var_list=[w])
+            c.close(f"TF1 optimizer eagerly {kwargs}, call {i + 1}", w.numpy(), values)
+
+
 GROUPS = [check_topology, check_allreduce, check_indexed_slices, check_allgather_broadcast,
           check_alltoall_reducescatter, check_repeated_sized_calls, check_gradients, check_tape, check_errors,
-          check_join, check_join_uneven_steps, check_sync_batch_norm, check_process_sets, check_torch_beside]
+          check_join, check_join_uneven_steps, check_sync_batch_norm, check_process_sets, check_torch_beside,
+          check_tf1_optimizer_eagerly]
 
 
 def run_all_checks():

@@ -1,0 +1,366 @@
+"""Horovod's TF1 training API: ``hvd.DistributedOptimizer`` around a ``tf.compat.v1.train.Optimizer``
+and ``hvd.BroadcastGlobalVariablesHook``, for ``session.run`` scripts (``MonitoredTrainingSession``,
+``tf.compat.v1.Session``) and for TF1 optimizers used eagerly.
+
+``compute_gradients`` (which ``minimize`` calls) reduces the wrapped optimizer's gradients across
+the ranks; ``apply_gradients`` is the wrapped optimizer's. With ``backward_passes_per_step=N`` the
+gradients are summed locally in variables, reduced on every Nth pass and applied then; the passes in
+between apply nothing but still advance ``global_step``, as Horovod's aggregation does.
+
+``op=Adasum`` builds Horovod's delta optimizer: every rank applies its own gradients, and every
+``backward_passes_per_step`` passes the ranks combine how far their variables moved since the last
+combination with Adasum and all continue from the combined point. (Horovod 0.28's TF1 delta
+optimizer never reaches its combination: its ``apply_gradients`` calls the wrapped optimizer
+directly. Horo's combines as described.)
+
+The state these keep (local sums, pass counters, Adasum's start points) lives in global, untrainable
+variables, so that the usual ``global_variables_initializer()`` initializes it.
+"""
+import dataclasses
+import hashlib
+
+import tensorflow as tf
+
+from horo_core.errors import HoroInvalidArgument
+from horo_tf import _chain, mpi_ops
+from horo_tf.gradient_reduction import reduce_gradients_keeping_local
+
+
+class _State:
+    """What an optimizer keeps for one set of variables, in one graph (None: made eagerly)."""
+
+    def __init__(self, variables):
+        self.graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+        self.variables = {id(v) for v in variables}
+
+
+def _find_state(states, variables, exact=True):
+    """The last of states made in the current graph (or eagerly) for exactly variables, or (not
+    exact) for variables among others: apply_gradients may get the pairs without their Nones."""
+    graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+    ids = {id(v) for v in variables}
+    return next((a for a in reversed(states)
+                 if a.graph is graph and (ids == a.variables if exact else ids <= a.variables)), None)
+
+
+class _Aggregation(_State):
+    """The local gradient sums and the pass count of one set of variables."""
+
+    def __init__(self, grads, variables, name):
+        super().__init__(variables)
+        with tf.init_scope():
+            self.count = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{name}_passes")
+            self.sums = [None if g is None else
+                         tf.Variable(tf.zeros(v.shape, g.dtype), trainable=False, name=f"{name}_sum_{i}")
+                         for i, (g, v) in enumerate(zip(grads, variables))]
+
+
+class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
+    """A TF1 optimizer whose compute_gradients reduces across ranks; built by DistributedOptimizer."""
+
+    def __init__(self, optimizer, name, use_locking, options, backward_passes_per_step,
+                 average_aggregated_gradients, scale_local_gradients):
+        super().__init__(name=name, use_locking=use_locking)
+        self._optimizer = optimizer
+        self._options = options
+        self._passes_per_step = backward_passes_per_step
+        self._average_aggregated = average_aggregated_gradients
+        self._scale_local_gradients = scale_local_gradients
+        self._local_vars = {}
+        self._aggregations = []
+
+    def register_local_var(self, var):
+        """Marks a variable whose gradient stays this rank's own: not reduced, and divided by the
+        process set's size when scale_local_gradients (Horovod's register_local_var).
+
+        Args:
+            var: a variable this optimizer updates.
+        """
+        self._local_vars[id(var)] = var
+
+    def compute_gradients(self, *args, **kwargs):
+        """The wrapped optimizer's compute_gradients, reduced across the ranks (with
+        backward_passes_per_step=N: this rank's running sum, reduced on every Nth pass).
+
+        Args:
+            As tf.compat.v1.train.Optimizer.compute_gradients.
+        Returns:
+            A list of (gradient, variable) pairs.
+        Raises:
+            ValueError: IndexedSlices with backward_passes_per_step > 1 and not sparse_as_dense.
+            HorovodInternalError: a reduction failed.
+        """
+        pairs = self._optimizer.compute_gradients(*args, **kwargs)
+        grads = [g for g, _ in pairs]
+        variables = [v for _, v in pairs]
+        with _chain.traced_together():
+            if self._passes_per_step == 1:
+                reduced = self._reduce(grads, variables)
+            else:
+                reduced = self._aggregate(grads, variables)
+        return list(zip(reduced, variables))
+
+    def _reduce(self, grads, variables):
+        return reduce_gradients_keeping_local(grads, _named(self._options, variables), variables, self._local_vars,
+                                              self._scale_local_gradients)
+
+    def _aggregate(self, grads, variables):
+        if self._options.sparse_as_dense:
+            grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+        if any(isinstance(g, tf.IndexedSlices) for g in grads):
+            raise HoroInvalidArgument("IndexedSlices are not supported when `backward_passes_per_step` > 1 and "
+                                      "`sparse_as_dense` is False.")
+        present = [i for i, g in enumerate(grads) if g is not None]
+        if not present:
+            return grads
+        state = _find_state(self._aggregations, variables)
+        if state is None:
+            state = _Aggregation(grads, variables, self.get_name())
+            self._aggregations.append(state)
+        added = [total.assign_add(g) for total, g in zip(state.sums, grads) if g is not None]
+        # (Made outside the control dependencies: TF1 adds those only to new ops without new inputs.)
+        one, zero = tf.constant(1, tf.int64), tf.constant(0, tf.int64)
+        with tf.control_dependencies(added):
+            passes = state.count.assign_add(one)
+        steps = self._passes_per_step
+
+        def communicate():
+            summed = [None if total is None else total.read_value() for total in state.sums]
+            if self._average_aggregated:
+                summed = [None if s is None else s / tf.cast(steps, s.dtype) for s in summed]
+            reduced = self._reduce(summed, variables)
+            done = [r for r in reduced if r is not None]
+            with tf.control_dependencies(done):
+                cleared = [total.assign(tf.zeros_like(total)) for total in state.sums if total is not None]
+                cleared.append(state.count.assign(zero))
+            with tf.control_dependencies(cleared):
+                return [None if r is None else tf.identity(r) for r in reduced]
+
+        def keep():
+            return [None if total is None else total.read_value() for total in state.sums]
+
+        chosen = tf.cond(tf.equal(passes, steps), lambda: _at(communicate(), present),
+                         lambda: _at(keep(), present))
+        out = [None] * len(grads)
+        for i, g in zip(present, chosen if isinstance(chosen, (list, tuple)) else [chosen]):
+            out[i] = g
+        return out
+
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        """The wrapped optimizer's apply_gradients; with backward_passes_per_step=N only on the passes
+        that reduced, the others advancing global_step alone.
+
+        Args:
+            grads_and_vars, global_step, name: as for tf.compat.v1.train.Optimizer.apply_gradients.
+        Returns:
+            The operation that applies the gradients.
+        """
+        grads_and_vars = list(grads_and_vars)
+        if self._passes_per_step == 1:
+            return self._optimizer.apply_gradients(grads_and_vars, global_step=global_step, name=name)
+        state = _find_state(self._aggregations, [v for _, v in grads_and_vars], exact=False)
+        if state is None:
+            raise HoroInvalidArgument("with backward_passes_per_step > 1, apply_gradients takes the gradients that "
+                                      "this optimizer's compute_gradients returned, for the same variables")
+        grads = [g for g, _ in grads_and_vars if g is not None]
+
+        def apply():
+            with tf.control_dependencies(_as_ops(self._optimizer.apply_gradients(grads_and_vars,
+                                                                                  global_step=global_step,
+                                                                                  name=name))):
+                return tf.constant(True)
+
+        def skip():
+            with tf.control_dependencies(_as_ops(global_step.assign_add(1) if global_step is not None else None)):
+                return tf.constant(False)
+
+        with tf.control_dependencies(grads):
+            applied = tf.cond(tf.equal(state.count.read_value(), 0), apply, skip)
+        return None if tf.executing_eagerly() else tf.group(applied)
+
+    def get_slot(self, *args, **kwargs):
+        """The wrapped optimizer's get_slot."""
+        return self._optimizer.get_slot(*args, **kwargs)
+
+    def get_slot_names(self, *args, **kwargs):
+        """The wrapped optimizer's get_slot_names."""
+        return self._optimizer.get_slot_names(*args, **kwargs)
+
+    def variables(self, *args, **kwargs):
+        """The wrapped optimizer's variables."""
+        return self._optimizer.variables(*args, **kwargs)
+
+
+class _DeltaState(_State):
+    """Adasum's start points (where the variables were at the last combination) and pass count."""
+
+    def __init__(self, variables, name):
+        super().__init__(variables)
+        with tf.init_scope():
+            self.count = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{name}_passes")
+            # Each start is of its variable's kind: a resource variable assigned a TF1 reference
+            # variable's value keeps that variable's buffer (and so moves with it) instead of a copy.
+            self.starts = [tf.compat.v1.Variable(tf.zeros(v.shape, v.dtype.base_dtype), trainable=False,
+                                                 name=f"{name}_start_{i}", use_resource=hasattr(v, "handle"))
+                           for i, v in enumerate(variables)]
+
+
+class _DistributedAdasumOptimizer(tf.compat.v1.train.Optimizer):
+    """Horovod's TF1 delta optimizer (op=Adasum); built by DistributedOptimizer."""
+
+    def __init__(self, optimizer, name, use_locking, options, backward_passes_per_step):
+        super().__init__(name=name, use_locking=use_locking)
+        self._optimizer = optimizer
+        self._options = options
+        self._passes_per_step = backward_passes_per_step
+        self._states = []
+
+    def compute_gradients(self, *args, **kwargs):
+        """The wrapped optimizer's compute_gradients: this rank's own gradients."""
+        return self._optimizer.compute_gradients(*args, **kwargs)
+
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        """Applies this rank's gradients with the wrapped optimizer; every backward_passes_per_step
+        passes, combines the ranks' moves since the last combination with Adasum.
+
+        Args:
+            grads_and_vars, global_step, name: as for tf.compat.v1.train.Optimizer.apply_gradients.
+        Returns:
+            The operation that applies the gradients (and combines, on those passes).
+        Raises:
+            HorovodInternalError: the combination failed.
+        """
+        grads_and_vars = list(grads_and_vars)
+        process_set = self._options.process_set
+        if not process_set.included() or process_set.size() == 1:
+            return self._optimizer.apply_gradients(grads_and_vars, global_step=global_step, name=name)
+        variables = [v for g, v in grads_and_vars if g is not None]
+        state = _find_state(self._states, variables)
+        if state is None:
+            state = _DeltaState(variables, self.get_name())
+            self._states.append(state)
+
+        def remember_start():
+            with tf.control_dependencies([s.assign(_read(v)) for s, v in zip(state.starts, variables)]):
+                return tf.constant(True)
+
+        started = tf.cond(tf.equal(state.count.read_value(), 0), remember_start, lambda: tf.constant(False))
+        # The gradients pass through the start's assignment, so that the update comes after it: a
+        # control dependency around apply_gradients reaches only the ops without inputs made under it.
+        with tf.control_dependencies([started]):
+            gated = [(_identity(g), v) for g, v in grads_and_vars]
+        update = self._optimizer.apply_gradients(gated, global_step=global_step, name=name)
+
+        def combine():
+            with tf.control_dependencies(_as_ops(update)), _chain.traced_together():
+                moves = [_read(v) - s.read_value() for v, s in zip(variables, state.starts)]
+                options = _named(self._options, variables)
+                combined = mpi_ops.grouped_allreduce(moves, op=mpi_ops.Adasum, compression=options.compression,
+                                                     process_set=options.process_set, name=options.name,
+                                                     ignore_name_scope=True)
+            assigned = []
+            for v, s, c in zip(variables, state.starts, combined):
+                with tf.control_dependencies([s.assign_add(c)]):
+                    assigned.append(v.assign(s.read_value()))
+            with tf.control_dependencies(assigned):
+                return tf.constant(True)
+
+        with tf.control_dependencies(_as_ops(update)):
+            combining = tf.equal(state.count.read_value() % self._passes_per_step, self._passes_per_step - 1)
+        combined = tf.cond(combining, combine, lambda: tf.constant(False))
+        one = tf.constant(1, tf.int64)
+        with tf.control_dependencies([combined]):
+            counted = state.count.assign_add(one)
+        return None if tf.executing_eagerly() else tf.group(counted)
+
+    def get_slot(self, *args, **kwargs):
+        """The wrapped optimizer's get_slot."""
+        return self._optimizer.get_slot(*args, **kwargs)
+
+    def get_slot_names(self, *args, **kwargs):
+        """The wrapped optimizer's get_slot_names."""
+        return self._optimizer.get_slot_names(*args, **kwargs)
+
+    def variables(self, *args, **kwargs):
+        """The wrapped optimizer's variables."""
+        return self._optimizer.variables(*args, **kwargs)
+
+
+def _identity(grad):
+    if grad is None:
+        return None
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(tf.identity(grad.values), tf.identity(grad.indices), grad.dense_shape)
+    return tf.identity(grad)
+
+
+def _read(variable):
+    """variable's value, read where this is called: a TF1 reference variable converted to a tensor
+    is a snapshot that control dependencies do not order."""
+    return variable.read_value() if hasattr(variable, "read_value") else tf.convert_to_tensor(variable)
+
+
+def _at(values, positions):
+    return [values[i] for i in positions]
+
+
+def _as_ops(result):
+    """Control inputs for what an apply returned (an op or a tensor in a graph, None eagerly)."""
+    return [] if result is None or tf.executing_eagerly() else [result]
+
+
+def _named(options, variables):
+    """options with the reductions named by the optimizer's name and a digest of the variables'
+    dtypes and shapes (the same on every rank, whatever else each rank built before), made unique
+    in a TF1 graph (every rank builds its graph alike, so the same names come out)."""
+    layout = ";".join(f"{v.dtype.base_dtype.name}{tuple(v.shape.as_list())}" for v in variables)
+    name = f"{options.name}.{hashlib.sha1(layout.encode()).hexdigest()[:12]}"
+    if mpi_ops.in_tf1_graph():
+        name = tf.compat.v1.get_default_graph().unique_name(name)
+    return dataclasses.replace(options, name=name)
+
+
+def distributed_optimizer(optimizer, name, use_locking, options, backward_passes_per_step,
+                          average_aggregated_gradients, scale_local_gradients):
+    """horo_tf.DistributedOptimizer for a tf.compat.v1.train.Optimizer (see the module's docstring).
+
+    Raises:
+        ValueError: op=Adasum with average_aggregated_gradients, or with groups, a process set or
+            a compression other than Compression.none... (see DistributedOptimizer).
+    """
+    if backward_passes_per_step < 1:
+        raise HoroInvalidArgument(f"backward_passes_per_step must be at least 1, got {backward_passes_per_step}")
+    if options.op == mpi_ops.Adasum:
+        if average_aggregated_gradients:
+            raise HoroInvalidArgument("Adasum does not support average_aggregated_gradients == True")
+        return _DistributedAdasumOptimizer(optimizer, name or f"DistributedDelta{type(optimizer).__name__}",
+                                           use_locking, options, backward_passes_per_step)
+    return _DistributedOptimizer(optimizer, name or f"Distributed{type(optimizer).__name__}", use_locking, options,
+                                 backward_passes_per_step, average_aggregated_gradients, scale_local_gradients)
+
+
+class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):
+    """A SessionRunHook that overwrites every global variable with root_rank's value once the session
+    exists (after initialization or a restore from a checkpoint), as Horovod's does.
+
+    Args:
+        root_rank: the rank whose values every rank takes.
+        device: accepted for Horovod compatibility.
+    """
+
+    def __init__(self, root_rank, device=""):
+        super().__init__()
+        self.root_rank = root_rank
+        self.device = device
+        self.bcast_op = None
+
+    def begin(self):
+        """Builds the broadcast in the graph being finalized (again for a new graph)."""
+        graph = tf.compat.v1.get_default_graph()
+        if self.bcast_op is None or self.bcast_op.graph is not graph:
+            from horo_tf.functions import broadcast_variables
+            self.bcast_op = broadcast_variables(tf.compat.v1.global_variables(), self.root_rank)
+
+    def after_create_session(self, session, coord):
+        """Runs the broadcast."""
+        session.run(self.bcast_op)

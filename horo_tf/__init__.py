@@ -55,8 +55,8 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
         from horo_tf.gradient_reduction import reduction_options
         from horo_tf.legacy_optimizer import distributed_optimizer
-        options = reduction_options(compression, sparse_as_dense, op, gradient_predivide_factor, num_groups, groups,
-                           process_set, name or f"Distributed{type(optimizer).__name__}")
+        options = reduction_options(compression, sparse_as_dense, op, gradient_predivide_factor, num_groups,
+                                    groups, process_set, name or "DistributedOptimizer")
         return distributed_optimizer(optimizer, name, use_locking, options, backward_passes_per_step,
                                      average_aggregated_gradients, scale_local_gradients)
     if not isinstance(optimizer, keras.optimizers.Optimizer):

@@ -57,8 +57,6 @@ XLA_MESSAGE = ("Horo's TensorFlow collectives run as tf.numpy_function, which XL
                "(or unset TF_XLA_FLAGS=--tf_xla_auto_jit).")
 
 
-
-
 class Unsupported:
     """In place of the dtype code of a tensor whose dtype the core has none for: the collective then
     fails on every member of the set when it runs (execute), instead of on this rank alone, which
@@ -268,7 +266,7 @@ def check_not_xla():
         raise HoroUnsupportedError(XLA_MESSAGE)
 
 
-def call(body, inputs, touts, shapes):
+def call(body, inputs, touts, shapes, local=False):
     """Runs body on the NumPy values of inputs, eagerly or as one numpy_function of the current graph.
 
     Args:
@@ -276,6 +274,7 @@ def call(body, inputs, touts, shapes):
         inputs: tensors (anything ``tf.convert_to_tensor`` accepts).
         touts: the dtype of every output.
         shapes: the static shape of every output (None or partially known dimensions allowed).
+        local: body involves no other rank (a topology query): it waits on no collective (``_chain``).
     Returns:
         A list of tensors.
     Raises:
@@ -290,14 +289,11 @@ def call(body, inputs, touts, shapes):
     def run(*arrays):  # numpy_function hands over host buffers as arrays, without an EagerTensor each
         return body(*[np.asarray(a, order="C") for a in arrays])
 
-    graph = tf.compat.v1.get_default_graph()
-    with _chain.lock:
-        previous, chains = _chain.before(graph, inputs)
-        with tf.control_dependencies([previous] if previous is not None else []):
-            outs = tf.numpy_function(run, inputs, list(touts), stateful=True)
-        outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
-        if outs:
-            _chain.after(graph, chains, outs[0].op)
+    def build():
+        outs = tf.numpy_function(run, inputs, list(touts), stateful=True)
+        return list(outs) if isinstance(outs, (list, tuple)) else [outs]
+
+    outs = build() if local else _chain.link(tf.compat.v1.get_default_graph(), inputs, build)
     for out, shape in zip(outs, shapes):
         out.set_shape(shape)
     return outs

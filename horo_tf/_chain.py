@@ -11,74 +11,105 @@ collectives are chained by control dependencies, each waiting on one traced befo
   collective makes that collective run too, with everything it needs. A collective therefore waits
   only on the last one that needs the same inputs from outside the graph: the same placeholders to
   feed and the same input pipelines to read (its *sources*). A collective that needs no feeds (a
-  ``BroadcastGlobalVariablesHook``'s broadcast) never waits on the training step's, which needs its
-  batch, nor does an evaluation on another input pipeline. The collectives of one Horo call
-  (``traced_together``: the groups of one gradient reduction) are always chained.
+  broadcast) never waits on the training step's, which needs its batch, nor does an evaluation on
+  another input pipeline. The collectives of one Horo call (``traced_together``: the groups of one
+  gradient reduction) are always chained, and one that waits on another needs that one's sources
+  too. Collectives that a helper builds to run alone at once (``standalone``: variable and object
+  broadcasts) are left out of the chains.
 * In a TF1 graph, the chains are also kept per ``tf.cond`` branch and ``tf.while_loop`` body (TF1
   control flow keeps those in the graph): a collective after a ``tf.cond`` that waited on one in
   the branch not taken would never run. A branch's first collective waits on the chain's last one
   before the ``tf.cond``.
 
-What stays unordered in a TF1 graph: collectives with different sources fetched by one run. Up to
-twice as many as TensorFlow has inter-op threads minus one always complete (two ranks' sets of
-waiting collectives then overlap); more may wait on each other (the stall warning names them).
+What stays unordered in a TF1 graph: collectives with different sources fetched by one run, and a
+collective after a ``tf.cond`` against those inside its branches. Up to twice as many as TensorFlow
+has inter-op threads minus one always complete (two ranks' sets of waiting collectives then
+overlap); more may wait on each other (the stall warning names them). And a collective fetched
+alone still runs the earlier ones it waits on: an allreduce of the loss built after ``minimize``
+runs the gradients' reduction too.
 """
 import contextlib
 import threading
 import weakref
 
-lock = threading.Lock()
-_last = weakref.WeakKeyDictionary()  # graph -> {(context, chain key) -> the last collective op}
+import tensorflow as tf
+
+_lock = threading.Lock()
+_last = weakref.WeakKeyDictionary()  # graph -> {(context, chain key) -> name of the last collective}
 _sources = weakref.WeakKeyDictionary()  # graph -> {op name -> frozenset of its sources' names}
-_together = threading.local()
+_call = threading.local()
 
 # Ops a run needs from outside the graph: feeds, and reads that consume an input pipeline.
 _SOURCE_PREFIXES = ("Placeholder", "IteratorGetNext", "QueueDequeue", "ReaderRead")
+_STANDALONE = object()
 
 
-def before(graph, inputs):
-    """The op a collective about to be traced in graph on inputs waits on (None: none), and the keys
-    that after() records it under."""
-    if graph.building_function:
-        keys = [None]
-    else:
-        token = getattr(_together, "token", None)
-        keys = ([("call", token)] if token is not None else []) + \
-            [("sources", _sources_of(graph, [t.op for t in inputs]))]
-    chains = _last.setdefault(graph, {})
-    context = _control_flow_context(graph)
-    recorded = [(context, key) for key in keys]
+def link(graph, inputs, build):
+    """Builds a collective in graph (build() makes its op under the control dependencies in force
+    and returns its output tensors), waiting on the collective its chain says; returns build()'s."""
+    token = getattr(_call, "token", None)
+    if not graph.building_function and token is _STANDALONE:
+        return build()
+    with _lock:
+        chains = _last.setdefault(graph, {})
+        if graph.building_function:
+            keys = [None]
+        else:
+            keys = ([("call", token)] if token is not None else []) + \
+                [("sources", _sources_of(graph, [t.op for t in inputs]))]
+        context = _control_flow_context(graph)
+        previous = _previous(graph, chains, context, keys)
+        with tf.control_dependencies([previous] if previous is not None else []):
+            outs = build()
+        if outs:
+            op = outs[0].op
+            if not graph.building_function:  # filed under what it needs, the one it waits on's included
+                keys = keys[:-1] + [("sources", _sources_of(graph, [op]))]
+            for key in keys:
+                chains[(context, key)] = op.name
+        return outs
+
+
+def _previous(graph, chains, context, keys):
+    """The op that a collective built in context, on the given chains, waits on, or None. An op
+    inside a cond branch may wait on one outside; nothing outside may wait on one inside, and a
+    while loop's body may not wait on anything outside it."""
     while True:
         for key in keys:
-            previous = chains.get((context, key))
-            if previous is not None:
-                return previous, recorded
-        # An op inside a branch may wait on one outside; nothing outside may wait on one inside, and
-        # a while loop's body may not wait on anything outside it.
+            name = chains.get((context, key))
+            if name is not None:
+                return graph.get_operation_by_name(name)
         if context is None or type(context).__name__ != "CondContext":
-            return None, recorded
+            return None
         context = context.outer_context
-
-
-def after(graph, keys, op):
-    """Records op, the collective just traced, as the last of its chains."""
-    chains = _last.setdefault(graph, {})
-    for key in keys:
-        chains[key] = op
 
 
 @contextlib.contextmanager
 def traced_together():
     """Chains the collectives traced inside (and inside nested uses) in a TF1 graph whatever their
     sources: for a call whose collectives always run together."""
-    if getattr(_together, "token", None) is not None:
+    with _calling(object()):
+        yield
+
+
+@contextlib.contextmanager
+def standalone():
+    """Leaves the collectives traced inside out of the chains of a TF1 graph (not of a
+    tf.function): for ones that a helper builds and runs alone."""
+    with _calling(_STANDALONE):
+        yield
+
+
+@contextlib.contextmanager
+def _calling(token):
+    if getattr(_call, "token", None) is not None:  # nested: the outermost call decides
         yield
         return
-    _together.token = object()
+    _call.token = token
     try:
         yield
     finally:
-        _together.token = None
+        _call.token = None
 
 
 def _control_flow_context(graph):
@@ -88,27 +119,34 @@ def _control_flow_context(graph):
     return get() if get is not None else None
 
 
+def _in_while_loop(op):
+    context = getattr(op, "_control_flow_context", None)
+    return context is not None and context.GetWhileContext() is not None
+
+
 def _sources_of(graph, ops):
-    """The names of the source ops that ops need (through data and control inputs), memoized per
-    graph. A while loop's back edge is cut where the walk meets an op it is still inside."""
+    """The names of the source ops that ops need (through data and control inputs). Memoized per
+    graph, except for ops in a while loop, whose back edges appear only once the loop is built; a
+    walk cuts a loop's back edge where it meets an op it is still inside."""
     memo = _sources.setdefault(graph, {})
-    interned = {}
+    walk = {}  # this walk's results and ops in progress (None)
     for root in ops:
         stack = [(root, False)]
         while stack:
             op, expanded = stack.pop()
-            if not expanded and op.name in memo:  # done, or on the walk's path (a loop's back edge)
+            if not expanded and (op.name in memo or op.name in walk):
                 continue
             preds = [t.op for t in op.inputs] + list(op.control_inputs)
             if not expanded:
-                memo[op.name] = None  # in progress
+                walk[op.name] = None
                 stack.append((op, True))
-                stack.extend((p, False) for p in preds if p.name not in memo)
+                stack.extend((p, False) for p in preds)
                 continue
             found = {op.name} if op.type.startswith(_SOURCE_PREFIXES) and op.type != "PlaceholderWithDefault" \
                 else set()
             for p in preds:
-                found |= memo.get(p.name) or frozenset()
-            found = frozenset(found)
-            memo[op.name] = interned.setdefault(found, found)
-    return frozenset().union(*(memo[op.name] for op in ops)) if ops else frozenset()
+                found |= memo.get(p.name) or walk.get(p.name) or frozenset()
+            walk[op.name] = frozenset(found)
+            if not _in_while_loop(op):
+                memo[op.name] = walk[op.name]
+    return frozenset().union(*(memo.get(op.name) or walk[op.name] for op in ops)) if ops else frozenset()

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from horo_core import basics, object_bytes
 from horo_core.process_sets import global_process_set
-from horo_tf import _bridge, mpi_ops
+from horo_tf import _bridge, _chain, mpi_ops
 
 
 def broadcast_variables(variables, root_rank, process_set=global_process_set, inplace=False):
@@ -31,12 +31,10 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
     if not var_list:
         return tf.group() if mpi_ops.in_tf1_graph() else []
     name = _bridge.auto_name("broadcast_variables", process_set.process_set_id or 0, var_list)
-    assignments = mpi_ops.assign_broadcast(var_list, root_rank, name, process_set)
+    with _chain.standalone():  # in a TF1 graph, run alone: it waits on no training step's collective
+        assignments = mpi_ops.assign_broadcast(var_list, root_rank, name, process_set)
     return tf.group(*assignments) if mpi_ops.in_tf1_graph() else var_list
 
-
-def _bytes_tensor(payload):
-    return tf.constant(np.frombuffer(payload, dtype=np.uint8))
 
 
 def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=global_process_set):
@@ -60,13 +58,23 @@ def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=glob
     """
     run = _runner("broadcast_object", session)
     name = name or basics.auto_name("broadcast_object", process_set.process_set_id or 0)
+
+    def broadcast(part):
+        def send(array):
+            with _chain.standalone():
+                return run(mpi_ops.broadcast(tf.constant(array), root_rank, name=f"{name}.{part}",
+                                             process_set=process_set, ignore_name_scope=True))
+        return send
+
+    return _broadcast_object(obj, root_rank, name, broadcast("size"), broadcast("data"))
+
+
+def _broadcast_object(obj, root_rank, name, send_size, send_data):
+    """root_rank's obj: its length, then its bytes, each through send_*(array) -> array."""
     is_root = basics.rank() == root_rank
     payload, error = object_bytes.serialise(obj) if is_root else (b"", None)
-    length = run(mpi_ops.broadcast(tf.constant([object_bytes.announced_length(payload, error)], tf.int64), root_rank,
-                                   name=f"{name}.size", process_set=process_set, ignore_name_scope=True))
-    length = int(length[0])
-    data = run(mpi_ops.broadcast(_bytes_tensor(payload) if is_root else tf.zeros([abs(length)], tf.uint8), root_rank,
-                                 name=f"{name}.data", process_set=process_set, ignore_name_scope=True))
+    length = int(send_size(np.array([object_bytes.announced_length(payload, error)], np.int64))[0])
+    data = send_data(np.frombuffer(payload, dtype=np.uint8) if is_root else np.zeros([abs(length)], np.uint8))
     return object_bytes.broadcast_object("broadcast_object", name, length, data.tobytes(), root_rank, error)
 
 
@@ -79,7 +87,7 @@ def _runner(helper, session):
             graph with neither session nor a default session.
     """
     if tf.executing_eagerly():
-        return lambda tensor: tensor.numpy()
+        return lambda tensor, feed=None: tensor.numpy()
     if tf.inside_function():
         raise ValueError(f"{helper} runs eagerly (or in a TF1 graph with a session); call it outside tf.function")
     session = session or tf.compat.v1.get_default_session()
@@ -91,16 +99,31 @@ def _runner(helper, session):
 
 def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global_process_set):
     """Returns a function ``fn(obj)`` that broadcasts obj from root_rank, as broadcast_object does.
+    In a TF1 graph the broadcasts are built once, here (as Horovod's), so fn also works once the
+    graph is finalized (inside a MonitoredTrainingSession).
 
     Args:
         root_rank, session, name, process_set: as for broadcast_object.
     Returns:
         A callable taking one object.
     """
-    def broadcast_fn(obj):
-        return broadcast_object(obj, root_rank=root_rank, session=session, name=name, process_set=process_set)
+    if not mpi_ops.in_tf1_graph():
+        def broadcast_fn(obj):
+            return broadcast_object(obj, root_rank=root_rank, session=session, name=name, process_set=process_set)
 
-    return broadcast_fn
+        return broadcast_fn
+    name = name or basics.auto_name("broadcast_object", process_set.process_set_id or 0)
+    fed = [tf.compat.v1.placeholder(tf.int64, [1]), tf.compat.v1.placeholder(tf.uint8, [None])]
+    with _chain.standalone():
+        sent = [mpi_ops.broadcast(t, root_rank, name=f"{name}.{part}", process_set=process_set, ignore_name_scope=True)
+                for t, part in zip(fed, ("size", "data"))]
+
+    def broadcast_fn_tf1(obj):
+        run = _runner("broadcast_object_fn", session)
+        return _broadcast_object(obj, root_rank, name, lambda array: run(sent[0], {fed[0]: array}),
+                                 lambda array: run(sent[1], {fed[1]: array}))
+
+    return broadcast_fn_tf1
 
 
 def allgather_object(obj, session=None, name=None, process_set=global_process_set):
@@ -124,8 +147,9 @@ def allgather_object(obj, session=None, name=None, process_set=global_process_se
     run = _runner("allgather_object", session)
     name = name or basics.auto_name("allgather_object", process_set.process_set_id or 0)
     payload, error = object_bytes.serialise(obj)
-    lengths = run(mpi_ops.allgather(tf.constant([object_bytes.announced_length(payload, error)], tf.int64),
-                                    name=f"{name}.size", process_set=process_set, ignore_name_scope=True))
-    data = run(mpi_ops.allgather(_bytes_tensor(payload), name=f"{name}.data", process_set=process_set,
-                                 ignore_name_scope=True)).tobytes()
+    with _chain.standalone():
+        lengths = run(mpi_ops.allgather(tf.constant([object_bytes.announced_length(payload, error)], tf.int64),
+                                        name=f"{name}.size", process_set=process_set, ignore_name_scope=True))
+        data = run(mpi_ops.allgather(tf.constant(np.frombuffer(payload, dtype=np.uint8)), name=f"{name}.data",
+                                     process_set=process_set, ignore_name_scope=True)).tobytes()
     return object_bytes.objects("allgather_object", name, lengths.tolist(), data, process_set.ranks, error)

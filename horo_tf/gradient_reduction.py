@@ -134,10 +134,12 @@ def local_layer_variables(local_layers):
     return variables
 
 
-def groups_option(groups, num_groups):
-    """The groups option given Horovod's deprecated num_groups (which warns, as Horovod's does)."""
+def groups_option(groups, num_groups, stacklevel=3):
+    """The groups option given Horovod's deprecated num_groups (which warns, as Horovod's does, at
+    the caller stacklevel frames up)."""
     if num_groups:
-        warnings.warn("Parameter `num_groups` has been replaced by `groups`.", DeprecationWarning, stacklevel=3)
+        warnings.warn("Parameter `num_groups` has been replaced by `groups`.", DeprecationWarning,
+                      stacklevel=stacklevel)
     return groups if groups is not None else (num_groups or None)
 
 
@@ -146,7 +148,8 @@ def reduction_options(compression, sparse_as_dense, op, gradient_predivide_facto
     """ReductionOptions from Horovod's keyword arguments (num_groups: the deprecated form of groups)."""
     return ReductionOptions(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
                             gradient_predivide_factor=gradient_predivide_factor,
-                            groups=groups_option(groups, num_groups), process_set=process_set, name=name)
+                            groups=groups_option(groups, num_groups, stacklevel=4), process_set=process_set,
+                            name=name)
 
 
 def reduce_gradients_keeping_local(grads: Sequence, options: ReductionOptions, variables: Sequence,

@@ -122,7 +122,7 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
         ValueError: invalid options.
     """
     options = reduction_options(compression, sparse_as_dense, op, gradient_predivide_factor, num_groups, groups,
-                       process_set, "DistributedGradientTape")
+                                process_set, "DistributedGradientTape")
     cls = type(gradtape.__class__.__name__, (_DistributedGradientTape, gradtape.__class__), {})
     return cls(gradtape, options, scale_local_gradients=scale_local_gradients)
 
@@ -144,6 +144,6 @@ def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="", 
     """
     local_sources = local_layer_variables(local_layers)
     options = reduction_options(compression, sparse_as_dense, op, gradient_predivide_factor, num_groups, groups,
-                       process_set, "PartialDistributedGradientTape")
+                                process_set, "PartialDistributedGradientTape")
     cls = type(gradtape.__class__.__name__, (_DistributedGradientTape, gradtape.__class__), {})
     return cls(gradtape, options, local_sources=local_sources, scale_local_gradients=scale_local_gradients)

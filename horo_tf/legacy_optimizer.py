@@ -13,11 +13,13 @@ combination with Adasum and all continue from the combined point. (Horovod 0.28'
 optimizer never reaches its combination: its ``apply_gradients`` calls the wrapped optimizer
 directly. Horo's combines as described.)
 
-The state these keep (local sums, pass counters, Adasum's start points) lives in global, untrainable
-variables, so that the usual ``global_variables_initializer()`` initializes it.
+The state these keep (local sums, pass counters, Adasum's start points) lives in local variables, as
+Horovod's aggregation state does: ``local_variables_initializer()`` (which MonitoredTrainingSession
+runs) initializes it, and checkpoints neither hold nor need it.
 """
 import dataclasses
 import hashlib
+import weakref
 
 import tensorflow as tf
 
@@ -26,21 +28,38 @@ from horo_tf import _chain, mpi_ops
 from horo_tf.gradient_reduction import reduce_gradients_keeping_local
 
 
+def _state_graph():
+    """The graph that state variables are made in: the TF1 graph, or None when they are made eagerly
+    (also while a tf.function traces, which may trace again: the state must outlive the trace)."""
+    with tf.init_scope():
+        return None if tf.executing_eagerly() else weakref.ref(tf.compat.v1.get_default_graph())
+
+
+def _local_variable(initial_value, name, use_resource=True):
+    """A variable of the optimizer's own state: untrainable and local (initialized by
+    ``local_variables_initializer()``, which MonitoredTrainingSession runs; neither saved in
+    checkpoints nor broadcast), as Horovod keeps its aggregation state. A resource variable unless
+    told otherwise: a TF1 reference variable's read shares its buffer, which a later assignment
+    (clearing the sums) would change under the reader."""
+    return tf.compat.v1.Variable(initial_value, trainable=False, name=name, use_resource=use_resource,
+                                 collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
+
+
 class _State:
-    """What an optimizer keeps for one set of variables, in one graph (None: made eagerly)."""
+    """What an optimizer keeps for one set of variables, in one graph (or made eagerly)."""
 
     def __init__(self, variables):
-        self.graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+        self.graph = _state_graph()
         self.variables = {id(v) for v in variables}
 
 
 def _find_state(states, variables, exact=True):
     """The last of states made in the current graph (or eagerly) for exactly variables, or (not
     exact) for variables among others: apply_gradients may get the pairs without their Nones."""
-    graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+    graph = _state_graph()
     ids = {id(v) for v in variables}
     return next((a for a in reversed(states)
-                 if a.graph is graph and (ids == a.variables if exact else ids <= a.variables)), None)
+                 if a.graph == graph and (ids == a.variables if exact else ids <= a.variables)), None)
 
 
 class _Aggregation(_State):
@@ -49,20 +68,38 @@ class _Aggregation(_State):
     def __init__(self, grads, variables, name):
         super().__init__(variables)
         with tf.init_scope():
-            self.count = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{name}_passes")
-            self.sums = [None if g is None else
-                         tf.Variable(tf.zeros(v.shape, g.dtype), trainable=False, name=f"{name}_sum_{i}")
+            self.count = _local_variable(tf.constant(0, tf.int64), f"{name}_passes")
+            self.sums = [None if g is None else _local_variable(tf.zeros(v.shape, g.dtype), f"{name}_sum_{i}")
                          for i, (g, v) in enumerate(zip(grads, variables))]
 
 
-class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
+class _WrappingOptimizer(tf.compat.v1.train.Optimizer):
+    """A TF1 optimizer around another: slots and variables are the wrapped one's."""
+
+    def __init__(self, optimizer, name, use_locking, options):
+        super().__init__(name=name, use_locking=use_locking)
+        self._optimizer = optimizer
+        self._options = options
+
+    def get_slot(self, *args, **kwargs):
+        """The wrapped optimizer's get_slot."""
+        return self._optimizer.get_slot(*args, **kwargs)
+
+    def get_slot_names(self, *args, **kwargs):
+        """The wrapped optimizer's get_slot_names."""
+        return self._optimizer.get_slot_names(*args, **kwargs)
+
+    def variables(self, *args, **kwargs):
+        """The wrapped optimizer's variables."""
+        return self._optimizer.variables(*args, **kwargs)
+
+
+class _DistributedOptimizer(_WrappingOptimizer):
     """A TF1 optimizer whose compute_gradients reduces across ranks; built by DistributedOptimizer."""
 
     def __init__(self, optimizer, name, use_locking, options, backward_passes_per_step,
                  average_aggregated_gradients, scale_local_gradients):
-        super().__init__(name=name, use_locking=use_locking)
-        self._optimizer = optimizer
-        self._options = options
+        super().__init__(optimizer, name, use_locking, options)
         self._passes_per_step = backward_passes_per_step
         self._average_aggregated = average_aggregated_gradients
         self._scale_local_gradients = scale_local_gradients
@@ -178,45 +215,33 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
             applied = tf.cond(tf.equal(state.count.read_value(), 0), apply, skip)
         return None if tf.executing_eagerly() else tf.group(applied)
 
-    def get_slot(self, *args, **kwargs):
-        """The wrapped optimizer's get_slot."""
-        return self._optimizer.get_slot(*args, **kwargs)
-
-    def get_slot_names(self, *args, **kwargs):
-        """The wrapped optimizer's get_slot_names."""
-        return self._optimizer.get_slot_names(*args, **kwargs)
-
-    def variables(self, *args, **kwargs):
-        """The wrapped optimizer's variables."""
-        return self._optimizer.variables(*args, **kwargs)
-
-
 class _DeltaState(_State):
     """Adasum's start points (where the variables were at the last combination) and pass count."""
 
     def __init__(self, variables, name):
         super().__init__(variables)
         with tf.init_scope():
-            self.count = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{name}_passes")
+            self.count = _local_variable(tf.constant(0, tf.int64), f"{name}_passes")
             # Each start is of its variable's kind: a resource variable assigned a TF1 reference
             # variable's value keeps that variable's buffer (and so moves with it) instead of a copy.
-            self.starts = [tf.compat.v1.Variable(tf.zeros(v.shape, v.dtype.base_dtype), trainable=False,
-                                                 name=f"{name}_start_{i}", use_resource=hasattr(v, "handle"))
-                           for i, v in enumerate(variables)]
+            self.starts = [_local_variable(tf.zeros(v.shape, v.dtype.base_dtype), f"{name}_start_{i}",
+                                           use_resource=hasattr(v, "handle")) for i, v in enumerate(variables)]
 
 
-class _DistributedAdasumOptimizer(tf.compat.v1.train.Optimizer):
+class _DistributedAdasumOptimizer(_WrappingOptimizer):
     """Horovod's TF1 delta optimizer (op=Adasum); built by DistributedOptimizer."""
 
     def __init__(self, optimizer, name, use_locking, options, backward_passes_per_step):
-        super().__init__(name=name, use_locking=use_locking)
-        self._optimizer = optimizer
-        self._options = options
+        super().__init__(optimizer, name, use_locking, options)
         self._passes_per_step = backward_passes_per_step
         self._states = []
 
     def compute_gradients(self, *args, **kwargs):
-        """The wrapped optimizer's compute_gradients: this rank's own gradients."""
+        """The wrapped optimizer's compute_gradients: this rank's own gradients.
+
+        Returns:
+            A list of (gradient, variable) pairs.
+        """
         return self._optimizer.compute_gradients(*args, **kwargs)
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
@@ -324,9 +349,17 @@ def distributed_optimizer(optimizer, name, use_locking, options, backward_passes
                           average_aggregated_gradients, scale_local_gradients):
     """horo_tf.DistributedOptimizer for a tf.compat.v1.train.Optimizer (see the module's docstring).
 
+    Args:
+        optimizer: the tf.compat.v1.train.Optimizer to wrap.
+        name: the optimizer's name; None: Distributed<class> (DistributedDelta<class> with Adasum).
+        use_locking: the TF1 optimizer's use_locking.
+        options: the ReductionOptions (its name is the base of the collectives' names).
+        backward_passes_per_step, average_aggregated_gradients, scale_local_gradients: as for
+            horo_tf.DistributedOptimizer.
+    Returns:
+        A tf.compat.v1.train.Optimizer.
     Raises:
-        ValueError: op=Adasum with average_aggregated_gradients, or with groups, a process set or
-            a compression other than Compression.none... (see DistributedOptimizer).
+        ValueError: backward_passes_per_step below 1; op=Adasum with average_aggregated_gradients.
     """
     if backward_passes_per_step < 1:
         raise HoroInvalidArgument(f"backward_passes_per_step must be at least 1, got {backward_passes_per_step}")

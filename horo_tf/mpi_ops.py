@@ -264,7 +264,7 @@ def join():
 
 def _topology_op(value_fn, name):
     with tf.name_scope(name or "horo_topology"):
-        return _bridge.call(lambda: [np.int32(value_fn())], [], [tf.int32], [[]])[0]
+        return _bridge.call(lambda: [np.int32(value_fn())], [], [tf.int32], [[]], local=True)[0]
 
 
 def rank_op(name=None):

@@ -91,6 +91,24 @@ def check_hook_and_optimizer(c, hvd, tf, env):
         c.close(f"{name} after 4 steps, against one process", g, w, rtol=1e-5, atol=1e-6)
 
 
+def check_groups_and_hook(c, hvd, tf, env):
+    """Gradients in groups, one group needing no feeds (a decay term only): the hook's broadcast,
+    built after them, still runs without the step's feeds."""
+    v1 = tf.compat.v1
+    r, n = hvd.rank(), hvd.size()
+    with tf.Graph().as_default():
+        x = v1.placeholder(tf.float32, [])
+        w = v1.get_variable("w", initializer=tf.constant(5.0 + r))
+        decayed = v1.get_variable("decayed", initializer=tf.constant(2.0 + r))
+        opt = hvd.DistributedOptimizer(v1.train.GradientDescentOptimizer(0.5), groups=[[w], [decayed]])
+        train = opt.minimize(w * x + 0.5 * decayed ** 2)
+        with v1.train.MonitoredTrainingSession(hooks=[hvd.BroadcastGlobalVariablesHook(0)]) as session:
+            session.run(train, {x: float(r + 1)})
+            got = session.run([w, decayed])
+    c.close("w, the mean of the ranks' gradients", got[0], 5.0 - 0.5 * (n + 1) / 2.0)
+    c.close("decayed, by its own decay", got[1], 2.0 - 0.5 * 2.0)
+
+
 def check_backward_passes(c, hvd, tf, env):
     """backward_passes_per_step=2 with average_aggregated_gradients: an update every second pass from
     the mean of both passes' averaged gradients; global_step counts every pass."""
@@ -109,7 +127,7 @@ def check_backward_passes(c, hvd, tf, env):
         train = opt.apply_gradients([(g, v) for g, v in pairs if g is not None], global_step=global_step)
         bcast = hvd.broadcast_global_variables(0)
         with v1.Session() as session:
-            session.run(v1.global_variables_initializer())
+            session.run([v1.global_variables_initializer(), v1.local_variables_initializer()])
             session.run(bcast)
             start = session.run(variables)
             seen = []
@@ -138,7 +156,7 @@ def check_adasum(c, hvd, tf, env):
             c.same("the delta optimizer's name", opt.get_name(), "DistributedDeltaGradientDescentOptimizer")
             train = opt.minimize(loss)
             with v1.Session() as session:
-                session.run(v1.global_variables_initializer())
+                session.run([v1.global_variables_initializer(), v1.local_variables_initializer()])
                 values = []
                 for _ in range(2):
                     session.run(train)
@@ -172,6 +190,25 @@ def check_local_variable(c, hvd, tf, env):
     c.close("local b", got[1], 5.0 - (r + 1) / n)
 
 
+def check_own_process_set(c, hvd, tf, env):
+    """backward_passes_per_step=2 with a process set of rank 0 alone: rank 0 (its set's only member)
+    and the others (outside it) each apply the sum of their own two passes."""
+    v1 = tf.compat.v1
+    r = hvd.rank()
+    with tf.Graph().as_default():
+        x = v1.placeholder(tf.float32, [])
+        w = v1.get_variable("w", initializer=tf.constant(10.0))
+        opt = hvd.DistributedOptimizer(v1.train.GradientDescentOptimizer(1.0), backward_passes_per_step=2,
+                                       process_set=env["rank_0_alone"])
+        train = opt.minimize(w * x)
+        with v1.Session() as session:
+            session.run([v1.global_variables_initializer(), v1.local_variables_initializer()])
+            for k in (1.0, 2.0):
+                session.run(train, {x: k * (r + 1)})
+            got = session.run(w)
+    c.close("the sum of this rank's two passes", got, 10.0 - 3.0 * (r + 1))
+
+
 def check_control_flow(c, hvd, tf, env):
     """Collectives in a cond branch (taken or not) and in a while body, then one more after them:
     a collective outside never waits on one inside a branch that did not run."""
@@ -190,6 +227,12 @@ def check_control_flow(c, hvd, tf, env):
 
         _, looped = tf.while_loop(lambda i, acc: i < 3, body, [tf.constant(0), first])
         last = hvd.allreduce(looped, op=hvd.Sum)
+        # A loop whose body reads another placeholder; a later collective without it runs alone.
+        y = v1.placeholder(tf.float32, [2])
+        _, looped_y = tf.while_loop(lambda i, acc: i < 2, lambda i, acc: (i + 1, hvd.allreduce(acc, op=hvd.Sum) + y),
+                                    [tf.constant(0), x])
+        after_loop_y = hvd.allreduce(looped_y, op=hvd.Sum)
+        alone = hvd.allreduce(x * 3.0, op=hvd.Sum)
         with v1.Session() as session:
             mine = np.float32([1.0, r])
             total = np.float32([n, sum(range(n))])
@@ -199,6 +242,10 @@ def check_control_flow(c, hvd, tf, env):
                 # after = the sum over ranks of branch + first
                 c.close(f"collective after the cond ({flag})", got[1], 3.0 * n * total if flag else (n + 1) * total)
             c.close("while loop", session.run(last, {x: mine}), total * float(n) ** 5)
+            ones = np.ones(2, np.float32)
+            c.close("while loop reading another placeholder", session.run(after_loop_y, {x: mine, y: ones}),
+                    n * (n * total + n) + n)
+            c.close("a collective after it, without that placeholder", session.run(alone, {x: mine}), 3.0 * total)
 
 
 def check_collectives_fetched_together(c, hvd, tf, env):
@@ -229,6 +276,11 @@ def check_object_helpers(c, hvd, tf, env):
                 c.same("allgather_object in the default session", hvd.allgather_object(("rank", r)),
                        [("rank", k) for k in range(n)])
         c.raises("without a session", [ValueError], "pass session=", lambda: hvd.broadcast_object(r))
+        fn = hvd.broadcast_object_fn(root_rank=0)
+        v1.get_default_graph().finalize()  # as a MonitoredTrainingSession does
+        with v1.Session() as session, session.as_default():
+            c.same("broadcast_object_fn in a finalized graph", [fn(("a", r)), fn([r] * (r + 3))],
+                   [("a", 0), [0, 0, 0]])
 
 
 def check_broadcast_global_variables(c, hvd, tf, env):
@@ -244,6 +296,7 @@ def check_broadcast_global_variables(c, hvd, tf, env):
         y = v1.get_variable("y", initializer=tf.constant(float(r)))
         group = hvd.broadcast_variables([x], root_rank=n - 1)
         read = hvd.broadcast_(y, root_rank=n - 1)
+        rank_op = hvd.rank_op()  # local: runs no collective built before it
         with v1.Session() as session:
             session.run(v1.global_variables_initializer())
             c.close("before", session.run(v), [float(r + 1)] * 3)
@@ -254,10 +307,13 @@ def check_broadcast_global_variables(c, hvd, tf, env):
             session.run(group)
             c.close("broadcast_variables", session.run(x), float(n - 1))
             c.close("broadcast_", session.run(read), float(n - 1))
+            if r == 0:
+                c.same("rank_op run on rank 0 alone", int(session.run(rank_op)), 0)
 
 
-GROUPS = [check_hook_and_optimizer, check_backward_passes, check_adasum, check_local_variable, check_control_flow,
-          check_collectives_fetched_together, check_object_helpers, check_broadcast_global_variables]
+GROUPS = [check_hook_and_optimizer, check_groups_and_hook, check_backward_passes, check_adasum, check_local_variable,
+          check_own_process_set, check_control_flow, check_collectives_fetched_together, check_object_helpers,
+          check_broadcast_global_variables]
 
 
 def run_tf1_checks(mode):
@@ -269,8 +325,9 @@ def run_tf1_checks(mode):
     else:
         tf.compat.v1.disable_eager_execution()
     tf.get_logger().setLevel("ERROR")
-    hvd.init()
-    report = run_groups(GROUPS, hvd, tf, {})
+    rank_0_alone = hvd.ProcessSet([0])
+    hvd.init(process_sets=[rank_0_alone])
+    report = run_groups(GROUPS, hvd, tf, {"rank_0_alone": rank_0_alone})
     hvd.shutdown()
     return report
 

@@ -716,6 +716,16 @@ def check_tf1_optimizer_eagerly(c, hvd, tf, env):
         for i, values in enumerate(want):
             opt.minimize(lambda: tf.reduce_sum(w * scale), var_list=[w])
             c.close(f"TF1 optimizer eagerly {kwargs}, call {i + 1}", w.numpy(), values)
+        # In a tf.function (traced twice when it makes variables: the optimizer's state outlives it).
+        w.assign(tf.ones([n]))
+        opt = hvd.DistributedOptimizer(v1.train.GradientDescentOptimizer(0.1), **kwargs)
+        @tf.function
+        def step():
+            opt.minimize(lambda: tf.reduce_sum(w * scale), var_list=[w])
+
+        for i, values in enumerate(want):
+            step()
+            c.close(f"TF1 optimizer in a tf.function {kwargs}, call {i + 1}", w.numpy(), values)
 
 
 GROUPS = [check_topology, check_allreduce, check_indexed_slices, check_allgather_broadcast,

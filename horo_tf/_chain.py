@@ -145,8 +145,8 @@ def _sources_of(graph, ops):
             found = {op.name} if op.type.startswith(_SOURCE_PREFIXES) and op.type != "PlaceholderWithDefault" \
                 else set()
             for p in preds:
-                found |= memo.get(p.name) or walk.get(p.name) or frozenset()
+                found |= walk.get(p.name) or memo.get(p.name) or frozenset()  # None: on the path, a back edge
             walk[op.name] = frozenset(found)
             if not _in_while_loop(op):
                 memo[op.name] = walk[op.name]
-    return frozenset().union(*(memo.get(op.name) or walk[op.name] for op in ops)) if ops else frozenset()
+    return frozenset().union(*(walk[op.name] if op.name in walk else memo[op.name] for op in ops))

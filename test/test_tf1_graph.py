@@ -218,6 +218,8 @@ def check_control_flow(c, hvd, tf, env):
         x = v1.placeholder(tf.float32, [2])
         taken = v1.placeholder(tf.bool, [])
         first = hvd.allreduce(x, op=hvd.Sum)
+        ones = tf.ones([2])  # two collectives on one input that needs no feed
+        twice = [hvd.allreduce(ones, op=hvd.Sum, name=name) for name in ("ones.a", "ones.b")]
         branch = tf.cond(taken, lambda: hvd.allreduce(x * 2.0, op=hvd.Sum), lambda: x)
         after = hvd.allreduce(branch + first, op=hvd.Sum)
 
@@ -242,6 +244,7 @@ def check_control_flow(c, hvd, tf, env):
                 # after = the sum over ranks of branch + first
                 c.close(f"collective after the cond ({flag})", got[1], 3.0 * n * total if flag else (n + 1) * total)
             c.close("while loop", session.run(last, {x: mine}), total * float(n) ** 5)
+            c.close("two collectives on one input", session.run(twice), [[n, n], [n, n]])
             ones = np.ones(2, np.float32)
             c.close("while loop reading another placeholder", session.run(after_loop_y, {x: mine, y: ones}),
                     n * (n * total + n) + n)

@@ -298,18 +298,6 @@ class _DistributedAdasumOptimizer(_WrappingOptimizer):
             counted = state.count.assign_add(one)
         return None if tf.executing_eagerly() else tf.group(counted)
 
-    def get_slot(self, *args, **kwargs):
-        """The wrapped optimizer's get_slot."""
-        return self._optimizer.get_slot(*args, **kwargs)
-
-    def get_slot_names(self, *args, **kwargs):
-        """The wrapped optimizer's get_slot_names."""
-        return self._optimizer.get_slot_names(*args, **kwargs)
-
-    def variables(self, *args, **kwargs):
-        """The wrapped optimizer's variables."""
-        return self._optimizer.variables(*args, **kwargs)
-
 
 def _identity(grad):
     if grad is None:

@@ -2,7 +2,6 @@
 horo_tf/_sized_ops.py): a grouped allreduce of dense tensors and a grouped allgather, and the small
 helpers the ops share.
 """
-import numpy as np
 import tensorflow as tf
 
 from horo_core import basics
@@ -33,7 +32,7 @@ def allreduce_dense(tensors, base, op, prescale_factor, postscale_factor, proces
     set_id = _bridge.process_set_id(process_set)
 
     def body(*arrays):
-        outs = [np.empty_like(a) for a in arrays]
+        outs = [_bridge.host_empty(a.shape, a.dtype) for a in arrays]
         return _bridge.execute(lib.HORO_ALLREDUCE, names, arrays, codes, outs, set_id, reduce_op=op,
                                prescale_factor=prescale_factor, postscale_factor=postscale_factor)[0]
 

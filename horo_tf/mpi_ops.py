@@ -155,7 +155,7 @@ def _broadcast(tensors, root_rank, base, process_set):
     set_id = _bridge.process_set_id(process_set)
 
     def body(*arrays):
-        outs = [np.empty_like(a) for a in arrays]
+        outs = [_bridge.host_empty(a.shape, a.dtype) for a in arrays]
         return _bridge.execute(lib.HORO_BROADCAST, names, arrays, codes, outs, set_id, root_rank=root_rank)[0]
 
     def forward(*xs):

@@ -935,3 +935,16 @@ def test_unnamed_collectives_agree_when_one_rank_retraces_and_a_tape_wraps_insid
         assert steps == [(8.0, [4.0, 4.0]), (8.0, [4.0, 4.0]), (6.0, [3.0, 3.0])], f"rank {r}: {steps}"
         total = float(sum(s + 1 for s in range(n)))
         assert wrapped == [([total] * 2, [total] * 2, [3.0, 3.0])] * 2, f"rank {r}: {wrapped}"
+
+
+def test_large_results_are_allocated_aligned():
+    """Results from 64 KiB on are 64-byte aligned, so that TensorFlow takes their buffers as the
+    output tensors' instead of copying them; smaller ones are plain arrays. Shape and dtype kept."""
+    from horo_tf._bridge import host_empty
+    for shape, dtype in (((4,), np.float32), ((512, 512), np.float32), ((3, 70000), np.int8), ((0, 5), np.float64),
+                         ((), np.int64), ((128, 128), np.float16)):
+        array = host_empty(shape, dtype)
+        assert (array.shape, array.dtype, array.flags["C_CONTIGUOUS"], array.flags["WRITEABLE"]) == \
+            (shape, np.dtype(dtype), True, True)
+        if array.nbytes >= 1 << 16:
+            assert array.ctypes.data % 64 == 0, (shape, dtype, array.ctypes.data % 64)

@@ -36,7 +36,6 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
     return tf.group(*assignments) if mpi_ops.in_tf1_graph() else var_list
 
 
-
 def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=global_process_set):
     """Returns root_rank's obj on every rank (serialized with cloudpickle). Eagerly, or in a TF1
     graph through a session.

@@ -452,6 +452,12 @@ def is_homogeneous():
     return _topology(_state.homogeneous)
 
 
+def process_set_registered(process_set_id):
+    """Whether process_set_id names a process set registered now (under init, or since)."""
+    with _state.lock:
+        return process_set_id in _state.process_sets
+
+
 def auto_name(kind, process_set_id):
     """Names an unnamed operation by call order: the n-th unnamed allreduce on a process set is
     "allreduce.noname.<n>" on every rank, so ranks must issue unnamed operations in the same order."""

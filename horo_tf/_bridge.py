@@ -96,10 +96,17 @@ def dtype_code(dtype, name):
 
 
 def process_set_id(process_set):
-    """The core id of process_set; a ProcessSet that init/add_process_set never registered has none."""
+    """The core id of process_set; a ProcessSet that init/add_process_set never registered has none.
+    In a graph an id that names no registered set is refused while the graph is built (as
+    Horovod's ValueError), not when it runs: there it would surface as TensorFlow's error type, and
+    a later collective that waits on this one (``_chain``) would fail with it too."""
     if process_set.process_set_id is None:
         raise HoroInvalidArgument(f"{process_set} is not registered: pass it to hvd.init(process_sets=[...]) or "
                                   "hvd.add_process_set() first")
+    if not tf.executing_eagerly() and basics.is_initialized() and \
+            not basics.process_set_registered(process_set.process_set_id):
+        raise HoroInvalidArgument(f"process set id {process_set.process_set_id} ({process_set}) names no registered "
+                                  f"process set")
     return process_set.process_set_id
 
 

@@ -207,6 +207,11 @@ def check_own_process_set(c, hvd, tf, env):
                 session.run(train, {x: k * (r + 1)})
             got = session.run(w)
     c.close("the sum of this rank's two passes", got, 10.0 - 3.0 * (r + 1))
+    with tf.Graph().as_default():
+        unknown = hvd.ProcessSet([0])
+        unknown.process_set_id = 10  # no such set: refused while the graph is built, as Horovod's
+        c.raises("an unregistered process set id", [ValueError], "names no registered process set",
+                 lambda: hvd.allreduce(tf.ones(4), process_set=unknown))
 
 
 def check_control_flow(c, hvd, tf, env):

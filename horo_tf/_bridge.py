@@ -22,6 +22,7 @@ Two rules keep ranks in step in graphs:
 XLA cannot compile a ``numpy_function``; tracing a collective inside a ``jit_compile=True`` function
 raises a ``HoroUnsupportedError`` that says how to turn XLA off.
 """
+import math
 import re
 
 import numpy as np
@@ -66,7 +67,7 @@ def host_empty(shape, dtype):
     output tensor (of a numpy_function, or eagerly) takes its buffer instead of a copy (NumPy
     aligns to 16 bytes only: a 16 MB result cost one more 16 MB copy)."""
     dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    nbytes = math.prod(shape) * dtype.itemsize  # (np.prod would add 3 us to every small call)
     if nbytes < _ALIGN_FROM_BYTES:
         return np.empty(shape, dtype)
     raw = np.empty(nbytes + _ALIGNMENT, np.uint8)

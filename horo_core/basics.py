@@ -8,6 +8,7 @@ network at all.
 """
 import atexit
 import itertools
+import json
 import logging
 import os
 import socket
@@ -156,8 +157,9 @@ def init(comm=None, process_sets=None):
     Args:
         comm: None (every launched process), a list of global ranks that form the job (the others
             must not call init), or an mpi4py communicator whose members form the job.
-        process_sets: a list of ProcessSet registered on every rank, or "dynamic" to allow
-            add_process_set/remove_process_set later.
+        process_sets: a list of ProcessSet registered on every rank (the same sets of ranks on
+            every rank; sets of MPI communicators may differ, as from comm.Split), or "dynamic" to
+            allow add_process_set/remove_process_set later.
     Raises:
         ValueError: the launcher environment is inconsistent, or the process set arguments are invalid.
         HorovodInternalError: the ranks could not connect within the start timeout.
@@ -193,6 +195,7 @@ def init(comm=None, process_sets=None):
             if not isinstance(ps, ProcessSet):
                 raise HoroInvalidArgument(f"process_sets must hold ProcessSet objects, got {ps!r}")
         start_timeout = float(settings["START_TIMEOUT"])
+        listed = _listed_sets(static_sets, info, mpi_comm, members, size)
 
         nodes = None  # every rank's node, where the launcher's cross values need them (LaunchInfo.node)
         generation = next(_state.generation)
@@ -201,7 +204,7 @@ def init(comm=None, process_sets=None):
             _state.hub = LoopbackHub(1)
             rt = Runtime(0, 1, loopback=_state.hub)
             rt.connect()
-            hostnames = [hostname]
+            hostnames, everyones_sets = [hostname], [listed]
             if info.rendezvous is not None and not info.hosts_rendezvous and info.secret:
                 # hororun -np 1 still waits for the rank to register.
                 with KVClient(*info.rendezvous, info.secret, timeout=start_timeout) as kv:
@@ -221,11 +224,13 @@ def init(comm=None, process_sets=None):
                 rt = Runtime(rank, size, secret=secret, bind_host=info.bind_host)
                 prefix = f"{key_prefix}init{generation}/"
                 kv.set(f"{prefix}addr/{rank}", rt.address().encode())
-                kv.set(f"{prefix}host/{rank}", hostname.encode())
+                # With its host, each rank posts its process sets, which init checks and gathers.
+                kv.set(f"{prefix}host/{rank}", json.dumps([hostname, listed]).encode())
                 if info.node is not None and comm is None:  # the same on every rank: torchrun's
                     kv.set(f"{prefix}node/{rank}", str(info.node).encode())
                 addresses = _gather(kv, f"{prefix}addr", size, wait, start_timeout, (host, port))
-                hostnames = _gather(kv, f"{prefix}host", size, wait, start_timeout, (host, port))
+                posted = [json.loads(p) for p in _gather(kv, f"{prefix}host", size, wait, start_timeout, (host, port))]
+                hostnames, everyones_sets = [p[0] for p in posted], [p[1] for p in posted]
                 if info.node is not None and comm is None:
                     nodes = [int(n) for n in _gather(kv, f"{prefix}node", size, wait, start_timeout, (host, port))]
                 rt.connect(addresses)
@@ -258,18 +263,11 @@ def init(comm=None, process_sets=None):
         _state.process_sets = {0: global_process_set}
         global_process_set.ranks = list(range(size))
         global_process_set.mpi_comm = mpi_comm
-        # A listed set with the ranks of the global set, or of a set listed before it, stands for
-        # that set (Horovod does not register such a set again either, and aborting init over it
-        # would stop scripts whose sets coincide at a small size, e.g. "the even ranks" on 2 ranks).
-        ids = {tuple(range(size)): 0}
-        for ps in static_sets:
-            known = ids.get(tuple(ps.ranks))
-            if known is None:
-                register_process_set(ps)
-                ids[tuple(ps.ranks)] = ps.process_set_id
-            else:
-                ps.process_set_id = known
-                _state.aliases.append(ps)
+        try:
+            _register_static_sets(static_sets, listed, everyones_sets)
+        except BaseException:
+            shutdown()  # every rank fails here alike; a later init() starts clean
+            raise
         if not _state.atexit_registered:
             atexit.register(shutdown)
             _state.atexit_registered = True
@@ -277,6 +275,107 @@ def init(comm=None, process_sets=None):
 
 
 _LAUNCHER_NAMES_LATE_RANKS_S = 5.0
+
+
+def _register_static_sets(static_sets, mine, everyone):
+    """Registers init's process sets with Horovod's ids: first those built from MPI communicators,
+    where each rank may pass its own (a set per rank from comm.Split), every rank's i-th such set
+    taken together and the distinct ones registered in sorted order, i by i; then the sets listed
+    by their ranks, in list order. A set with the ranks of one registered before (or of every
+    rank) stands for it: Horovod does not register it twice either, and refusing it would stop
+    scripts whose sets coincide at a small size ("the even ranks" and [0] on 2 ranks). A set that
+    only another rank's communicator made gets an object of its own here.
+
+    Raises:
+        HoroInvalidArgument: on every rank, when the ranks' lists do not fit together (see
+            _check_listed_sets).
+    """
+    _check_listed_sets(everyone, mine)
+    from_comms = [ps for ps in static_sets if ps.mpi_comm is not None]
+    for ps, ranks in zip(from_comms, mine["comms"]):
+        ps.ranks = ranks
+    order = [ranks for i in range(len(from_comms)) for ranks in sorted({tuple(e["comms"][i]) for e in everyone})]
+    order.extend(tuple(ranks) for ranks in mine["lists"])
+    ids = {tuple(range(_state.size)): 0}
+    for ranks in order:
+        if ranks not in ids:
+            ids[ranks] = runtime().add_process_set(list(ranks))
+    for ps in static_sets:
+        ps.process_set_id = ids[tuple(ps.ranks)]
+        if ps.process_set_id in _state.process_sets:
+            _state.aliases.append(ps)
+        else:
+            _state.process_sets[ps.process_set_id] = ps
+    for ranks, set_id in ids.items():
+        if set_id not in _state.process_sets:
+            _state.process_sets[set_id] = ProcessSet(ranks)
+            _state.process_sets[set_id].process_set_id = set_id
+
+
+def _listed_sets(static_sets, info, mpi_comm, members, size):
+    """This rank's process sets for init: {"comms": the ranks of each set built from an MPI
+    communicator (ranks of init's communicator, or of MPI_COMM_WORLD under mpirun), "lists": the
+    ranks of the others, "problem": what makes them unusable, or None}."""
+    listed = {"comms": [], "lists": [ps.ranks for ps in static_sets if ps.mpi_comm is None], "problem": None}
+    from_comms = [(entry, ps.mpi_comm) for entry, ps in enumerate(static_sets) if ps.mpi_comm is not None]
+    if not from_comms:
+        return listed
+    if members is not None:
+        listed["problem"] = ("process sets built from MPI communicators need init(comm=<mpi4py communicator>) or "
+                             "init() under mpirun, not init(comm=[ranks])")
+        return listed
+    from mpi4py import MPI
+    job = mpi_comm or MPI.COMM_WORLD
+    if job.Get_size() != size:
+        listed["problem"] = (f"process sets built from MPI communicators need ranks that MPI launched (mpirun, or "
+                             f"srun with PMI), but {info.family} launched this job; list the ranks instead, "
+                             "e.g. ProcessSet([0, 2])")
+        return listed
+    job_group = job.Get_group()
+    try:
+        for entry, comm in from_comms:
+            group = comm.Get_group()
+            ranks = MPI.Group.Translate_ranks(group, list(range(group.Get_size())), job_group)
+            group.Free()
+            if MPI.UNDEFINED in ranks:
+                listed["problem"] = f"process_sets[{entry}]'s communicator holds processes outside the job"
+                return listed
+            listed["comms"].append(sorted(ranks))
+    finally:
+        job_group.Free()
+    return listed
+
+
+def _check_listed_sets(everyone, mine):
+    """Checks that every rank registers the same sets in the same order.
+
+    Raises:
+        HoroInvalidArgument: on every rank alike, naming the ranks: a rank's problem, different
+            numbers of sets built from MPI communicators (each rank's i-th is taken with the others'
+            i-th), or different sets listed by their ranks (Horovod needs the same list on every rank).
+    """
+    problems = _ranks_by_value([e["problem"] for e in everyone])
+    problems.pop("null", None)
+    if problems:
+        raise HoroInvalidArgument("init: " + "; ".join(f"{ranks}: {json.loads(problem)}"
+                                                       for problem, ranks in problems.items()))
+    counts = [len(e["comms"]) for e in everyone]
+    if len(set(counts)) > 1:
+        raise HoroInvalidArgument(
+            "init: every rank must pass as many process sets built from MPI communicators (each rank's i-th one is "
+            "taken with the others' i-th), got " + ", ".join(f"rank {r} {c}" for r, c in enumerate(counts)))
+    if any(e["lists"] != mine["lists"] for e in everyone):
+        lists = _ranks_by_value([e["lists"] for e in everyone])
+        raise HoroInvalidArgument("init: every rank must list the same process sets by their ranks, got " +
+                                  ", ".join(f"{ranks} {listed}" for listed, ranks in lists.items()))
+
+
+def _ranks_by_value(values):
+    """{JSON of a value: "rank 3" or "ranks 0, 1, 2" that have it}, in order of first rank."""
+    ranks = {}
+    for r, value in enumerate(values):
+        ranks.setdefault(json.dumps(value), []).append(str(r))
+    return {value: ("ranks " if len(rs) > 1 else "rank ") + ", ".join(rs) for value, rs in ranks.items()}
 
 
 def _rendezvous_failure(error, info, host, port):

@@ -13,7 +13,9 @@ class ProcessSet:
     removing one changes its id, never its place in a dict or set.
 
     Args:
-        ranks_or_comm: a list of global ranks, or an mpi4py communicator whose members form the set.
+        ranks_or_comm: a list of global ranks, or an mpi4py communicator whose members form the set
+            (its ranks are those in init's communicator once init has registered it; each rank may
+            pass a different one, as from comm.Split).
     """
 
     def __init__(self, ranks_or_comm):

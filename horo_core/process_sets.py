@@ -23,7 +23,7 @@ class ProcessSet:
         self.mpi_comm = None
         if hasattr(ranks_or_comm, "Get_group"):
             self.mpi_comm = ranks_or_comm
-            self.ranks = _ranks_of_comm(ranks_or_comm)
+            self.ranks = ranks_of_comm(ranks_or_comm)
         else:
             ranks = [int(r) for r in ranks_or_comm]
             if len(set(ranks)) != len(ranks):
@@ -68,11 +68,22 @@ class ProcessSet:
         return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks}, mpi_comm={self.mpi_comm})"
 
 
-def _ranks_of_comm(comm):
+def ranks_of_comm(comm, job=None):
+    """The sorted ranks in job (an mpi4py communicator; MPI_COMM_WORLD if None) of comm's members.
+
+    Raises:
+        ValueError: a member of comm is not in job.
+    """
     from mpi4py import MPI
-    world = MPI.COMM_WORLD.Get_group()
-    group = comm.Get_group()
-    return sorted(MPI.Group.Translate_ranks(group, list(range(group.Get_size())), world))
+    job_group, group = (job or MPI.COMM_WORLD).Get_group(), comm.Get_group()
+    try:
+        ranks = MPI.Group.Translate_ranks(group, list(range(group.Get_size())), job_group)
+    finally:
+        group.Free()
+        job_group.Free()
+    if MPI.UNDEFINED in ranks:
+        raise ValueError("the communicator holds processes outside the job")
+    return sorted(ranks)
 
 
 global_process_set = ProcessSet([])
@@ -95,6 +106,8 @@ def add_process_set(process_set) -> ProcessSet:
     ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
     if ps.process_set_id is not None:
         raise ValueError(f"{ps} is already registered")
+    if ps.mpi_comm is not None:  # ranks of the job's communicator, which init(comm=...) may have given
+        ps.ranks = ranks_of_comm(ps.mpi_comm, global_process_set.mpi_comm)
     basics.register_process_set(ps)
     return ps
 

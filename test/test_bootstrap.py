@@ -205,6 +205,13 @@ report.update(size=hvd.size(), ids=[ps.process_set_id for ps in (half, again, ev
               if first.included() else None)
 world.Barrier()  # rank 1's last collective ends first; its shutdown would fail rank 0's on [0]
 hvd.shutdown()
+pair = world.Split(color=world.rank // 2, key=world.rank)  # jobs of ranks 0, 1 and of rank 2 alone
+hvd.init(pair, process_sets="dynamic")
+try:  # a communicator's ranks are those of the job's communicator, as in init
+    hvd.add_process_set(hvd.ProcessSet(pair.Dup()))
+except ValueError as e:
+    report["added"] = str(e)
+hvd.shutdown()
 print(json.dumps(report), flush=True)
 """
 
@@ -215,7 +222,8 @@ def test_process_sets_of_split_communicators_under_mpirun(tmp_path):
     The ranks' sets are now gathered, with Horovod's ids (its test_process_sets_multi_comm.py):
     the split sets in order, then the listed ones; clones stand for the set they repeat. A rank
     passing more such sets than the others fails every rank's init() with the counts, and a
-    later init() succeeds (the failed one left nothing behind)."""
+    later init() succeeds (the failed one left nothing behind). A communicator's set added later
+    has the ranks of init's communicator too."""
     worker = tmp_path / "split.py"
     worker.write_text(SPLIT_COMM_WORKER)
     mpirun = shutil.which("mpirun", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
@@ -236,6 +244,8 @@ def test_process_sets_of_split_communicators_under_mpirun(tmp_path):
         assert r["ranks"] == ([0, 2] if even else [1]) and r["half_rank"] == r["rank"] // 2, r
         assert r["sum"] == (4.0 if even else 2.0), r
         assert (r["first_included"], r["first_sum"]) == ((True, 5.0) if r["rank"] == 0 else (False, None)), r
+        whole_job = "[0, 1]" if r["rank"] < 2 else "[0]"
+        assert r["added"] == f"a process set with ranks {whole_job} already exists (id 0)", r
 
 
 def test_init_with_a_list_of_ranks_is_checked(worker):

@@ -20,7 +20,7 @@ from horo_core.errors import (HoroAuthError, HoroInvalidArgument, HoroNotInitial
                               HoroShutdownError, HoroTimeoutError)
 from horo_core.kv_wire import KVAuthError, KVConnectionError, KVStoreError, KVTimeoutError
 from horo_core.kvstore import KVClient, KVServer
-from horo_core.process_sets import ProcessSet, ranks_of_comm, global_process_set
+from horo_core.process_sets import ProcessSet, global_process_set, ranks_of_comm
 from horo_core.runtime import LoopbackHub, Runtime
 
 logger = logging.getLogger("horo")

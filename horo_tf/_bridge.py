@@ -24,6 +24,8 @@ raises a ``HoroUnsupportedError`` that says how to turn XLA off.
 """
 import math
 import re
+import sys
+import threading
 
 import numpy as np
 import tensorflow as tf
@@ -65,14 +67,58 @@ _ALIGN_FROM_BYTES = 1 << 16  # below, the copy costs less than the longer alloca
 def host_empty(shape, dtype):
     """An uninitialized array for a collective's result; from 64 KiB on 64-byte aligned, so that the
     output tensor (of a numpy_function, or eagerly) takes its buffer instead of a copy (NumPy
-    aligns to 16 bytes only: a 16 MB result cost one more 16 MB copy)."""
+    aligns to 16 bytes only: a 16 MB result cost one more 16 MB copy), and taken from buffers kept
+    for reuse (_ResultBuffers)."""
     dtype = np.dtype(dtype)
     nbytes = math.prod(shape) * dtype.itemsize  # (np.prod would add 3 us to every small call)
     if nbytes < _ALIGN_FROM_BYTES:
         return np.empty(shape, dtype)
-    raw = np.empty(nbytes + _ALIGNMENT, np.uint8)
+    raw = _result_buffers.take(nbytes + _ALIGNMENT)
     start = -raw.ctypes.data % _ALIGNMENT
     return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def _references(buffers, i):
+    return sys.getrefcount(buffers[i])
+
+
+class _ResultBuffers:
+    """Buffers for large results, reused once nothing refers to them any more.
+
+    A result's tensor owns its buffer (host_empty), and each step's results are new tensors. Freshly
+    allocated, every page of one is a page fault when the core first writes it: glibc hands large
+    blocks back to the system when they are freed and maps new ones, so a 16 MB grouped allreduce
+    of a TF1 step took 4,000 faults and several milliseconds more each step. A kept buffer is free
+    again when only this pool refers to it: a tensor or array using it refers to it (an array view's
+    base is the buffer), so its reference count says so. Buffers are kept up to LIMIT bytes in all;
+    past that, results get buffers of their own as before.
+    """
+
+    LIMIT = 512 << 20
+    # What _references counts for a buffer that only its list refers to (measured, not assumed: the
+    # count of the call's own references differs between Python versions).
+    ONLY_LISTED = _references([np.empty(0, np.uint8)], 0)
+
+    def __init__(self):
+        self._lock = threading.Lock()  # numpy_functions of a graph may run on several threads
+        self._by_size = {}
+        self._kept = 0
+
+    def take(self, nbytes):
+        """A uint8 array of nbytes that nothing else refers to."""
+        with self._lock:
+            buffers = self._by_size.setdefault(nbytes, [])
+            for i in range(len(buffers)):
+                if _references(buffers, i) == self.ONLY_LISTED:
+                    return buffers[i]
+            raw = np.empty(nbytes, np.uint8)
+            if self._kept + nbytes <= self.LIMIT:
+                buffers.append(raw)
+                self._kept += nbytes
+            return raw
+
+
+_result_buffers = _ResultBuffers()
 
 
 class Unsupported:

@@ -948,3 +948,44 @@ def test_large_results_are_allocated_aligned():
             (shape, np.dtype(dtype), True, True)
         if array.nbytes >= 1 << 16:
             assert array.ctypes.data % 64 == 0, (shape, dtype, array.ctypes.data % 64)
+
+
+def _results_kept_while_more_are_made():
+    import tensorflow as tf
+
+    import horo_tf as hvd
+    hvd.init()
+    x = tf.fill([512, 512], 1.0)
+    eager = [hvd.allreduce(x * float(i), op=hvd.Sum, name="reuse.eager") for i in range(4)]
+    traced = tf.function(lambda v: hvd.allreduce(v, op=hvd.Sum, name="reuse.traced"))
+    graph = [traced(x * float(i)) for i in range(4)]
+    fetched = [traced(x * float(i)).numpy() for i in range(4)]
+    return [[float(result[0, 0]), float(result[-1, -1])] for results in (eager, graph, fetched) for result in results]
+
+
+def test_large_result_buffers_are_reused_only_once_nothing_refers_to_them():
+    """Large results come from kept buffers (fresh ones cost a page fault per page, every step).
+    A buffer is handed out again only once no array, view or tensor uses it, and a result kept in
+    a tensor (eagerly, from a tf.function, or fetched as an array) keeps its values while later
+    results are made."""
+    from horo_tf._bridge import _ResultBuffers, host_empty
+    first = host_empty((512, 512), np.float32)
+    address = first.ctypes.data
+    assert host_empty((512, 512), np.float32).ctypes.data != address
+    view = first[3:5]
+    del first
+    assert host_empty((512, 512), np.float32).ctypes.data != address  # the view still uses it
+    del view
+    assert host_empty((512, 512), np.float32).ctypes.data == address
+
+    pool = _ResultBuffers()
+    pool.LIMIT = 3 << 20
+    kept = [pool.take(1 << 20) for _ in range(4)]  # the fourth is past the limit: not kept
+    assert sum(len(b) for b in pool._by_size.values()) == 3 and len({k.ctypes.data for k in kept}) == 4
+    del kept[3]
+    assert pool.take(1 << 20).ctypes.data not in {k.ctypes.data for k in kept}
+    address = kept.pop(1).ctypes.data
+    assert pool.take(1 << 20).ctypes.data == address
+
+    for values in horo_runner.run(_results_kept_while_more_are_made, num_proc=2, env=CHILD_ENV):
+        assert values == [[2.0 * i] * 2 for i in range(4)] * 3, values

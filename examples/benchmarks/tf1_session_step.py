@@ -10,7 +10,6 @@ in each repeat; every step is timed, a mode's step time is the median of its ste
 the slowest rank's. Also reported: how long building the distributed step took beside the plain one
 (the chain of collectives walks the graph once).
 """
-import argparse
 import os
 import time
 
@@ -20,18 +19,9 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import horo_tf as hvd  # noqa: E402
+from mlp_step_report import parse_args, report  # noqa: E402
 
 v1 = tf.compat.v1
-
-
-def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--width", type=int, default=512)
-    parser.add_argument("--layers", type=int, default=16)
-    parser.add_argument("--batch-size", type=int, default=64, help="per rank")
-    parser.add_argument("--steps", type=int, default=20, help="timed steps per mode and repeat")
-    parser.add_argument("--repeats", type=int, default=5)
-    return parser.parse_args()
 
 
 def build(scope, args, distributed):
@@ -51,7 +41,7 @@ def build(scope, args, distributed):
 
 
 def main():
-    args = parse_args()
+    args = parse_args(__doc__.splitlines()[0])
     v1.disable_v2_behavior()
     hvd.init()
     config = v1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=2)
@@ -75,14 +65,7 @@ def main():
         medians = {m: float(np.median(t)) for m, t in step_times.items()}
         slowest = hvd.allgather_object(medians, session=session)
     if hvd.rank() == 0:
-        job = {m: max(r[m] for r in slowest) for m in modes}
-        params = args.layers * args.width * args.width
-        print(f"TF1 MLP: {args.layers} x {args.width}^2 ({params / 1e6:.1f}M parameters, {4 * params / 1e6:.0f} MB "
-              f"of gradients), batch {args.batch_size} per rank, {hvd.size()} ranks, {args.repeats} x {args.steps} "
-              f"steps per mode")
-        for m in modes:
-            print(f"{m:6s} step {1e3 * job[m]:7.2f} ms   {hvd.size() * args.batch_size / job[m]:8.0f} samples/s")
-        print(f"horo / local throughput: {job['local'] / job['horo']:.2f}")
+        report("TF1", args, hvd.size(), slowest)
         print(f"building minimize: local {1e3 * modes['local'][2]:.0f} ms, horo {1e3 * modes['horo'][2]:.0f} ms")
 
 

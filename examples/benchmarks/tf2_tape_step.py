@@ -10,7 +10,6 @@ tape: a plain ``tf.GradientTape`` (local: every rank on its own, the ceiling) an
 turns in each repeat, ranks entering each block together; every step is timed, a mode's step time
 is the median of its steps, and the job's the slowest rank's.
 """
-import argparse
 import os
 import time
 
@@ -20,16 +19,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import horo_tf as hvd  # noqa: E402
-
-
-def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--width", type=int, default=512)
-    parser.add_argument("--layers", type=int, default=16)
-    parser.add_argument("--batch-size", type=int, default=64, help="per rank")
-    parser.add_argument("--steps", type=int, default=20, help="timed steps per mode and repeat")
-    parser.add_argument("--repeats", type=int, default=5)
-    return parser.parse_args()
+from mlp_step_report import parse_args, report  # noqa: E402
 
 
 def train_step(weights, data, distributed):
@@ -48,7 +38,7 @@ def train_step(weights, data, distributed):
 
 
 def main():
-    args = parse_args()
+    args = parse_args(__doc__.splitlines()[0])
     hvd.init()
     tf.config.threading.set_intra_op_parallelism_threads(1)
     weights = [tf.Variable(tf.random.normal([args.width, args.width], stddev=0.04, seed=i))
@@ -68,14 +58,7 @@ def main():
                 step_times[mode].append(time.perf_counter() - start)
     slowest = hvd.allgather_object({m: float(np.median(t)) for m, t in step_times.items()})
     if hvd.rank() == 0:
-        job = {m: max(r[m] for r in slowest) for m in modes}
-        params = args.layers * args.width * args.width
-        print(f"TF2 MLP: {args.layers} x {args.width}^2 ({params / 1e6:.1f}M parameters, {4 * params / 1e6:.0f} MB "
-              f"of gradients), batch {args.batch_size} per rank, {hvd.size()} ranks, {args.repeats} x {args.steps} "
-              f"steps per mode")
-        for m in modes:
-            print(f"{m:6s} step {1e3 * job[m]:7.2f} ms   {hvd.size() * args.batch_size / job[m]:8.0f} samples/s")
-        print(f"horo / local throughput: {job['local'] / job['horo']:.2f}")
+        report("TF2", args, hvd.size(), slowest)
 
 
 if __name__ == "__main__":

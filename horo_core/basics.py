@@ -42,6 +42,7 @@ class _State:
         self.local_rank = self.local_size = self.cross_rank = self.cross_size = None
         self.homogeneous = True
         self.dynamic = False
+        self.listed_members = False  # init(comm=[ranks]): no communicator numbers the job's ranks
         self.process_sets = {}
         self.aliases = []  # listed process sets that stand for another set (see init)
         self.names = {}
@@ -259,6 +260,7 @@ def init(comm=None, process_sets=None):
             _state.cross_rank, _state.cross_size = mine.cross_rank, mine.cross_size
         _state.homogeneous = len({t.local_size for t in topologies}) == 1
         _state.runtime, _state.rank, _state.size = rt, rank, size
+        _state.listed_members = members is not None
         _state.names = {}
         _state.process_sets = {0: global_process_set}
         global_process_set.ranks = list(range(size))
@@ -291,7 +293,7 @@ def _register_static_sets(static_sets, mine, everyone):
             _check_listed_sets).
     """
     _check_listed_sets(everyone, mine)
-    from_comms = [ps for ps in static_sets if ps.mpi_comm is not None]
+    from_comms = [ps for ps in static_sets if ps.mpi_comm is not None and ps is not global_process_set]
     for ps, ranks in zip(from_comms, mine["comms"]):
         ps.ranks = ranks
     order = [ranks for i in range(len(from_comms)) for ranks in sorted({tuple(e["comms"][i]) for e in everyone})]
@@ -312,17 +314,27 @@ def _register_static_sets(static_sets, mine, everyone):
             _state.process_sets[set_id].process_set_id = set_id
 
 
+COMM_SETS_NEED_A_COMMUNICATOR = ("process sets built from MPI communicators need init(comm=<mpi4py communicator>) "
+                                 "or init() under mpirun, not init(comm=[ranks])")
+
+
 def _listed_sets(static_sets, info, mpi_comm, members, size):
     """This rank's process sets for init: {"comms": the ranks of each set built from an MPI
     communicator (ranks of init's communicator, or of MPI_COMM_WORLD under mpirun), "lists": the
     ranks of the others, "problem": what makes them unusable, or None}."""
-    listed = {"comms": [], "lists": [ps.ranks for ps in static_sets if ps.mpi_comm is None], "problem": None}
-    from_comms = [(entry, ps.mpi_comm) for entry, ps in enumerate(static_sets) if ps.mpi_comm is not None]
+    listed = {"comms": [], "lists": [], "problem": None}
+    from_comms = []
+    for entry, ps in enumerate(static_sets):
+        if ps is global_process_set:  # its ranks and communicator are set below, for this job
+            listed["lists"].append(list(range(size)))
+        elif ps.mpi_comm is None:
+            listed["lists"].append(ps.ranks)
+        else:
+            from_comms.append((entry, ps.mpi_comm))
     if not from_comms:
         return listed
     if members is not None:
-        listed["problem"] = ("process sets built from MPI communicators need init(comm=<mpi4py communicator>) or "
-                             "init() under mpirun, not init(comm=[ranks])")
+        listed["problem"] = COMM_SETS_NEED_A_COMMUNICATOR
         return listed
     from mpi4py import MPI
     if (mpi_comm or MPI.COMM_WORLD).Get_size() != size:
@@ -580,6 +592,11 @@ def require_dynamic_process_sets(what):
     if not _state.dynamic:
         raise HoroInvalidArgument(f"{what} needs dynamic process sets: call hvd.init(process_sets='dynamic') or "
                                   "set HORO_DYNAMIC_PROCESS_SETS=1")
+
+
+def job_has_no_communicator():
+    """Whether init(comm=[ranks]) made the job, so that no MPI communicator numbers its ranks."""
+    return _state.listed_members
 
 
 def register_process_set(ps):

@@ -7,6 +7,8 @@ Both are collective: every rank of the job calls them, in the same order, with t
 """
 from typing import List, Optional
 
+from horo_core.errors import HoroInvalidArgument
+
 
 class ProcessSet:
     """A set of global ranks. Sets compare and hash by identity, as Horovod's: registering or
@@ -98,8 +100,9 @@ def add_process_set(process_set) -> ProcessSet:
     Returns:
         The registered ProcessSet (with its process_set_id).
     Raises:
-        ValueError: dynamic process sets are off, the set is already registered, or a set with the
-            same ranks exists.
+        ValueError: dynamic process sets are off, the set is already registered, a set with the
+            same ranks exists, or the set is an MPI communicator's in a job that init(comm=[ranks])
+            made (no communicator numbers its ranks).
     """
     from horo_core import basics
     basics.require_dynamic_process_sets("add_process_set")
@@ -107,6 +110,8 @@ def add_process_set(process_set) -> ProcessSet:
     if ps.process_set_id is not None:
         raise ValueError(f"{ps} is already registered")
     if ps.mpi_comm is not None:  # ranks of the job's communicator, which init(comm=...) may have given
+        if basics.job_has_no_communicator():
+            raise HoroInvalidArgument(basics.COMM_SETS_NEED_A_COMMUNICATOR)
         ps.ranks = ranks_of_comm(ps.mpi_comm, global_process_set.mpi_comm)
     basics.register_process_set(ps)
     return ps

@@ -22,6 +22,7 @@ Two rules keep ranks in step in graphs:
 XLA cannot compile a ``numpy_function``; tracing a collective inside a ``jit_compile=True`` function
 raises a ``HoroUnsupportedError`` that says how to turn XLA off.
 """
+import collections
 import math
 import re
 import sys
@@ -90,32 +91,69 @@ class _ResultBuffers:
     blocks back to the system when they are freed and maps new ones, so a 16 MB grouped allreduce
     of a TF1 step took 4,000 faults and several milliseconds more each step. A kept buffer is free
     again when only this pool refers to it: a tensor or array using it refers to it (an array view's
-    base is the buffer), so its reference count says so. Buffers are kept up to LIMIT bytes in all;
-    past that, results get buffers of their own as before.
+    base is the buffer), so its reference count says so.
+
+    Bounds, so that results of changing sizes (allgathers of varying rows) cost neither memory nor
+    time: a size is kept from the second time it is asked for; a take looks at most PROBES buffers
+    of its size, from where the last one was found (results of a step are freed in the order they
+    were made); and at most LIMIT bytes are kept, room being made by dropping free buffers of the
+    sizes used longest ago. Past that, a result gets a buffer of its own, as before.
     """
 
     LIMIT = 512 << 20
+    PROBES = 16
+    SIZES_SEEN = 256  # sizes asked for once, remembered to keep them the second time
     # What _references counts for a buffer that only its list refers to (measured, not assumed: the
     # count of the call's own references differs between Python versions).
     ONLY_LISTED = _references([np.empty(0, np.uint8)], 0)
 
     def __init__(self):
         self._lock = threading.Lock()  # numpy_functions of a graph may run on several threads
-        self._by_size = {}
+        self._by_size = collections.OrderedDict()  # nbytes -> [buffers, where to look first]; oldest use first
+        self._seen = collections.OrderedDict()
         self._kept = 0
 
     def take(self, nbytes):
         """A uint8 array of nbytes that nothing else refers to."""
         with self._lock:
-            buffers = self._by_size.setdefault(nbytes, [])
-            for i in range(len(buffers)):
+            entry = self._by_size.get(nbytes)
+            if entry is None:
+                if nbytes not in self._seen:  # the first time: a size that may never recur
+                    self._seen[nbytes] = None
+                    if len(self._seen) > self.SIZES_SEEN:
+                        self._seen.popitem(last=False)
+                    return np.empty(nbytes, np.uint8)
+                del self._seen[nbytes]
+                entry = self._by_size[nbytes] = [[], 0]
+            self._by_size.move_to_end(nbytes)
+            buffers, first = entry
+            for k in range(min(len(buffers), self.PROBES)):
+                i = (first + k) % len(buffers)
                 if _references(buffers, i) == self.ONLY_LISTED:
+                    entry[1] = i + 1
                     return buffers[i]
             raw = np.empty(nbytes, np.uint8)
-            if self._kept + nbytes <= self.LIMIT:
+            if self._make_room(nbytes):
                 buffers.append(raw)
                 self._kept += nbytes
             return raw
+
+    def _make_room(self, nbytes):
+        """Whether nbytes more may be kept, after dropping free buffers of the sizes used longest ago."""
+        for size in list(self._by_size):
+            if self._kept + nbytes <= self.LIMIT:
+                return True
+            buffers = self._by_size[size][0]
+            i = 0
+            while i < len(buffers) and self._kept + nbytes > self.LIMIT:
+                if _references(buffers, i) == self.ONLY_LISTED:
+                    del buffers[i]
+                    self._kept -= size
+                else:
+                    i += 1
+            if not buffers and size != nbytes:
+                del self._by_size[size]
+        return self._kept + nbytes <= self.LIMIT
 
 
 _result_buffers = _ResultBuffers()

@@ -212,6 +212,12 @@ try:  # a communicator's ranks are those of the job's communicator, as in init
 except ValueError as e:
     report["added"] = str(e)
 hvd.shutdown()
+hvd.init(comm=[0, 1, 2], process_sets="dynamic")  # no communicator numbers this job's ranks
+try:
+    hvd.add_process_set(hvd.ProcessSet(world.Dup()))
+except ValueError as e:
+    report["added_to_listed"] = str(e)
+hvd.shutdown()
 print(json.dumps(report), flush=True)
 """
 
@@ -246,6 +252,7 @@ def test_process_sets_of_split_communicators_under_mpirun(tmp_path):
         assert (r["first_included"], r["first_sum"]) == ((True, 5.0) if r["rank"] == 0 else (False, None)), r
         whole_job = "[0, 1]" if r["rank"] < 2 else "[0]"
         assert r["added"] == f"a process set with ranks {whole_job} already exists (id 0)", r
+        assert r["added_to_listed"].startswith("process sets built from MPI communicators need init(comm=<mpi4py"), r
 
 
 def test_init_with_a_list_of_ranks_is_checked(worker):

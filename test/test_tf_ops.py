@@ -967,25 +967,36 @@ def test_large_result_buffers_are_reused_only_once_nothing_refers_to_them():
     """Large results come from kept buffers (fresh ones cost a page fault per page, every step).
     A buffer is handed out again only once no array, view or tensor uses it, and a result kept in
     a tensor (eagerly, from a tf.function, or fetched as an array) keeps its values while later
-    results are made."""
-    from horo_tf._bridge import _ResultBuffers, host_empty
-    first = host_empty((512, 512), np.float32)
-    address = first.ctypes.data
-    assert host_empty((512, 512), np.float32).ctypes.data != address
-    view = first[3:5]
-    del first
-    assert host_empty((512, 512), np.float32).ctypes.data != address  # the view still uses it
-    del view
-    assert host_empty((512, 512), np.float32).ctypes.data == address
-
+    results are made. Sizes asked for once are not kept, and room under the limit is made from
+    free buffers only."""
+    from horo_tf._bridge import _ResultBuffers
+    mib = 1 << 20
     pool = _ResultBuffers()
-    pool.LIMIT = 3 << 20
-    kept = [pool.take(1 << 20) for _ in range(4)]  # the fourth is past the limit: not kept
-    assert sum(len(b) for b in pool._by_size.values()) == 3 and len({k.ctypes.data for k in kept}) == 4
-    del kept[3]
-    assert pool.take(1 << 20).ctypes.data not in {k.ctypes.data for k in kept}
-    address = kept.pop(1).ctypes.data
-    assert pool.take(1 << 20).ctypes.data == address
+    pool.LIMIT = 3 * mib
+    for size in range(1000, 1300):  # sizes asked for once are not kept (allgathers of varying rows)
+        pool.take(size * 1024)
+    assert pool._kept == 0
+    held = pool.take(mib)  # the first time: not kept
+    second = pool.take(mib)
+    address = second.ctypes.data
+    assert pool._kept == mib and address != held.ctypes.data
+    del second
+    third = pool.take(mib)
+    assert third.ctypes.data == address
+    view = third[3:5]
+    del third
+    fourth = pool.take(mib)
+    assert fourth.ctypes.data != address and pool._kept == 2 * mib  # the view still uses the first
+    del view
+    again = pool.take(mib)
+    assert again.ctypes.data == address
+    pool.take(2 * mib)
+    assert pool.take(2 * mib) is not None and pool._kept == 2 * mib  # no room: both 1 MiB ones in use
+    del fourth
+    kept_2mib = pool.take(2 * mib)  # room made by dropping the free 1 MiB buffer
+    assert pool._kept == 3 * mib and kept_2mib.ctypes.data in {b.ctypes.data for b in pool._by_size[2 * mib][0]}
+    many = [pool.take(2 * mib) for _ in range(3 * pool.PROBES)]  # all held: each take looks at PROBES at most
+    assert len({m.ctypes.data for m in many}) == len(many)
 
     for values in horo_runner.run(_results_kept_while_more_are_made, num_proc=2, env=CHILD_ENV):
         assert values == [[2.0 * i] * 2 for i in range(4)] * 3, values

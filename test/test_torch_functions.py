@@ -447,8 +447,8 @@ def test_sparse_allreduce(reports):
 def _coinciding_sets():
     import horo_torch as hvd
     everyone, second, again = hvd.ProcessSet([0, 1]), hvd.ProcessSet([1]), hvd.ProcessSet([1])
-    hvd.init(process_sets=[everyone, second, again])
-    ids = [everyone.process_set_id, second.process_set_id, again.process_set_id]
+    hvd.init(process_sets=[everyone, second, again, hvd.global_process_set])
+    ids = [everyone.process_set_id, second.process_set_id, again.process_set_id, hvd.global_process_set.process_set_id]
     alone = hvd.allreduce(torch.ones(1), op=hvd.Sum, process_set=again).item() if hvd.rank() == 1 else None
     total = hvd.allreduce(torch.ones(1), op=hvd.Sum, process_set=everyone).item()  # after rank 1's own
     hvd.shutdown()
@@ -456,10 +456,10 @@ def _coinciding_sets():
 
 
 def test_listed_sets_that_coincide_stand_for_one_set():
-    """hvd.init(process_sets=[...]) with a set of every rank, and a set listed twice: init goes on
-    (as Horovod's), and each such set stands for the one with its ranks."""
+    """hvd.init(process_sets=[...]) with a set of every rank, a set listed twice and the global set
+    itself: init goes on (as Horovod's), and each such set stands for the one with its ranks."""
     results = horo_runner.run(_coinciding_sets, num_proc=2, env=ENV)
     for rank, (ids, total, alone, after) in enumerate(results):
-        assert ids[0] == 0 and ids[1] == ids[2] and ids[1] not in (None, 0), ids
+        assert ids[0] == ids[3] == 0 and ids[1] == ids[2] and ids[1] not in (None, 0), ids
         assert total == 2.0 and alone == (1.0 if rank == 1 else None) and after is None
 

@@ -293,7 +293,7 @@ def _register_static_sets(static_sets, mine, everyone):
             _check_listed_sets).
     """
     _check_listed_sets(everyone, mine)
-    from_comms = [ps for ps in static_sets if ps.mpi_comm is not None and ps is not global_process_set]
+    from_comms = [ps for ps in static_sets if _built_from_comm(ps)]
     for ps, ranks in zip(from_comms, mine["comms"]):
         ps.ranks = ranks
     order = [ranks for i in range(len(from_comms)) for ranks in sorted({tuple(e["comms"][i]) for e in everyone})]
@@ -318,6 +318,12 @@ COMM_SETS_NEED_A_COMMUNICATOR = ("process sets built from MPI communicators need
                                  "or init() under mpirun, not init(comm=[ranks])")
 
 
+def _built_from_comm(ps):
+    """Whether init takes ps as a set of an MPI communicator (the global set, whose communicator is
+    init's own, is not one)."""
+    return ps.mpi_comm is not None and ps is not global_process_set
+
+
 def _listed_sets(static_sets, info, mpi_comm, members, size):
     """This rank's process sets for init: {"comms": the ranks of each set built from an MPI
     communicator (ranks of init's communicator, or of MPI_COMM_WORLD under mpirun), "lists": the
@@ -325,12 +331,10 @@ def _listed_sets(static_sets, info, mpi_comm, members, size):
     listed = {"comms": [], "lists": [], "problem": None}
     from_comms = []
     for entry, ps in enumerate(static_sets):
-        if ps is global_process_set:  # its ranks and communicator are set below, for this job
-            listed["lists"].append(list(range(size)))
-        elif ps.mpi_comm is None:
-            listed["lists"].append(ps.ranks)
-        else:
+        if _built_from_comm(ps):
             from_comms.append((entry, ps.mpi_comm))
+        else:  # the global set's ranks are set later in init, for this job
+            listed["lists"].append(list(range(size)) if ps is global_process_set else ps.ranks)
     if not from_comms:
         return listed
     if members is not None:

@@ -187,6 +187,9 @@ def init(comm=None, process_sets=None):
             members = ranks
             rank, size = ranks.index(rank), len(ranks)
         elif comm is not None:
+            if not _launched_by_mpi(info):
+                raise HoroInvalidArgument(f"init(comm=<MPI communicator>) needs {_MPI_LAUNCHED.format(info.family)}; "
+                                          "call init() for every launched process, or init(comm=[ranks]) for some")
             mpi_comm = comm
             rank, size = comm.Get_rank(), comm.Get_size()
         settings = {s.name: s.value for s in config.settings()}
@@ -209,7 +212,7 @@ def init(comm=None, process_sets=None):
             if info.rendezvous is not None and not info.hosts_rendezvous and info.secret:
                 # hororun -np 1 still waits for the rank to register.
                 with KVClient(*info.rendezvous, info.secret, timeout=start_timeout) as kv:
-                    kv.set(f"ready/{info.rank}", b"1")
+                    _report_arrival(kv, info, members)
         else:
             host, port, secret, server = _rendezvous(info, mpi_comm, members)
             _state.kv_server = server
@@ -220,7 +223,7 @@ def init(comm=None, process_sets=None):
                 # This rank reached the rendezvous: hororun gives the others start_timeout from the
                 # first such rank, then names those that did not come (runner/job.py); meanwhile
                 # this rank waits a little longer, so that the launcher's message is the one seen.
-                kv.set(f"ready/{info.rank}", b"1")
+                _report_arrival(kv, info, members)
                 wait = start_timeout + (_LAUNCHER_NAMES_LATE_RANKS_S if info.family == "hororun" else 0.0)
                 rt = Runtime(rank, size, secret=secret, bind_host=info.bind_host)
                 prefix = f"{key_prefix}init{generation}/"
@@ -277,6 +280,26 @@ def init(comm=None, process_sets=None):
 
 
 _LAUNCHER_NAMES_LATE_RANKS_S = 5.0
+
+# What init's MPI communicators need: under hororun or torchrun each process's MPI world holds that
+# process alone, so a communicator cannot number the job's ranks.
+_MPI_LAUNCHED = ("ranks that MPI launched (mpirun, or srun with PMI), but {} launched this job, so each "
+                 "process's MPI world holds that process alone")
+
+
+def _launched_by_mpi(info):
+    """Whether MPI's world is the job's processes (mpi4py imported: the caller holds a communicator)."""
+    from mpi4py import MPI
+    return MPI.COMM_WORLD.Get_size() == info.size
+
+
+def _report_arrival(kv, info, members):
+    """Tells the launcher's start watch (runner/job.py) that this rank reached init; under
+    init(comm=[ranks]) the first member also excuses the ranks left out, which never come."""
+    kv.set(f"ready/{info.rank}", b"1")
+    if members is not None and info.rank == members[0]:
+        for r in sorted(set(range(info.size)) - set(members)):
+            kv.set(f"ready/{r}", b"not a member")
 
 
 def _register_static_sets(static_sets, mine, everyone):
@@ -340,11 +363,9 @@ def _listed_sets(static_sets, info, mpi_comm, members, size):
     if members is not None:
         listed["problem"] = COMM_SETS_NEED_A_COMMUNICATOR
         return listed
-    from mpi4py import MPI
-    if (mpi_comm or MPI.COMM_WORLD).Get_size() != size:
-        listed["problem"] = (f"process sets built from MPI communicators need ranks that MPI launched (mpirun, or "
-                             f"srun with PMI), but {info.family} launched this job; list the ranks instead, "
-                             "e.g. ProcessSet([0, 2])")
+    if not _launched_by_mpi(info):
+        listed["problem"] = (f"process sets built from MPI communicators need {_MPI_LAUNCHED.format(info.family)}; "
+                             "list the ranks instead, e.g. ProcessSet([0, 2])")
         return listed
     for entry, comm in from_comms:
         try:

@@ -36,7 +36,7 @@ import os
 import selectors
 import socket
 import threading
-from typing import Iterable, Optional
+from typing import Callable, Container, Iterable, Optional
 
 from horo_core.kv_wire import (CLIENT_TO_SERVER, DEFAULT_MAX_MESSAGE_BYTES, NONCE_BYTES, PROTOCOL,
                                SERVER_TO_CLIENT, KVAuthError, KVConnectionError, KVProtocolError,
@@ -215,13 +215,22 @@ class KVServer:
         """
         watched = list(keys)
         need = len(watched) if min_present is None else min_present
-
-        def done() -> bool:
-            return self._stopping or sum(k in self._data for k in watched) >= need
-
+        self.wait_until(lambda stored: sum(k in stored for k in watched) >= need, timeout)
         with self._cond:
-            self._cond.wait_for(done, timeout)
             return [k for k in watched if k not in self._data]
+
+    def wait_until(self, condition: Callable[[Container[str]], bool], timeout: Optional[float] = None) -> None:
+        """Blocks until ``condition(the stored keys)`` holds, the timeout passes or the server
+        stops; condition runs under the store's lock, at each change."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._stopping or condition(self._data), timeout)
+
+    def put(self, key: str, value: bytes) -> None:
+        """Stores a key from this process, as a client's set does (its waiters wake)."""
+        key = check_key(key)
+        with self._cond:
+            self._data[key] = bytes(value)
+            self._cond.notify_all()
 
     # -- serving ---------------------------------------------------------------------------
 

@@ -10,7 +10,8 @@
    or in any message), ``PYTHONUNBUFFERED=1`` and the settings the caller passes;
 4. watches the start: once the first rank has registered (set ``ready/<rank>`` in the rendezvous
    when its ``init()`` reaches it) every other rank must register within the start timeout, or the
-   job fails naming those that did not. A command that never uses Horo never registers and is not watched;
+   job fails naming those that did not, at once for a rank that exited with code 0 before it
+   registered. A command that never uses Horo never registers and is not watched;
 5. keeps the rendezvous up until every worker has exited.
 """
 from __future__ import annotations
@@ -32,6 +33,8 @@ __all__ = ["JobSpec", "run_job", "READY_KEY", "SECRET_ENV"]
 
 READY_KEY = "ready/{rank}"
 """Key a rank sets in the rendezvous when its init() reaches it, before it waits for the others."""
+FINISHED_KEY = "finished/{rank}"
+"""Key the launcher sets in the rendezvous when a rank's process exits with code 0."""
 SECRET_ENV = "HORO_SECRET"
 _SECRET_BYTES = 32
 
@@ -94,20 +97,30 @@ def _worker_env(base: Mapping[str, str], slot: SlotInfo, settings: Mapping[str, 
 
 
 def _start_watch(server: KVServer, size: int, timeout: float) -> Monitor:
-    keys = [READY_KEY.format(rank=r) for r in range(size)]
+    ready = [READY_KEY.format(rank=r) for r in range(size)]
+    finished = [FINISHED_KEY.format(rank=r) for r in range(size)]
 
     def watch() -> Optional[str]:
-        server.wait_for_keys(keys, timeout=None, min_present=1)
+        server.wait_for_keys(ready, timeout=None, min_present=1)
         if not server.running:
             return None
-        missing = server.wait_for_keys(keys, timeout=timeout)
+        # A rank is settled once it registered, or once it ended without: then it never will.
+        server.wait_until(lambda keys: all(r in keys or f in keys for r, f in zip(ready, finished)), timeout)
+        stored = set(server.keys())
+        missing = [r for r in range(size) if ready[r] not in stored]
         if not missing or not server.running:
             return None
-        ranks = ", ".join(k.split("/", 1)[1] for k in missing)
-        noun = "rank" if len(missing) == 1 else "ranks"
-        return (f"{noun} {ranks} did not register with the rendezvous within {timeout:g} s of the "
+        ended = [r for r in missing if finished[r] in stored]
+        if ended:
+            return (f"{_ranks(ended)} exited with code 0 before registering with the rendezvous (in init()), "
+                    "while the others wait there for every rank")
+        return (f"{_ranks(missing)} did not register with the rendezvous within {timeout:g} s of the "
                 f"first rank (--start-timeout)")
     return watch
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
 def _describe(spec: JobSpec, slots: Sequence[SlotInfo], rendezvous: tuple[str, int],
@@ -162,8 +175,14 @@ def run_job(spec: JobSpec, stdout: Optional[IO[str]] = None,
         settings = {**spec.settings_env, EXIT_NOTES_ENV: notes}
         workers = [Worker(s.rank, spec.command, _worker_env(os.environ, s, settings, rendezvous, secret_hex), cpus[i])
                    for i, s in enumerate(slots)]
+
+        def note_exit(rank: int, code: int) -> None:
+            if code == 0:  # the start watch's to see; a failure ends the job anyway
+                server.put(FINISHED_KEY.format(rank=rank), b"0")
+
         options = ExecOptions(output_dir=spec.output_dir, prefix_timestamp=spec.prefix_timestamp,
-                              termination_grace_s=spec.termination_grace_s, exit_notes_dir=notes)
+                              termination_grace_s=spec.termination_grace_s, exit_notes_dir=notes,
+                              on_exit=note_exit)
         return execute(workers, options, monitors=[_start_watch(server, spec.num_proc,
                                                                 spec.start_timeout)],
                        stdout=stdout, stderr=stderr)

@@ -170,6 +170,7 @@ class ExecOptions:
         cwd: working directory of the workers (default: the launcher's).
         exit_notes_dir: where the workers note why they exit on an exception (``EXIT_NOTES_ENV``;
             the caller passes it in their environment), read to blame the right worker.
+        on_exit: called with (rank, exit code) as each worker exits, before the job acts on it.
     """
 
     output_dir: Optional[str] = None
@@ -177,6 +178,7 @@ class ExecOptions:
     termination_grace_s: float = 5.0
     cwd: Optional[str] = None
     exit_notes_dir: Optional[str] = None
+    on_exit: Optional[Callable[[int, int], None]] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,6 +257,7 @@ class _Job:
         # SimpleQueue.put is reentrant, so the signal handler can post to it safely.
         self.events: "queue.SimpleQueue[tuple]" = queue.SimpleQueue()
         self.procs: dict[int, subprocess.Popen] = {}
+        self.starts: dict[int, Optional[str]] = {}  # rank -> _process_start of its worker
         self.watchdog: Optional[subprocess.Popen] = None
         self.running: set[int] = set()
         self.returncodes: dict[int, int] = {}
@@ -289,8 +292,9 @@ class _Job:
             os.close(out_w)
             os.close(err_w)
         self.procs[worker.rank] = proc
+        self.starts[worker.rank] = _process_start(proc.pid)
         self.running.add(worker.rank)
-        self.tell_watchdog(f"{proc.pid} {_process_start(proc.pid) or ''}\n")
+        self.tell_watchdog(f"{proc.pid} {self.starts[worker.rank] or ''}\n")
         for fd, stream in ((out_r, "stdout"), (err_r, "stderr")):
             self.readers.append(self._thread(forward_pipe, fd, worker.rank, stream, self.sink,
                                              name=f"hororun-{stream}-{worker.rank}"))
@@ -308,7 +312,10 @@ class _Job:
                 os.unlink(path)
             except OSError:
                 pass
-        self.events.put(("exit", rank, proc.wait()))
+        code = proc.wait()
+        if self.options.on_exit is not None:
+            self.options.on_exit(rank, code)
+        self.events.put(("exit", rank, code))
 
     def start_watchdog(self) -> None:
         """Starts the watchdog of the module docstring; without it (it could not start) the job
@@ -395,9 +402,14 @@ class _Job:
         return first
 
     def signal_groups(self, ranks, signum: int) -> None:
+        """Signals the process groups of the given ranks' workers, except where the worker's pid
+        now names a later process: then its group is gone and the pid another's (as in the watchdog)."""
         for rank in ranks:
+            pid = self.procs[rank].pid
+            if _process_start(pid) not in (None, self.starts[rank]):
+                continue
             try:
-                os.killpg(self.procs[rank].pid, signum)
+                os.killpg(pid, signum)
             except (ProcessLookupError, PermissionError):
                 pass
 
@@ -491,9 +503,12 @@ def execute(workers: Sequence[Worker], options: ExecOptions = ExecOptions(),
                     exit_code, message = 1, event[1]
                     break
         if job.running:
-            verb = "terminated" if interrupted else "terminated the remaining"
-            message += f"; {verb} {_plural(len(job.running))}"
+            stopping = set(job.running)
             job.terminate()
+            # Those that ended by a signal: one that failed along with the first just went unseen.
+            stopped = sum(1 for r in stopping if job.returncodes[r] < 0)
+            if stopped:
+                message += f"; {'terminated' if interrupted else 'terminated the remaining'} {_plural(stopped)}"
     finally:
         for signum, handler in previous_handlers.items():
             signal.signal(signum, handler)

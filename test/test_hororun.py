@@ -177,6 +177,26 @@ def test_failing_rank_terminates_the_others(child_env):
         proc.stderr.decode()
 
 
+def test_only_ranks_ended_by_hororun_count_as_terminated(child_env, tmp_path):
+    """Rank 1 fails on its own while hororun handles rank 0's failure: the message said "terminated
+    the remaining 1 rank" of a rank that hororun never had to stop."""
+    code = f"""
+        import os, signal, sys, time
+        flag = {str(tmp_path / "ignoring")!r}
+        if os.environ["HORO_RANK"] == "1":
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            open(flag, "w").close()
+            time.sleep(1)
+            sys.exit(4)
+        while not os.path.exists(flag):
+            time.sleep(0.01)
+        sys.exit(3)
+    """
+    proc = hororun(child_env, "-np", "2", *worker(code))
+    assert proc.returncode == 3
+    assert proc.stderr.decode().endswith("hororun: rank 0 exited with code 3\n"), proc.stderr.decode()
+
+
 # Rank 1 raises; rank 0, waiting in a collective for it, fails with HoroShutdownError when rank 1
 # shuts Horo down, and exits first: rank 1 is slow to exit (an atexit handler registered before
 # init runs after Horo's shutdown).
@@ -388,6 +408,30 @@ def test_the_watchdog_spares_a_group_whose_pid_was_reused(runner_path):
                 os.unlink(path)
 
 
+def test_hororun_spares_a_group_whose_pid_was_reused(runner_path):
+    """At the end of a job hororun signals what each worker left in its process group, the groups
+    of workers reaped long before included: a pid given since to another job's session leader got
+    SIGTERM and SIGKILL. Like the watchdog, hororun now signals only groups whose leader is gone or
+    still the process it started."""
+    from horo_runner.local_exec import ExecOptions, _Job, _process_start
+
+    sleep = [sys.executable, "-c", "import time; time.sleep(3600)"]
+    ours, stranger = (subprocess.Popen(sleep, start_new_session=True) for _ in range(2))
+    try:
+        job = _Job([], ExecOptions(), sink=None)
+        job.procs = {0: ours, 1: stranger}
+        # The stranger's pid, as if a worker that started one tick earlier had held it.
+        job.starts = {0: _process_start(ours.pid), 1: str(int(_process_start(stranger.pid)) - 1)}
+        job.signal_groups([0, 1], signal.SIGKILL)
+        assert ours.wait(timeout=60) == -signal.SIGKILL
+        time.sleep(0.2)
+        assert stranger.poll() is None
+    finally:
+        for proc in (ours, stranger):
+            proc.kill()
+            proc.wait()
+
+
 def test_sigkill_after_grace_period_and_monitor_failure(runner_path):
     """A worker ignoring SIGTERM is killed after the grace period; a monitor ends the job."""
     from horo_runner.local_exec import ExecOptions, Worker, execute
@@ -472,6 +516,38 @@ def test_start_timeout_names_ranks_that_never_registered(child_env):
     assert proc.returncode == 1
     assert ("hororun: ranks 1, 2 did not register with the rendezvous within 0.5 s of the first "
             "rank (--start-timeout); terminated the remaining 3 ranks") in proc.stderr.decode()
+
+
+def test_a_rank_that_ended_before_init_fails_the_start_at_once(child_env):
+    """Rank 1 exits with code 0 without calling init(): rank 0 waits in init() for a rank that will
+    never come, and hororun waited out the whole start timeout before naming it (here 300 s: the
+    test's own timeout of 60 s ends it first)."""
+    code = """
+        import os, sys
+        if os.environ["HORO_RANK"] == "1":
+            sys.exit(0)
+        import horo_core.basics as basics
+        basics.init()
+    """
+    proc = hororun(child_env, "-np", "2", "--start-timeout", "300", *worker(code))
+    assert proc.returncode == 1
+    assert ("hororun: rank 1 exited with code 0 before registering with the rendezvous (in init()), while the "
+            "others wait there for every rank; terminated the remaining 1 rank") in proc.stderr.decode()
+
+
+def test_ranks_left_out_of_init_are_not_waited_for(child_env):
+    """init(comm=[0]): rank 1 is not a member and never calls init(). hororun's start watch
+    waited for it all the same and ended the job once the start timeout had passed."""
+    code = """
+        import os, time
+        import horo_core.basics as basics
+        if os.environ["HORO_RANK"] == "0":
+            basics.init(comm=[0])
+            print("size", basics.size())
+        time.sleep(3)
+    """
+    proc = hororun(child_env, "-np", "2", "--start-timeout", "0.5", *worker(code))
+    assert (proc.returncode, proc.stdout.decode()) == (0, "[0]<stdout>:size 1\n"), proc.stderr.decode()
 
 
 def test_start_timeout_names_a_rank_that_reached_init_late(child_env):

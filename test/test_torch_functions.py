@@ -405,9 +405,10 @@ def _sets_that_do_not_fit():
     import horo_torch as hvd
     from mpi4py import MPI
     refusals, rank = [], int(os.environ["HORO_RANK"])
-    for listed in ([hvd.ProcessSet([0, 1] if rank == 0 else [1])], [hvd.ProcessSet(MPI.COMM_WORLD)]):
+    for comm, listed in ((None, [hvd.ProcessSet([0, 1] if rank == 0 else [1])]),
+                         (None, [hvd.ProcessSet(MPI.COMM_WORLD)]), (MPI.COMM_WORLD, None)):
         try:
-            hvd.init(process_sets=listed)
+            hvd.init(comm, process_sets=listed)
             refusals.append(None)
         except ValueError as e:
             refusals.append(str(e))
@@ -423,7 +424,8 @@ def test_process_sets_that_differ_between_ranks_fail_every_rank():
     init returned, rank 1's waited for a registration rank 0 never made, and rank 0's next
     collective waited for ever. Every rank's init now names what each rank listed, and so it does
     for sets built from MPI communicators in a job that MPI did not launch (under hororun each
-    rank's MPI_COMM_WORLD is the rank alone). A later init() with sets that fit succeeds."""
+    rank's MPI_COMM_WORLD is the rank alone), and for init(comm=MPI.COMM_WORLD), which made each
+    rank a job of one. A later init() with sets that fit succeeds."""
     results = horo_runner.run(_sets_that_do_not_fit, num_proc=2, env=ENV)
     for refusals, second_id, total in results:
         assert refusals[0] == ("init: every rank must list the same process sets by their ranks, got rank 0 "
@@ -431,6 +433,8 @@ def test_process_sets_that_differ_between_ranks_fail_every_rank():
         assert refusals[1].startswith("init: ranks 0, 1: process sets built from MPI communicators need ranks "
                                       "that MPI launched"), refusals
         assert "but hororun launched this job" in refusals[1], refusals
+        assert refusals[2].startswith("init(comm=<MPI communicator>) needs ranks that MPI launched"), refusals
+        assert "but hororun launched this job" in refusals[2], refusals
         assert second_id == 1 and total == 2.0
 
 

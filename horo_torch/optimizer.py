@@ -22,7 +22,7 @@ from horo_core.process_sets import global_process_set
 from horo_torch._weak_hooks import hook_gradients_ready
 from horo_torch.adasum_optimizer import _DistributedAdasumOptimizer
 from horo_torch.compression import Compression
-from horo_torch.functions import broadcast_object, sparse_allreduce_async
+from horo_torch.functions import _gather_if_different, sparse_allreduce_async
 from horo_torch.mpi_ops import (Adasum, Average, Max, Min, Product, Sum, abandon, allreduce_async_,
                                 grouped_allreduce_async_, synchronize)
 
@@ -64,8 +64,19 @@ def _split_evenly(items, parts):
     return runs
 
 
-def _first_rank(process_set):
-    return 0 if process_set.process_set_id == 0 else min(process_set.ranks)
+def _check_same_parameters(everyones, members):
+    """Raises on every rank where the ranks' trainable parameters (everyones: each member's names)
+    differ: a parameter that only some ranks reduce would leave the others waiting for ever."""
+    first = set(everyones[0])
+    problems = []
+    for rank, names in zip(members[1:], everyones[1:]):
+        lacks, extra = sorted(first - set(names)), sorted(set(names) - first)
+        if lacks or extra:
+            problems.append(f"rank {rank} " + " and ".join(
+                text for text in (f"lacks {lacks}" if lacks else "", f"also has {extra}" if extra else "") if text))
+    if problems:
+        raise ValueError("DistributedOptimizer: every rank must have the same trainable parameters (requires_grad); "
+                         f"against rank {members[0]}'s {len(first)}: " + "; ".join(problems))
 
 
 class _DistributedOptimizer:
@@ -100,16 +111,14 @@ class _DistributedOptimizer:
 
     def _register_hooks(self):
         params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+        names = [self._parameter_names[p] for p in params]
+        everyones = _gather_if_different(names, "DistributedOptimizer.parameters", self.process_set)
+        if everyones is not None:
+            _check_same_parameters(everyones, self.process_set._members())
         if self._groups is not None:
-            # Every rank must form the same groups in the same order: take the order of the first rank.
-            names = [self._parameter_names[p] for p in params]
-            order = broadcast_object(names, _first_rank(self.process_set), name="DistributedOptimizer.order",
-                                     process_set=self.process_set)
-            if sorted(order) != sorted(names):
-                raise ValueError(f"DistributedOptimizer: this rank's trainable parameters {sorted(names)} differ from "
-                                 f"rank {_first_rank(self.process_set)}'s {sorted(order)}")
-            by_name = {self._parameter_names[p]: p for p in params}
-            params = [by_name[n] for n in order]
+            if everyones is not None:  # the same parameters in other orders: every rank groups in the first's
+                by_name = {self._parameter_names[p]: p for p in params}
+                params = [by_name[n] for n in everyones[0]]
             units = self._form_groups(params)
         else:
             units = [(p,) for p in params]

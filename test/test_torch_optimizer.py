@@ -401,9 +401,17 @@ def run_behaviour(size, rank):
         model = Net()
         return lambda: hvd.DistributedOptimizer(sgd(model.parameters()), **options)
 
+    def frozen_on_rank_zero(**options):  # rank 1 alone would reduce fc1.bias, and wait for ever
+        model = Net()
+        model.fc1.bias.requires_grad_(rank != 0)
+        return lambda: hvd.DistributedOptimizer(sgd(model.parameters()), named_parameters=model.named_parameters(),
+                                                **options)
+
     m = Net()
     named = list(m.named_parameters())
     report["errors"] = {
+        "frozen on rank 0 only": capture(frozen_on_rank_zero()),
+        "frozen on rank 0 only, groups=1": capture(frozen_on_rank_zero(groups=1)),
         "not tuples": capture(lambda: hvd.DistributedOptimizer(sgd(m.parameters()),
                                                                named_parameters=[p for _, p in named])),
         "duplicates": capture(lambda: hvd.DistributedOptimizer(
@@ -509,7 +517,10 @@ def test_distributed_optimizer_behaves_as_horovods(two_rank_reports):
             "groups of non-tensors": ("ValueError", "groups must consist of torch.Tensor, got str"),
             "parameter twice in groups": ("ValueError", "A parameter can only appear once in groups"),
             "unknown op": ("ValueError", "unknown op 42"),
+            "frozen on rank 0 only": ("ValueError", "every rank must have the same trainable parameters (requires_grad)"
+                                      "; against rank 0's 3: rank 1 also has ['fc1.bias']"),
         }
+        want["frozen on rank 0 only, groups=1"] = want["frozen on rank 0 only"]
         for key, (kind, text) in want.items():
             got = errors[key]
             assert got is not None and got[0] == kind and text in got[1], f"rank {rank} {key}: {got}"

@@ -597,12 +597,12 @@ def auto_name(kind, process_set_id):
     return f"{kind}.noname.{n}"
 
 
-def member_names(base, count):
+def member_names(base, count, group=None):
     """The core names of the count tensors of one call named base: base itself for one tensor,
-    ``base.0`` ... for a group. A grouped call (its kind starts with "grouped_") of one tensor is a
-    group too, so that ranks whose grouped calls differ in size meet at ``base.0`` and get a
-    mismatch error, instead of waiting for names the others never submit."""
-    if count == 1 and not base.startswith("grouped_"):
+    ``base.0`` ... for a group. A group call of one tensor (group: by default whether the kind starts
+    with "grouped_") is a group too, so that ranks whose group calls differ in size meet at
+    ``base.0`` and get a mismatch error, instead of waiting for names the others never submit."""
+    if count == 1 and not (base.startswith("grouped_") if group is None else group):
         return [base]
     return [f"{base}.{i}" for i in range(count)]
 

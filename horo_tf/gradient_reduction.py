@@ -3,7 +3,8 @@ Keras DistributedOptimizer share.
 
 Dense gradients go out as grouped allreduces (one group, or the groups asked for), IndexedSlices as
 allgathers of values and indices (or densified with ``sparse_as_dense``). ``None`` gradients stay
-``None``, so every rank must have the same set of missing gradients, as in Horovod.
+``None``, so every rank must have the same set of missing gradients, as in Horovod; where the sets
+differ, every rank's reduction fails with a mismatch error (Horovod's waits for ever).
 """
 import dataclasses
 import warnings
@@ -105,9 +106,11 @@ def reduce_gradients(grads: Sequence, options: ReductionOptions, variables: Opti
     out = list(grads)
     for g_index, members in enumerate(_group_indices(options, variables, len(grads))):
         present = [i for i in members if grads[i] is not None]
-        if not present:
-            continue
-        reduced = mpi_ops.grouped_allreduce([grads[i] for i in present], compression=options.compression, op=op,
+        # A group with no gradient on this rank takes part all the same, through an empty stand-in:
+        # skipped, it would leave the others' reduction of it to pair with this rank's next step.
+        # The stand-in meets only another rank's stand-in; against gradients it is a mismatch.
+        tensors = [grads[i] for i in present] or [tf.zeros([0], tf.float32)]
+        reduced = mpi_ops.grouped_allreduce(tensors, compression=options.compression, op=op,
                                             prescale_factor=prescale, postscale_factor=postscale,
                                             process_set=ps, name=f"{options.name}.{g_index}",
                                             ignore_name_scope=True)

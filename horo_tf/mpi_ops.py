@@ -148,9 +148,9 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
 
 # Broadcast ---------------------------------------------------------------------------------------
 
-def _broadcast(tensors, root_rank, base, process_set):
+def _broadcast(tensors, root_rank, base, process_set, group=False):
     tensors = [as_tensor(t) for t in tensors]
-    names = basics.member_names(base, len(tensors))
+    names = basics.member_names(base, len(tensors), group)
     codes = dtype_codes(tensors, names)
     set_id = _bridge.process_set_id(process_set)
 
@@ -214,7 +214,7 @@ def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
     """
     single = not isinstance(variables, (list, tuple))
     var_list = [variables] if single else list(variables)
-    assignments = assign_broadcast(var_list, root_rank, name, process_set)
+    assignments = assign_broadcast(var_list, root_rank, name, process_set, group=not single)
     # In a TF1 graph nothing orders a read after an assignment unless told; elsewhere (eager, or a
     # tf.function's automatic control dependencies) the reads come after the assignments anyway.
     with tf.control_dependencies(assignments if in_tf1_graph() else None):
@@ -227,13 +227,15 @@ def in_tf1_graph():
     return not tf.executing_eagerly() and not tf.inside_function()
 
 
-def assign_broadcast(var_list, root_rank, name, process_set):
+def assign_broadcast(var_list, root_rank, name, process_set, group=True):
     """Assigns root_rank's values to the variables of var_list as one group; returns the assignments
-    (ops to run in a TF1 graph)."""
+    (ops to run in a TF1 graph). group: whether a list of one is a group (ranks passing lists of
+    different lengths then get a mismatch error)."""
     if not var_list:
         return []
     base = _bridge.op_name("broadcast_", name, process_set, True, var_list)
-    return [var.assign(value) for var, value in zip(var_list, _broadcast(var_list, root_rank, base, process_set))]
+    values = _broadcast(var_list, root_rank, base, process_set, group)
+    return [var.assign(value) for var, value in zip(var_list, values)]
 
 
 # Join and graph-time topology -------------------------------------------------------------------

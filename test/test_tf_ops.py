@@ -151,6 +151,9 @@ def check_allgather_broadcast(c, hvd, tf, env):
     variables = [tf.Variable(float(r)), tf.Variable([r, r + 1])]
     hvd.broadcast_variables(variables, root_rank=0)
     c.same("broadcast_variables", [float(variables[0].numpy()), variables[1].numpy().tolist()], [0.0, [0, 1]])
+    # A list of one is a group too: against a longer list it named a tensor no other rank submitted.
+    c.raises("broadcast_variables of one variable against two", [tf.errors.FailedPreconditionError],
+             "Mismatched grouped calls", lambda: hvd.broadcast_variables(variables[:1 if r == n - 1 else 2], 0))
     c.same("broadcast_object", hvd.broadcast_object({"rank": r, "list": [r] * (r + 1)}, root_rank=root),
            {"rank": root, "list": [root] * (root + 1)})
     c.same("allgather_object", hvd.allgather_object(("r", r) * (r + 1)), [("r", s) * (s + 1) for s in range(n)])
@@ -377,6 +380,22 @@ def check_tape(c, hvd, tf, env):
     grads = hvd.DistributedGradientTape(tape, op=hvd.Sum).gradient(loss, [v, unused], None,
                                                                    tf.UnconnectedGradients.ZERO)
     c.equal("tape: unconnected_gradients=ZERO given positionally", [g.numpy() for g in grads], [3.0 * n, 0.0])
+    # A rank without any gradient of a group submitted nothing for it, so the others' reduction paired
+    # with its next step's (or, with groups, every rank waited). Where the ranks differ, all fail now.
+    mismatch = [tf.errors.FailedPreconditionError], "Mismatched shapes"
+    with tf.GradientTape() as tape:
+        loss = 3.0 * v if r != n - 1 else tf.constant(0.0)
+    c.raises("tape: no gradient on the last rank only", *mismatch,
+             lambda: hvd.DistributedGradientTape(tape, op=hvd.Sum).gradient(loss, [v]))
+    with tf.GradientTape() as tape:
+        loss = 3.0 * v + (2.0 * unused if r == 0 else 0.0)
+    c.raises("tape groups: a group without gradients on some ranks", *mismatch,
+             lambda: hvd.DistributedGradientTape(tape, op=hvd.Sum, groups=[[unused]]).gradient(loss, [v, unused]))
+    with tf.GradientTape() as tape:
+        loss = tf.constant(0.0)
+    c.same("tape: no gradient on any rank", hvd.DistributedGradientTape(tape).gradient(loss, [v]), [None])
+    c.equal("tape: the next reduction pairs with the same one on every rank",
+            hvd.allreduce(tf.constant(1.0), op=hvd.Sum, name="after the missing gradients"), float(n))
     with tf.GradientTape() as tape:
         loss = 3.0 * v
     grads = hvd.DistributedGradientTape(tape, op=hvd.Sum).gradient(loss, (v,))

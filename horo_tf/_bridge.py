@@ -216,13 +216,23 @@ def auto_name(kind, set_id, tensors=()):
     if tf.executing_eagerly():
         return f"{kind}.noname"
     if tensors:
-        # Graph tensors, tf.Variables and Keras variables have names; Python and NumPy values do not.
+        # Graph tensors, tf.Variables and Keras variables have names; Python and NumPy values get
+        # those of the constants they become (a call-order counter would differ after a retrace).
         names = [getattr(t.values if isinstance(t, tf.IndexedSlices) else t, "name", None) for t in tensors]
-        if all(isinstance(n, str) and n for n in names):
+        names = [n if isinstance(n, str) and n else _constant_name(t) for n, t in zip(names, tensors)]
+        if all(names):
             graph = tf.compat.v1.get_default_graph()
             base = f"{kind}.{_function_path(graph)}:{names[0]}" + (f"..{names[-1]}" if len(names) > 1 else "")
             return graph.unique_name(base)
     return basics.auto_name(kind, set_id)
+
+
+def _constant_name(value):
+    """The name of the graph constant value becomes, or None where it cannot become one."""
+    try:
+        return tf.convert_to_tensor(value).name
+    except (TypeError, ValueError):
+        return None
 
 
 def _function_path(graph):

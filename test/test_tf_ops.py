@@ -856,13 +856,15 @@ def _retrace_and_wrap_inside():
             gathered = hvd.allgather(x * v)
             loss = tf.reduce_sum(gathered)
         tape = hvd.DistributedGradientTape(tape, op=hvd.Sum)
-        return hvd.allreduce(tf.cast(tf.shape(gathered)[0], tf.float32), op=hvd.Sum), tape.gradient(loss, v)
+        # A Python value, named after the constant it becomes (a call-order counter differed).
+        twice = hvd.allreduce(2.0, op=hvd.Sum)
+        return hvd.allreduce(tf.cast(tf.shape(gathered)[0], tf.float32), op=hvd.Sum), tape.gradient(loss, v), twice
 
     rows_per_step = [[2, 2, 1], [2, 2, 2]][r]  # rank 0 traces step a second time at the last step
     steps = []
     for rows in rows_per_step:
-        total, grad = step(tf.ones([rows, 2]))
-        steps.append((float(total), grad.numpy().tolist()))
+        total, grad, twice = step(tf.ones([rows, 2]))
+        steps.append((float(total), grad.numpy().tolist(), float(twice)))
 
     # An inner tf.function's tensors are named like the outer one's ("mul:0"); their unnamed
     # collectives, which may run side by side, must still get different names.
@@ -951,7 +953,7 @@ def test_unnamed_collectives_agree_when_one_rank_retraces_and_a_tape_wraps_insid
         # Rows gathered: 4, 4, then 3, summed over the 2 ranks. The loss sums the gathered rows; the
         # allgather's gradient (averaged) is 1 on every row, so d loss / d v on a rank is its own row
         # count, and the tape sums those over the ranks.
-        assert steps == [(8.0, [4.0, 4.0]), (8.0, [4.0, 4.0]), (6.0, [3.0, 3.0])], f"rank {r}: {steps}"
+        assert steps == [(8.0, [4.0, 4.0], 4.0), (8.0, [4.0, 4.0], 4.0), (6.0, [3.0, 3.0], 4.0)], f"rank {r}: {steps}"
         total = float(sum(s + 1 for s in range(n)))
         assert wrapped == [([total] * 2, [total] * 2, [3.0, 3.0])] * 2, f"rank {r}: {wrapped}"
 

@@ -295,11 +295,11 @@ def _launched_by_mpi(info):
 
 def _report_arrival(kv, info, members):
     """Tells the launcher's start watch (runner/job.py) that this rank reached init; under
-    init(comm=[ranks]) the first member also excuses the ranks left out, which never come."""
+    init(comm=[ranks]) first which ranks form its job, so that the watch waits for no rank that no
+    such job lists (one left out may have ended already when the first member comes)."""
+    if members is not None:
+        kv.set(f"members/{members[0]}", ",".join(map(str, members)).encode())
     kv.set(f"ready/{info.rank}", b"1")
-    if members is not None and info.rank == members[0]:
-        for r in sorted(set(range(info.size)) - set(members)):
-            kv.set(f"ready/{r}", b"not a member")
 
 
 def _register_static_sets(static_sets, mine, everyone):

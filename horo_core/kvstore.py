@@ -36,7 +36,7 @@ import os
 import selectors
 import socket
 import threading
-from typing import Callable, Container, Iterable, Optional
+from typing import Callable, Iterable, Mapping, Optional
 
 from horo_core.kv_wire import (CLIENT_TO_SERVER, DEFAULT_MAX_MESSAGE_BYTES, NONCE_BYTES, PROTOCOL,
                                SERVER_TO_CLIENT, KVAuthError, KVConnectionError, KVProtocolError,
@@ -200,6 +200,11 @@ class KVServer:
         with self._cond:
             return sorted(k for k in self._data if k.startswith(prefix))
 
+    def items(self, prefix: str = "") -> dict[str, bytes]:
+        """Returns the keys currently stored that start with ``prefix``, with their values."""
+        with self._cond:
+            return {k: v for k, v in self._data.items() if k.startswith(prefix)}
+
     def wait_for_keys(self, keys: Iterable[str], timeout: Optional[float] = None,
                       min_present: Optional[int] = None) -> list[str]:
         """Blocks until enough of ``keys`` exist, the timeout passes or the server stops.
@@ -219,9 +224,9 @@ class KVServer:
         with self._cond:
             return [k for k in watched if k not in self._data]
 
-    def wait_until(self, condition: Callable[[Container[str]], bool], timeout: Optional[float] = None) -> None:
-        """Blocks until ``condition(the stored keys)`` holds, the timeout passes or the server
-        stops; condition runs under the store's lock, at each change."""
+    def wait_until(self, condition: Callable[[Mapping[str, bytes]], bool], timeout: Optional[float] = None) -> None:
+        """Blocks until ``condition(the stored keys and values)`` holds, the timeout passes or the
+        server stops; condition runs under the store's lock, at each change."""
         with self._cond:
             self._cond.wait_for(lambda: self._stopping or condition(self._data), timeout)
 

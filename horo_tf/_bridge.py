@@ -228,7 +228,10 @@ def auto_name(kind, set_id, tensors=()):
 
 
 def _constant_name(value):
-    """The name of the graph constant value becomes, or None where it cannot become one."""
+    """The name of the graph constant a Python or NumPy value becomes, or None: for other values too,
+    as an eager tensor captured by a tf.function, whose placeholder takes a process-wide number."""
+    if not isinstance(value, (bool, int, float, list, tuple, np.ndarray, np.generic)):
+        return None
     try:
         return tf.convert_to_tensor(value).name
     except (TypeError, ValueError):

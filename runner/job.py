@@ -35,6 +35,8 @@ READY_KEY = "ready/{rank}"
 """Key a rank sets in the rendezvous when its init() reaches it, before it waits for the others."""
 FINISHED_KEY = "finished/{rank}"
 """Key the launcher sets in the rendezvous when a rank's process exits with code 0."""
+MEMBERS_KEY = "members/"
+"""Prefix of the keys that init(comm=[ranks]) sets before ``ready/``: the ranks of its job, by comma."""
 SECRET_ENV = "HORO_SECRET"
 _SECRET_BYTES = 32
 
@@ -100,22 +102,32 @@ def _start_watch(server: KVServer, size: int, timeout: float) -> Monitor:
     ready = [READY_KEY.format(rank=r) for r in range(size)]
     finished = [FINISHED_KEY.format(rank=r) for r in range(size)]
 
+    def expected(stored: Mapping[str, bytes]) -> list[int]:
+        """The ranks that must register: every rank, or those that the init(comm=[ranks]) calls list."""
+        lists = [v.decode() for k, v in stored.items() if k.startswith(MEMBERS_KEY)]
+        return sorted({int(r) for v in lists for r in v.split(",")}) if lists else list(range(size))
+
+    def unsettled(stored: Mapping[str, bytes]) -> list[int]:
+        """Those still to come: a rank is settled once it registered, or ended without (then it never will)."""
+        return [r for r in expected(stored) if ready[r] not in stored and finished[r] not in stored]
+
     def watch() -> Optional[str]:
         server.wait_for_keys(ready, timeout=None, min_present=1)
         if not server.running:
             return None
-        # A rank is settled once it registered, or once it ended without: then it never will.
-        server.wait_until(lambda keys: all(r in keys or f in keys for r, f in zip(ready, finished)), timeout)
-        stored = set(server.keys())
-        missing = [r for r in range(size) if ready[r] not in stored]
-        if not missing or not server.running:
+        server.wait_until(lambda stored: not unsettled(stored), timeout)
+        stored = server.items()
+        if not server.running:
             return None
-        ended = [r for r in missing if finished[r] in stored]
+        ended = [r for r in expected(stored) if finished[r] in stored and ready[r] not in stored]
         if ended:
             return (f"{_ranks(ended)} exited with code 0 before registering with the rendezvous (in init()), "
                     "while the others wait there for every rank")
-        return (f"{_ranks(missing)} did not register with the rendezvous within {timeout:g} s of the "
-                f"first rank (--start-timeout)")
+        missing = unsettled(stored)
+        if missing:
+            return (f"{_ranks(missing)} did not register with the rendezvous within {timeout:g} s of the "
+                    f"first rank (--start-timeout)")
+        return None
     return watch
 
 

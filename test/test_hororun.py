@@ -537,7 +537,8 @@ def test_a_rank_that_ended_before_init_fails_the_start_at_once(child_env):
 
 def test_ranks_left_out_of_init_are_not_waited_for(child_env):
     """init(comm=[0]): rank 1 is not a member and never calls init(). hororun's start watch
-    waited for it all the same and ended the job once the start timeout had passed."""
+    waited for it all the same and ended the job once the start timeout had passed. Nor is a rank
+    left out that has ended already taken for one that ended before it could register."""
     code = """
         import os, time
         import horo_core.basics as basics
@@ -548,6 +549,19 @@ def test_ranks_left_out_of_init_are_not_waited_for(child_env):
     """
     proc = hororun(child_env, "-np", "2", "--start-timeout", "0.5", *worker(code))
     assert (proc.returncode, proc.stdout.decode()) == (0, "[0]<stdout>:size 1\n"), proc.stderr.decode()
+    code = """
+        import os, sys, time
+        import horo_core.basics as basics
+        rank = int(os.environ["HORO_RANK"])
+        if rank == 2:
+            sys.exit(0)
+        time.sleep(1.0 - rank)  # rank 1 comes first, once rank 2 has ended
+        basics.init(comm=[0, 1])
+        print("size", basics.size())
+    """
+    proc = hororun(child_env, "-np", "3", *worker(code))
+    assert (proc.returncode, sorted(proc.stdout.decode().splitlines())) == \
+        (0, ["[0]<stdout>:size 2", "[1]<stdout>:size 2"]), proc.stderr.decode()
 
 
 def test_start_timeout_names_a_rank_that_reached_init_late(child_env):

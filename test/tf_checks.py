@@ -8,7 +8,9 @@ import numpy as np
 import rank_checks
 
 CHILD_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0", "HORO_PEER_TIMEOUT_SECONDS": "60",
-             "KERAS_BACKEND": "tensorflow", "CUDA_VISIBLE_DEVICES": ""}
+             "KERAS_BACKEND": "tensorflow", "CUDA_VISIBLE_DEVICES": "",
+             # A guard: ranks that stopped meeting fail the test, instead of waiting for CI's time limit.
+             "HORO_STALL_SHUTDOWN_TIME_SECONDS": "120"}
 
 
 class Checks(rank_checks.Checks):

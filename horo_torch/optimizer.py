@@ -104,7 +104,9 @@ class _DistributedOptimizer:
         self._hook_handles = []
         self._synchronized = None         # after synchronize(): the reduced gradients, see _unchanged_since
         self._should_synchronize = True
-        if process_set.included() and process_set.size() > 1:
+        self._unreduced_warned = {}       # id -> weak reference of each parameter _warn_of_unreduced named
+        self._reduces = process_set.included() and process_set.size() > 1
+        if self._reduces:
             self._register_hooks()
 
     # Hooks ---------------------------------------------------------------------------------------
@@ -250,6 +252,8 @@ class _DistributedOptimizer:
         Raises:
             HorovodInternalError: a reduction failed (for example shapes differ between ranks).
         """
+        if self._reduces:
+            self._warn_of_unreduced()
         if not self._units:
             self._synchronized = self._gradients_now()
             return
@@ -262,6 +266,21 @@ class _DistributedOptimizer:
             self._handles[index] = self._submit(unit)
         self._drain()
         self._synchronized = self._gradients_now()
+
+    def _warn_of_unreduced(self):
+        """Warns, once per parameter, of a gradient that no reduction covers: its parameter was made
+        trainable, or added to the optimizer, after the DistributedOptimizer was made, so each rank
+        would train it on its own gradients (as under Horovod, silently there)."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                warned = self._unreduced_warned.get(id(p))
+                if p.grad is not None and p not in self._unit_of and (warned is None or warned() is not p):
+                    self._unreduced_warned[id(p)] = weakref.ref(p)
+                    name = repr(self._parameter_names[p]) if p in self._parameter_names else f"of shape {tuple(p.shape)}"
+                    warnings.warn(f"DistributedOptimizer: parameter {name} has a gradient that is not averaged across "
+                                  "ranks: it was not trainable (requires_grad) or not in the optimizer when the "
+                                  "DistributedOptimizer was made, so each rank trains it alone. Make the "
+                                  "DistributedOptimizer again after changing which parameters train.")
 
     def _gradients_now(self):
         """Each trainable parameter's gradient tensor, weakly (a gradient set to None is freed)."""

@@ -396,6 +396,23 @@ def run_behaviour(size, rank):
                                  all(torch.equal(opt2.state_dict()["state"][i]["momentum_buffer"],
                                                  saved["state"][i]["momentum_buffer"]) for i in saved["state"]))
 
+    # Parameters that train only after wrapping (unfrozen, or added to the optimizer) are not reduced,
+    # as under Horovod: each rank trains them alone, which was silent. Now a warning names them, once.
+    model = Net()
+    model.fc1.bias.requires_grad_(False)
+    opt = hvd.DistributedOptimizer(sgd(model.fc2.parameters()), named_parameters=model.fc2.named_parameters())
+    model.fc1.bias.requires_grad_(True)
+    opt.add_param_group({"params": [model.fc1.bias]})
+    caught = []
+    for _ in range(2):
+        opt.zero_grad()
+        loss_of(model, x, y, None).backward()
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            opt.step()
+        caught += [str(w.message) for w in seen]
+    report["trainable after wrapping"] = caught
+
     # Validation, as Horovod.
     def bad(**options):
         model = Net()
@@ -502,6 +519,10 @@ def test_distributed_optimizer_behaves_as_horovods(two_rank_reports):
         assert b["dropped in flight"] == (1, held, False, True), "kept while in flight, then released and freed"
         assert b["unused everywhere"] == ([0.0, 0.0, 0.0], True), "zeros for the unused, the other rank's head reduced"
         assert b["load_state_dict"] == (True, True)
+        assert b["trainable after wrapping"] == [
+            "DistributedOptimizer: parameter of shape (16,) has a gradient that is not averaged across ranks: it was "
+            "not trainable (requires_grad) or not in the optimizer when the DistributedOptimizer was made, so each "
+            "rank trains it alone. Make the DistributedOptimizer again after changing which parameters train."]
         is_sparse, difference = b["sparse gradient missing on rank 1"]
         assert is_sparse and difference <= 1e-7
 

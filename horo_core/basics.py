@@ -7,6 +7,7 @@ core connect every pair of ranks, and registers static process sets. A one-rank 
 network at all.
 """
 import atexit
+import collections
 import itertools
 import json
 import logging
@@ -261,7 +262,9 @@ def init(comm=None, process_sets=None):
         else:
             _state.local_rank, _state.local_size = mine.local_rank, mine.local_size
             _state.cross_rank, _state.cross_size = mine.cross_rank, mine.cross_size
-        _state.homogeneous = len({t.local_size for t in topologies}) == 1
+        # As the local sizes say: torchrun's nodes count them (agents on one host are nodes of their own).
+        sizes = collections.Counter(nodes).values() if nodes is not None else [t.local_size for t in topologies]
+        _state.homogeneous = len(set(sizes)) == 1
         _state.runtime, _state.rank, _state.size = rt, rank, size
         _state.listed_members = members is not None
         _state.names = {}

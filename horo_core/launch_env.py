@@ -25,7 +25,7 @@ The rendezvous that rank 0 hosts listens on torchrun's ``MASTER_PORT + 1``, TF_C
 variables raises :class:`ValueError` naming what is missing.
 
 Modifiers honoured by every family: ``HORO_HOSTNAME`` (the host this rank reports, for local
-ranks and same-host detection); ``HORO_SECRET`` (then ``HOROVOD_SECRET``), hex; ``HORO_BIND_ADDR``
+ranks and same-host detection, over the launcher's local numbers; hororun sets it itself); ``HORO_SECRET`` (then ``HOROVOD_SECRET``), hex; ``HORO_BIND_ADDR``
 (the data-plane bind address); ``HORO_RENDEZVOUS_ADDR``/``HORO_RENDEZVOUS_PORT`` (move the rendezvous
 that rank 0 hosts under torchrun, Slurm and TF_CONFIG).
 
@@ -543,6 +543,10 @@ def detect(environ: Optional[Mapping[str, str]] = None) -> LaunchInfo:
     if partial is None:
         partial = _Partial("single", 0, 1, 0, 1, 0, 1)
     _validate(partial)
+    if env.has("HORO_HOSTNAME") and partial.family != "hororun":  # hororun's follows its own numbers
+        # A host name given explicitly (hosts emulated on one machine, or a name the launcher's
+        # nodes do not match) decides which ranks share a host, over the launcher's local numbers.
+        partial.local_rank = partial.local_size = partial.cross_rank = partial.cross_size = partial.node = None
     if partial.size == 1 and partial.local_rank is None:
         partial.local_rank, partial.local_size, partial.cross_rank, partial.cross_size = 0, 1, 0, 1
     secret = _secret_from_env(env)

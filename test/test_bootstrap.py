@@ -12,13 +12,15 @@ import pytest
 from free_ports import free_port
 
 WORKER = """
-import json, torch
+import json, os, torch
 import horo_torch as hvd
+if "EMULATED_HOSTS" in os.environ:  # a host name per rank, as the test gives them
+    os.environ["HORO_HOSTNAME"] = os.environ["EMULATED_HOSTS"].split(",")[int(os.environ["RANK"])]
 hvd.init()
 total = hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum).item()
 print(json.dumps({"rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(),
                   "local_size": hvd.local_size(), "cross_rank": hvd.cross_rank(),
-                  "cross_size": hvd.cross_size(), "sum": total}), flush=True)
+                  "cross_size": hvd.cross_size(), "homogeneous": hvd.is_homogeneous(), "sum": total}), flush=True)
 hvd.shutdown()
 """
 
@@ -50,7 +52,7 @@ def check(found, size):
     for r in found:
         assert r["size"] == size and r["sum"] == size * (size + 1) / 2
         assert r["local_size"] == size and r["local_rank"] == r["rank"]
-        assert (r["cross_rank"], r["cross_size"]) == (0, 1)
+        assert (r["cross_rank"], r["cross_size"], r["homogeneous"]) == (0, 1, True)
 
 
 @pytest.fixture
@@ -75,15 +77,28 @@ def test_under_torchrun(worker):
     check(reports([out.stdout]), 2)
 
 
-def test_under_torchrun_with_nodes_of_different_sizes(worker):
-    """Two torchrun agents posing as two nodes (HORO_HOSTNAME), one running 2 processes and one 1:
-    the cross rank and size are Horovod's (among the nodes with a process at that local rank), where
-    the node index and count were taken for them (rank 1 got cross size 2)."""
+# Horovod's numbers for ranks 0, 1 on one host and rank 2 on another: (rank, local rank, local size,
+# cross rank, cross size, homogeneous).
+TWO_AND_ONE = [(0, 0, 2, 0, 2, False), (1, 1, 2, 0, 1, False), (2, 0, 1, 1, 2, False)]
+
+
+def topology(found):
+    return [(r["rank"], r["local_rank"], r["local_size"], r["cross_rank"], r["cross_size"], r["homogeneous"])
+            for r in found]
+
+
+@pytest.mark.parametrize("hostnames", [True, False], ids=["named nodes", "one host name"])
+def test_under_torchrun_with_nodes_of_different_sizes(worker, hostnames):
+    """Two torchrun agents posing as two nodes, one running 2 processes and one 1: the cross rank and
+    size are Horovod's (among the nodes with a process at that local rank), where the node index and
+    count were taken for them (rank 1 got cross size 2). Without a host name per node (both agents
+    on this host), is_homogeneous() said True, from the one host name, against local sizes 2 and 1."""
     port = free_port()
     agents = []
     for node, (name, nproc) in enumerate((("nodeA", 2), ("nodeB", 1))):
         env = clean_env()
-        env["HORO_HOSTNAME"] = name
+        if hostnames:
+            env["HORO_HOSTNAME"] = name
         agents.append(subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
              "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1", "--master-port", str(port), worker],
@@ -100,9 +115,20 @@ def test_under_torchrun_with_nodes_of_different_sizes(worker):
                 agent.terminate()
                 agent.wait(timeout=60)
     found = reports(outputs)
-    assert [(r["rank"], r["local_rank"], r["local_size"], r["cross_rank"], r["cross_size"]) for r in found] == [
-        (0, 0, 2, 0, 2), (1, 1, 2, 0, 1), (2, 0, 1, 1, 2)], found
+    assert topology(found) == TWO_AND_ONE, found
     assert all(r["sum"] == 6 for r in found)
+
+
+def test_under_torchrun_with_a_host_name_per_rank(worker):
+    """HORO_HOSTNAME decides which ranks share a host under every launcher: under torchrun the
+    launcher's local numbers won (local size 3 on every rank) while the core and is_homogeneous()
+    followed the host names."""
+    env = {**clean_env(), "EMULATED_HOSTS": "a,a,b"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-addr", "127.0.0.1",
+           "--master-port", str(free_port()), worker]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert topology(reports([out.stdout])) == TWO_AND_ONE, out.stdout
 
 
 def test_inside_a_slurm_step(worker):

@@ -117,6 +117,7 @@ def test_peer_timeout_setting_is_bounded(value):
     ("HORO_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "nan", "HORO_AUTOTUNE_GAUSSIAN_PROCESS_NOISE='nan' is not a valid float"),
     # A negative capacity once switched the cache off silently; a number past int64 was clamped.
     ("HOROVOD_CACHE_CAPACITY", "-5", "HOROVOD_CACHE_CAPACITY must be >= 0 \\(0 disables the cache\\), got -5"),
+    ("HOROVOD_FUSION_THRESHOLD", "-1", "HOROVOD_FUSION_THRESHOLD must be >= 0, got -1"),
     ("HORO_FUSION_THRESHOLD", "99999999999999999999999",
      "HORO_FUSION_THRESHOLD='99999999999999999999999' is not a valid int"),
     # Settings read from words name the words.

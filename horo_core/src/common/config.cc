@@ -260,12 +260,17 @@ Status LoadConfigFromEnv(Config* config) {
     parsed.notes.push_back(std::string(h.name) + "='" + text + "' has no effect in Horo" +
                            (h.instead != nullptr ? std::string(": ") + h.instead : std::string()));
   }
-  if (parsed.fusion_threshold_bytes < 0) return Status::InvalidArgument(var_of("FUSION_THRESHOLD") + " must be >= 0");
+  if (parsed.fusion_threshold_bytes < 0) {
+    return Status::InvalidArgument(var_of("FUSION_THRESHOLD") + " must be >= 0, got " +
+                                   std::to_string(parsed.fusion_threshold_bytes));
+  }
   if (parsed.cache_capacity < 0) {
     return Status::InvalidArgument(var_of("CACHE_CAPACITY") + " must be >= 0 (0 disables the cache), got " +
                                    std::to_string(parsed.cache_capacity));
   }
-  if (parsed.chunk_bytes <= 0) return Status::InvalidArgument(var_of("CHUNK_BYTES") + " must be > 0");
+  if (parsed.chunk_bytes <= 0) {
+    return Status::InvalidArgument(var_of("CHUNK_BYTES") + " must be > 0, got " + std::to_string(parsed.chunk_bytes));
+  }
   if (parsed.ring_slice_bytes < 4096) {
     // Each slice costs 2 (N-1) steps: tiny ones would turn a large allreduce into millions of steps.
     return Status::InvalidArgument(var_of("RING_SLICE_BYTES") + " must be at least 4096, got " +
@@ -297,7 +302,10 @@ Status LoadConfigFromEnv(Config* config) {
                                      FormatDouble(value));
     }
   }
-  if (parsed.small_message_bytes < 0) return Status::InvalidArgument(var_of("SMALL_MESSAGE_BYTES") + " must be >= 0");
+  if (parsed.small_message_bytes < 0) {
+    return Status::InvalidArgument(var_of("SMALL_MESSAGE_BYTES") + " must be >= 0, got " +
+                                   std::to_string(parsed.small_message_bytes));
+  }
   if (parsed.autotune_warmup_samples < 0) {
     return Status::InvalidArgument(var_of("AUTOTUNE_WARMUP_SAMPLES") + " must be >= 0, got " +
                                    std::to_string(parsed.autotune_warmup_samples));

@@ -25,7 +25,8 @@ The rendezvous that rank 0 hosts listens on torchrun's ``MASTER_PORT + 1``, TF_C
 variables raises :class:`ValueError` naming what is missing.
 
 Modifiers honoured by every family: ``HORO_HOSTNAME`` (the host this rank reports, for local
-ranks and same-host detection, over the launcher's local numbers; hororun sets it itself); ``HORO_SECRET`` (then ``HOROVOD_SECRET``), hex; ``HORO_BIND_ADDR``
+ranks and same-host detection, over the launcher's local numbers; hororun sets it itself);
+``HORO_SECRET`` (then ``HOROVOD_SECRET``), hex; ``HORO_BIND_ADDR``
 (the data-plane bind address); ``HORO_RENDEZVOUS_ADDR``/``HORO_RENDEZVOUS_PORT`` (move the rendezvous
 that rank 0 hosts under torchrun, Slurm and TF_CONFIG).
 

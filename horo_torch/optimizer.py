@@ -276,7 +276,8 @@ class _DistributedOptimizer:
                 warned = self._unreduced_warned.get(id(p))
                 if p.grad is not None and p not in self._unit_of and (warned is None or warned() is not p):
                     self._unreduced_warned[id(p)] = weakref.ref(p)
-                    name = repr(self._parameter_names[p]) if p in self._parameter_names else f"of shape {tuple(p.shape)}"
+                    named = p in self._parameter_names
+                    name = repr(self._parameter_names[p]) if named else f"of shape {tuple(p.shape)}"
                     warnings.warn(f"DistributedOptimizer: parameter {name} has a gradient that is not averaged across "
                                   "ranks: it was not trainable (requires_grad) or not in the optimizer when the "
                                   "DistributedOptimizer was made, so each rank trains it alone. Make the "

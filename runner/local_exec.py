@@ -313,9 +313,11 @@ class _Job:
             except OSError:
                 pass
         code = proc.wait()
-        if self.options.on_exit is not None:
-            self.options.on_exit(rank, code)
-        self.events.put(("exit", rank, code))
+        try:
+            if self.options.on_exit is not None:
+                self.options.on_exit(rank, code)
+        finally:  # the job waits for this event whatever the callback does
+            self.events.put(("exit", rank, code))
 
     def start_watchdog(self) -> None:
         """Starts the watchdog of the module docstring; without it (it could not start) the job

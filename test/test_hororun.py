@@ -501,6 +501,13 @@ def test_command_not_found(child_env):
     assert "hororun: could not start rank 0 (/nonexistent/program)" in proc.stderr.decode()
 
 
+def failed_start(child_env, np, start_timeout, code):
+    """hororun's message for a job of np ranks running code that fails to start (exit code 1)."""
+    proc = hororun(child_env, "-np", str(np), "--start-timeout", str(start_timeout), *worker(code))
+    assert proc.returncode == 1, proc.stderr.decode()
+    return proc.stderr.decode()
+
+
 def test_start_timeout_names_ranks_that_never_registered(child_env):
     code = """
         import os, time
@@ -512,10 +519,8 @@ def test_start_timeout_names_ranks_that_never_registered(child_env):
             c.set("ready/0", b"1")
         time.sleep(3600)
     """
-    proc = hororun(child_env, "-np", "3", "--start-timeout", "0.5", *worker(code))
-    assert proc.returncode == 1
     assert ("hororun: ranks 1, 2 did not register with the rendezvous within 0.5 s of the first "
-            "rank (--start-timeout); terminated the remaining 3 ranks") in proc.stderr.decode()
+            "rank (--start-timeout); terminated the remaining 3 ranks") in failed_start(child_env, 3, 0.5, code)
 
 
 def test_a_rank_that_ended_before_init_fails_the_start_at_once(child_env):
@@ -529,10 +534,9 @@ def test_a_rank_that_ended_before_init_fails_the_start_at_once(child_env):
         import horo_core.basics as basics
         basics.init()
     """
-    proc = hororun(child_env, "-np", "2", "--start-timeout", "300", *worker(code))
-    assert proc.returncode == 1
+    message = failed_start(child_env, 2, 300, code)
     assert ("hororun: rank 1 exited with code 0 before registering with the rendezvous (in init()), while the "
-            "others wait there for every rank; terminated the remaining 1 rank") in proc.stderr.decode()
+            "others wait there for every rank; terminated the remaining 1 rank") in message
 
 
 def test_ranks_left_out_of_init_are_not_waited_for(child_env):
@@ -575,10 +579,8 @@ def test_start_timeout_names_a_rank_that_reached_init_late(child_env):
         import horo_core.basics as basics
         basics.init()
     """
-    proc = hororun(child_env, "-np", "2", "--start-timeout", "2", *worker(code))
-    assert proc.returncode == 1
     assert ("hororun: rank 1 did not register with the rendezvous within 2 s of the first rank (--start-timeout); "
-            "terminated the remaining 2 ranks") in proc.stderr.decode()
+            "terminated the remaining 2 ranks") in failed_start(child_env, 2, 2, code)
 
 
 # ------------------------------------------------------------------------------- environment

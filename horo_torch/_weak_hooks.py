@@ -3,6 +3,8 @@ DistributedDataParallel wrapper) alive: a dropped owner is collected, and its ho
 torch's DDP hooks go with its reducer and Horovod's with its gradient accumulators."""
 import weakref
 
+import torch
+
 
 def weak_hook(owner, method, *args):
     """A hook that calls owner.<method>(*args) while owner lives, and does nothing after."""
@@ -19,21 +21,25 @@ def hook_gradients_ready(owner, params, method):
     """Calls owner.<method>(p) each time autograd has accumulated p.grad, for every p of params,
     while owner lives; the hooks are removed when owner is collected.
 
+    The hooks hang on the nodes that accumulate the gradients, as Horovod's do, not on the
+    parameters (register_post_accumulate_grad_hook): torch runs a node's hooks after every
+    post-accumulate hook of its parameter, whichever was registered first. So a user's hook that
+    scales or clips p.grad in place, registered after the optimizer was made, has finished before
+    owner reads p.grad; a parameter's hooks run in the order they were registered, and the user's
+    change would race with a reduction already started.
+
     Returns:
-        What keeps the hooks: handles, or on torch < 2.1 the gradient accumulator nodes they hang on.
+        The gradient accumulator nodes, which the owner keeps: while they live, every graph
+        accumulates its parameter's gradient through the same node, with the hook.
     """
-    kept, removable = [], []
-    for p in params:
-        hook = weak_hook(owner, method, p)
-        if hasattr(p, "register_post_accumulate_grad_hook"):
-            removable.append(p.register_post_accumulate_grad_hook(hook))
-            kept.append(removable[-1])
-        else:  # torch < 2.1: the hook of the node that accumulates p.grad
+    accumulators, handles = [], []
+    with torch.enable_grad():  # the optimizer may be made under no_grad(); the node exists all the same
+        for p in params:
             accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
-            accumulator.register_hook(hook)
-            kept.append(accumulator)  # keeps the node (and its hook) alive
-    remove_when_collected(owner, removable)  # the model may be wrapped again, with another optimizer
-    return kept
+            handles.append(accumulator.register_hook(weak_hook(owner, method, p)))
+            accumulators.append(accumulator)
+    remove_when_collected(owner, handles)  # the model may be wrapped again, with another optimizer
+    return accumulators
 
 
 def remove_when_collected(owner, handles):

@@ -43,7 +43,7 @@ class _DistributedAdasumOptimizer:
         self._allreduce_delay = {p: backward_passes_per_step for p in self._requires_update}
         self._starts = {}   # parameter -> its value before this step's local update
         self._handles = {}  # parameter -> (handle, compression context) of its delta's Adasum
-        self._hook_handles = hook_gradients_ready(self, self._requires_update, "_gradient_ready")
+        self._accumulators = hook_gradients_ready(self, self._requires_update, "_gradient_ready")
         weakref.finalize(self, _abandon_all, self._handles)
 
     def _accumulating(self):

@@ -101,7 +101,7 @@ class _DistributedOptimizer:
         self._ready_in_unit = []          # per unit: parameters whose gradient is complete this step
         self._handles = {}                # unit index -> _Submitted
         self._sparse_dims = {}            # parameter -> sparse_dim of its last sparse gradient
-        self._hook_handles = []
+        self._accumulators = []           # the gradient accumulator nodes that carry the hooks
         self._synchronized = None         # after synchronize(): the reduced gradients, see _unchanged_since
         self._should_synchronize = True
         self._unreduced_warned = {}       # id -> weak reference of each parameter _warn_of_unreduced named
@@ -129,7 +129,7 @@ class _DistributedOptimizer:
         self._unit_of = {p: i for i, unit in enumerate(units) for p in unit}
         self._ready_in_unit = [0] * len(units)
         self._allreduce_delay = {p: self.backward_passes_per_step for p in params}
-        self._hook_handles = hook_gradients_ready(self, params, "_gradient_ready")
+        self._accumulators = hook_gradients_ready(self, params, "_gradient_ready")
         # Dropped between backward() and step(), it leaves reductions in flight: their handles are let go.
         weakref.finalize(self, _abandon_in_flight, self._handles)
 

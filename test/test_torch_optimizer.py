@@ -308,12 +308,19 @@ def run_behaviour(size, rank):
 
     # A dropped wrapper takes its gradient hooks with it: the same model wrapped again trains.
     import gc
-    hooks = getattr(model.weight, "_post_accumulate_grad_hooks", None) or {}
-    hooks_with_wrapper = len(hooks)
+
+    def gradient_hooks(p):
+        """How many hooks the node that accumulates p's gradient carries (besides a probe's)."""
+        accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
+        probe = accumulator.register_hook(lambda *unused: None)
+        count = len(probe.hooks_dict_ref()) - 1
+        probe.remove()
+        return count
+
+    hooks_with_wrapper = gradient_hooks(model.weight)
     del opt, scheduler
     gc.collect()
-    hooks = getattr(model.weight, "_post_accumulate_grad_hooks", None) or {}
-    report["hooks with the wrapper, after it is dropped"] = (hooks_with_wrapper, len(hooks))
+    report["hooks with the wrapper, after it is dropped"] = (hooks_with_wrapper, gradient_hooks(model.weight))
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0), named_parameters=model.named_parameters(),
                                    op=hvd.Sum)
     for _ in range(2):
@@ -412,6 +419,32 @@ def run_behaviour(size, rank):
             opt.step()
         caught += [str(w.message) for w in seen]
     report["trainable after wrapping"] = caught
+
+    # A hook the user registers on a parameter after wrapping (here halving its gradient in place)
+    # finishes before the reduction reads the gradient, as under Horovod: every step applies half the
+    # average on every rank. Hung on the parameter, behind Horo's own hook, it raced the reduction.
+    model = torch.nn.Linear(64, 64)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0),
+                                   named_parameters=model.named_parameters())
+
+    def halve(p):
+        p.grad.mul_(0.5)
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(halve)
+    hvd.broadcast_parameters(model.state_dict(), 0)
+    wrong = 0
+    for step in range(20):
+        x = torch.randn(8, 64, generator=torch.Generator().manual_seed(100 * step + rank))
+        raw = torch.autograd.grad(model(x).sum(), list(model.parameters()))  # runs no hook
+        expected = [0.5 * hvd.allreduce(g, name=f"hooked.{step}.{i}") for i, g in enumerate(raw)]
+        before = [p.detach().clone() for p in model.parameters()]
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+        wrong += sum(not torch.allclose(b - p.detach(), e, rtol=1e-5, atol=1e-7)
+                     for b, p, e in zip(before, model.parameters(), expected))
+    report["user hook after wrapping: wrong updates"] = wrong
 
     # Validation, as Horovod.
     def bad(**options):
@@ -523,6 +556,7 @@ def test_distributed_optimizer_behaves_as_horovods(two_rank_reports):
             "DistributedOptimizer: parameter of shape (16,) has a gradient that is not averaged across ranks: it was "
             "not trainable (requires_grad) or not in the optimizer when the DistributedOptimizer was made, so each "
             "rank trains it alone. Make the DistributedOptimizer again after changing which parameters train."]
+        assert b["user hook after wrapping: wrong updates"] == 0
         is_sparse, difference = b["sparse gradient missing on rank 1"]
         assert is_sparse and difference <= 1e-7
 

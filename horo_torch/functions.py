@@ -221,6 +221,12 @@ def _parameter_layout(optimizer):
     return [[tuple(p.shape) for p in group["params"]] for group in optimizer.param_groups]
 
 
+def _optimizer_class(optimizer):
+    """The name of optimizer's torch class (the one DistributedOptimizer wraps, for a wrapped one)."""
+    cls = next(c for c in type(optimizer).__mro__ if not c.__module__.startswith("horo_torch"))
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 def _describe_root_state(optimizer):
     """What non-root ranks need to rebuild root's state: hyper-parameters, non-tensor state values
     and the shape/dtype of every state tensor; plus the list of state tensors in sending order."""
@@ -238,6 +244,7 @@ def _describe_root_state(optimizer):
         state[param_id] = described
     structure = {
         "layout": _parameter_layout(optimizer),
+        "class": _optimizer_class(optimizer),
         "param_groups": [{k: v for k, v in group.items() if k != "params"} for group in state_dict["param_groups"]],
         "state": state,
     }
@@ -272,14 +279,18 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None):
     structure, tensors = _describe_root_state(optimizer) if is_root else (None, [])
     structure = broadcast_object(structure, root_rank, name="optimizer_state.structure")
 
-    layout = _parameter_layout(optimizer)
+    layout, kind = _parameter_layout(optimizer), _optimizer_class(optimizer)
     problem = None
-    if layout != structure["layout"]:
-        problem = f"rank {basics.rank()} has parameter shapes {layout}"
+    if kind != structure["class"]:
+        # Root's hyper-parameters would replace this optimizer's (an Adam's betas for an SGD's
+        # momentum), which would then fail in step() on this rank alone.
+        problem = f"the optimizer is {kind} on rank {basics.rank()}, {structure['class']} on root rank {root_rank}"
+    elif layout != structure["layout"]:
+        problem = (f"the optimizer's parameter groups differ from root rank {root_rank}'s {structure['layout']}: "
+                   f"rank {basics.rank()} has parameter shapes {layout}")
     problems = [p for p in allgather_object(problem, name="optimizer_state.layout") if p is not None]
     if problems:
-        raise ValueError(f"broadcast_optimizer_state: the optimizer's parameter groups differ from root rank "
-                         f"{root_rank}'s {structure['layout']}: " + "; ".join(problems))
+        raise ValueError("broadcast_optimizer_state: " + "; ".join(problems))
 
     handles, received = [], {}
     sent = iter(tensors)

@@ -223,6 +223,14 @@ def check_optimizer_state(hvd, rank):
     model = torch.nn.Linear(4, 3 if rank == 2 else 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     report["layout mismatch"] = capture(lambda: hvd.broadcast_optimizer_state(opt, root_rank=0))
+    # So do different optimizer classes: root's Adam hyper-parameters would replace rank 1's SGD's,
+    # whose step() then failed on rank 1 alone.
+    model = torch.nn.Linear(4, 2)
+    base = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if rank == 1 else torch.optim.Adam(
+        model.parameters())
+    opt = hvd.DistributedOptimizer(base, named_parameters=model.named_parameters())
+    report["class mismatch"] = capture(lambda: hvd.broadcast_optimizer_state(opt, root_rank=0))
+    report["class mismatch keeps momentum"] = "momentum" in opt.param_groups[0] if rank == 1 else None
     return report
 
 
@@ -370,6 +378,10 @@ def test_broadcast_optimizer_state(reports):
         assert kind == "ValueError"
         assert message == ("broadcast_optimizer_state: the optimizer's parameter groups differ from root rank 0's "
                            "[[(2, 4), (2,)]]: rank 2 has parameter shapes [[(3, 4), (3,)]]")
+        assert o["class mismatch"] == (
+            "ValueError", "broadcast_optimizer_state: the optimizer is torch.optim.sgd.SGD on rank 1, "
+            "torch.optim.adam.Adam on root rank 0"), f"rank {rank}"
+        assert o["class mismatch keeps momentum"] is (True if rank == 1 else None)
 
 
 def test_broadcast_and_allgather_objects(reports):

@@ -15,7 +15,7 @@ from horo_core.runtime import prepare_run
 from horo_torch import device
 from horo_torch._calls import (_caller, _copy_back, _dtype_code, _enqueue, _host_output, _is_host_contiguous,
                                _is_host_dense, _last_description, _now, _op_name, _records_graph,
-                               _refuse_unless_strided, _remember, _run_host, _run_host_described)
+                               _refuse_unless_dense, _remember, _run_host, _run_host_described)
 from horo_torch._handles import _register, synchronize
 from horo_torch.compression import Compression
 
@@ -45,7 +45,7 @@ def _allreduce_host(tensor, output, memo, average, name, op, prescale_factor, po
 
 
 def _allreduce_async(tensors, output_tensors, name, op, prescale_factor, postscale_factor, process_set, kind):
-    _refuse_unless_strided(lib.HORO_ALLREDUCE, kind, name, tensors, process_set)
+    _refuse_unless_dense(lib.HORO_ALLREDUCE, kind, name, tensors, process_set)
     if all(t.device.type == "cpu" for t in tensors) and all(o.device.type == "cpu" for o in output_tensors):
         # Host tensors, the common case: no staging, no device checks on the per-step path.
         srcs = [t.detach().contiguous() for t in tensors]
@@ -111,6 +111,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     Raises:
         ValueError: invalid arguments (unsupported dtype, both average and op, name in flight...).
     """
+    _refuse_unless_dense(lib.HORO_ALLREDUCE, "allreduce", name, [tensor], process_set)
     op = resolve_op(average, op)
     out = torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
     return _allreduce_async([tensor], [out], name, op, prescale_factor, postscale_factor, process_set, "allreduce")
@@ -209,6 +210,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
             output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
             basics.runtime().run_prepared(prepared, tensor.data_ptr(), output.data_ptr())
             return output
+    _refuse_unless_dense(lib.HORO_ALLREDUCE, "allreduce", name, [tensor], process_set)
     compressed, ctx = compression.compress(tensor)
     records_graph = _records_graph((compressed,))
     if not records_graph and compression is Compression.none and _is_host_dense(tensor):
@@ -234,6 +236,7 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, po
         address = tensor.data_ptr()
         basics.runtime().run_prepared(prepared, address, address)
         return tensor
+    _refuse_unless_dense(lib.HORO_ALLREDUCE, "allreduce", name, [tensor], process_set)
     if _is_host_dense(tensor):
         return _allreduce_host(tensor, tensor, _last_allreduce, average, name, op, prescale_factor, postscale_factor,
                                process_set)
@@ -244,6 +247,8 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
                             process_set=global_process_set):
     """Starts an allreduce of a list of tensors negotiated and fused as one group. Returns a handle
     whose synchronize() gives the list of reduced tensors."""
+    tensors = list(tensors)
+    _refuse_unless_dense(lib.HORO_ALLREDUCE, "grouped_allreduce", name, tensors, process_set)
     op = resolve_op(average, op)
     outs = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in tensors]
     return _allreduce_async(list(tensors), outs, name, op, prescale_factor, postscale_factor, process_set,
@@ -278,6 +283,8 @@ class HorovodGroupedAllreduce(torch.autograd.Function):
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
                       prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """Allreduces a list of tensors as one atomic, fused group; differentiable. Returns a list."""
+    tensors = list(tensors)
+    _refuse_unless_dense(lib.HORO_ALLREDUCE, "grouped_allreduce", name, tensors, process_set)
     op = resolve_op(average, op)
     pairs = [compression.compress(t) for t in tensors]
     compressed = [p[0] for p in pairs]

@@ -47,17 +47,22 @@ def _refuse(op_type, names, set_id, reason):
     basics.runtime().refuse(op_type, names, set_id, reason)
 
 
-def _refuse_unless_strided(op_type, kind, name, tensors, process_set):
-    """Fails the operation on every member (_refuse) when one of tensors is sparse (or of another
-    non-strided layout), which the collectives cannot read."""
+def _refuse_unless_dense(op_type, kind, name, tensors, process_set):
+    """Fails the operation on every member (_refuse) when one of tensors is not a torch.Tensor (a
+    Python number, a NumPy array), or is sparse (or of another non-strided layout): the collectives
+    read neither, and a rank that alone raised would leave the others waiting for it."""
     for i, t in enumerate(tensors):
-        if t.layout is not torch.strided:
-            set_id = _process_set_id(process_set)
-            names = basics.member_names(_op_name(kind, name, set_id), len(tensors))
-            which = f" for '{names[i]}'" if len(tensors) > 1 else ""
-            _refuse(op_type, names, set_id,
-                    f"passed a tensor of layout {t.layout}{which}; collectives take dense (strided) tensors: call "
-                    ".to_dense(), or reduce a sparse gradient with sparse_allreduce_async or DistributedOptimizer")
+        if isinstance(t, torch.Tensor) and t.layout is torch.strided:
+            continue
+        set_id = _process_set_id(process_set)
+        names = basics.member_names(_op_name(kind, name, set_id), len(tensors))
+        which = f" for '{names[i]}'" if len(tensors) > 1 else ""
+        if not isinstance(t, torch.Tensor):
+            _refuse(op_type, names, set_id, f"passed a value of type {type(t).__name__}{which} where a torch.Tensor "
+                                            "is expected: convert it with torch.as_tensor()")
+        _refuse(op_type, names, set_id,
+                f"passed a tensor of layout {t.layout}{which}; collectives take dense (strided) tensors: call "
+                ".to_dense(), or reduce a sparse gradient with sparse_allreduce_async or DistributedOptimizer")
 
 
 def _is_host_contiguous(tensor):
@@ -137,10 +142,13 @@ def _last_description(memo, name, tensor, average, op, prescale_factor, postscal
     objects for average, op and process set (an equal but different object does not match), equal
     scales, the set's id unchanged, and a dense host tensor of the same dtype and shape. Else None."""
     last = memo.get(name)
-    if (last is not None and last[0] is average and last[1] is op and last[2] == prescale_factor
-            and last[3] == postscale_factor and last[4] is process_set and last[5] == process_set.process_set_id
-            and tensor.dtype is last[6] and tensor.shape == last[7] and tensor.is_cpu and tensor.is_contiguous()):
-        return last[8]
+    try:
+        if (last is not None and last[0] is average and last[1] is op and last[2] == prescale_factor
+                and last[3] == postscale_factor and last[4] is process_set and last[5] == process_set.process_set_id
+                and tensor.dtype is last[6] and tensor.shape == last[7] and tensor.is_cpu and tensor.is_contiguous()):
+            return last[8]
+    except AttributeError:  # not a tensor: the caller's general path refuses it on every rank
+        pass
     return None
 
 

@@ -14,7 +14,7 @@ from horo_core.reduce_ops import Average, Sum
 from horo_core.runtime import prepare_run
 from horo_torch import _sized_runs, device
 from horo_torch._calls import (_PREPARED_RUNS_LIMIT, _dtype_code, _enqueue, _from_result, _now, _op_name,
-                               _records_graph, _refuse_unless_strided)
+                               _records_graph, _refuse_unless_dense)
 from horo_torch._handles import synchronize
 from horo_torch.compression import Compression
 from horo_torch._allreduce_ops import allreduce, grouped_allreduce
@@ -41,7 +41,7 @@ def _remember_gathered(key, shape):
 
 
 def _allgather_async(tensors, name, process_set, kind):
-    _refuse_unless_strided(lib.HORO_ALLGATHER, kind, name, tensors, process_set)
+    _refuse_unless_dense(lib.HORO_ALLGATHER, kind, name, tensors, process_set)
     staging = device.Staging()
     srcs = [staging.to_host(t) for t in tensors]
     keys = [_gathered_key(kind, name, process_set, t) for t in tensors]
@@ -105,6 +105,7 @@ def allgather(tensor, name=None, process_set=global_process_set):
     Raises:
         ValueError: invalid arguments. HorovodInternalError: the collective failed.
     """
+    _refuse_unless_dense(lib.HORO_ALLGATHER, "allgather", name, [tensor], process_set)
     if _records_graph((tensor,)):
         return HorovodAllgather.apply(tensor, name, process_set)
     return _allgather_now(tensor, name, process_set)
@@ -160,6 +161,7 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
         ValueError: invalid arguments. HorovodInternalError: the collective failed.
     """
     tensors = list(tensors)
+    _refuse_unless_dense(lib.HORO_ALLGATHER, "grouped_allgather", name, tensors, process_set)
     if _records_graph(tensors):
         return list(HorovodGroupedAllgather.apply(name, process_set, *tensors))
     return _now(grouped_allgather_async, tensors, name, process_set)
@@ -177,7 +179,7 @@ def _splits_list(splits):
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
     """Starts an alltoall: rows splits[j] of tensor go to rank j of the set (equal parts if splits is
     None). Returns a handle whose synchronize() gives (output, received_splits)."""
-    _refuse_unless_strided(lib.HORO_ALLTOALL, "alltoall", name, [tensor], process_set)
+    _refuse_unless_dense(lib.HORO_ALLTOALL, "alltoall", name, [tensor], process_set)
     staging = device.Staging()
     src = staging.to_host(tensor)
 
@@ -220,6 +222,7 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     Raises:
         ValueError: invalid splits or arguments. HorovodInternalError: the collective failed.
     """
+    _refuse_unless_dense(lib.HORO_ALLTOALL, "alltoall", name, [tensor], process_set)
     if _records_graph((tensor,)):
         return HorovodAlltoall.apply(tensor, splits, name, process_set)
     output, received = _alltoall_now(tensor, splits, name, process_set, received_as_tensor=splits is not None)
@@ -243,7 +246,7 @@ def _alltoall_now(tensor, splits, name, process_set, received_as_tensor=True):
 # Reducescatter -----------------------------------------------------------------------------------
 
 def _reducescatter_async(tensors, name, op, process_set, prescale_factor, postscale_factor, kind):
-    _refuse_unless_strided(lib.HORO_REDUCESCATTER, kind, name, tensors, process_set)
+    _refuse_unless_dense(lib.HORO_REDUCESCATTER, kind, name, tensors, process_set)
     staging = device.Staging()
     srcs = [staging.to_host(t) for t in tensors]
 
@@ -308,6 +311,7 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average, p
     Raises:
         ValueError: invalid arguments. HorovodInternalError: the collective failed.
     """
+    _refuse_unless_dense(lib.HORO_REDUCESCATTER, "reducescatter", name, [tensor], process_set)
     compressed, ctx = compression.compress(tensor)
     if _records_graph((compressed,)):
         out = HorovodReducescatter.apply(compressed, name, op, process_set, prescale_factor, postscale_factor)
@@ -364,6 +368,8 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
     Raises:
         As reducescatter.
     """
+    tensors = list(tensors)
+    _refuse_unless_dense(lib.HORO_REDUCESCATTER, "grouped_reducescatter", name, tensors, process_set)
     pairs = [compression.compress(t) for t in tensors]
     compressed = [p[0] for p in pairs]
     if _records_graph(compressed):

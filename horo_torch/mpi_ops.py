@@ -31,7 +31,7 @@ from horo_torch._allreduce_ops import (HorovodAllreduce, HorovodGroupedAllreduce
                                        grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_,
                                        handle_average_backwards_compatibility)
 from horo_torch._calls import (_copy_back, _enqueue, _host_output, _is_host_contiguous, _is_host_dense, _now,
-                               _process_set_id, _records_graph, _refuse_unless_strided, _run_host)
+                               _process_set_id, _records_graph, _refuse_unless_dense, _run_host)
 from horo_torch._handles import _register, abandon, poll, synchronize  # noqa: F401 (abandon, poll re-exported)
 from horo_torch._sized_ops import (HorovodAllgather, HorovodAlltoall, HorovodGroupedAllgather,  # noqa: F401
                                    HorovodGroupedReducescatter, HorovodReducescatter, allgather, allgather_async,
@@ -43,7 +43,7 @@ from horo_torch._sized_ops import (HorovodAllgather, HorovodAlltoall, HorovodGro
 # Broadcast ---------------------------------------------------------------------------------------
 
 def _broadcast_async(tensor, output, root_rank, name, process_set):
-    _refuse_unless_strided(lib.HORO_BROADCAST, "broadcast", name, [tensor], process_set)
+    _refuse_unless_dense(lib.HORO_BROADCAST, "broadcast", name, [tensor], process_set)
     if device.core_takes(basics.runtime(), [tensor, output]):
         src = tensor.detach().contiguous()
         out = output if output.is_contiguous() else torch.empty_like(src)
@@ -60,6 +60,7 @@ def _broadcast_async(tensor, output, root_rank, name, process_set):
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
     """Starts copying root_rank's tensor to every rank into a new tensor. root_rank is a global rank.
     Returns a handle."""
+    _refuse_unless_dense(lib.HORO_BROADCAST, "broadcast", name, [tensor], process_set)
     output = torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
     return _broadcast_async(tensor, output, root_rank, name, process_set)
 
@@ -107,6 +108,7 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     Raises:
         ValueError: invalid arguments. HorovodInternalError: the collective failed.
     """
+    _refuse_unless_dense(lib.HORO_BROADCAST, "broadcast", name, [tensor], process_set)
     if _records_graph((tensor,)):
         return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
     return _broadcast_now(tensor, root_rank, name, process_set)
@@ -114,6 +116,7 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     """In-place broadcast; returns tensor."""
+    _refuse_unless_dense(lib.HORO_BROADCAST, "broadcast", name, [tensor], process_set)
     if _is_host_dense(tensor):
         return _run_host(lib.HORO_BROADCAST, "broadcast", name, tensor, tensor, process_set, root_rank=root_rank)
     return _now(broadcast_async_, tensor, root_rank, name, process_set)

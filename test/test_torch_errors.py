@@ -21,6 +21,7 @@ import sys
 import textwrap
 import time
 
+import numpy as np
 import pytest
 
 import horo_runner
@@ -258,6 +259,15 @@ def refused_input_job():
     attempt("broadcast sparse", lambda: hvd.broadcast(torch.eye(2).to_sparse() if rank == 1 else torch.eye(2), 0,
                                                       name="bcast"))
     attempt("every rank", lambda: hvd.allreduce(torch.ones(2, dtype=torch.complex64), name="all"))
+    # Not a tensor at all, on one rank: a Python number, a NumPy array, a grouped member; also under
+    # a name the ranks agreed on before (its memo on this rank must not raise first).
+    attempt("a float", lambda: hvd.allreduce(2.0 if rank == 1 else torch.ones(2), name="float"))
+    attempt("a NumPy array", lambda: hvd.allgather(np.ones(2, np.float32) if rank == 0 else torch.ones(2),
+                                                   name="array"))
+    attempt("a float, grouped", lambda: hvd.grouped_reducescatter(
+        [torch.ones(3), 1.0 if rank == 2 else torch.ones(3)], name="float.g"))
+    attempt("a float, cached name", lambda: hvd.allreduce(3.0 if rank == 1 else torch.ones(3), name="known"))
+    attempt("a float, broadcast_", lambda: hvd.broadcast_(1.0 if rank == 2 else torch.ones(2), 0, name="float.b"))
     # An argument the core refuses (an op it does not know), passed by one rank only.
     attempt("unknown op", lambda: hvd.allreduce(torch.ones(2), op=99 if rank == 2 else hvd.Sum, name="op"))
     attempt("unknown op, grouped", lambda: hvd.grouped_allreduce([torch.ones(2)] * 2, op=98 if rank == 0 else hvd.Sum,
@@ -275,11 +285,12 @@ def refused_input_job():
 
 def test_input_only_one_rank_refuses_raises_on_every_rank():
     """A tensor that one rank's binding cannot pass to the core (an unsupported dtype, a sparse
-    layout) fails the collective on every rank, named after that rank, instead of raising on that
+    layout, not a tensor at all) fails the collective on every rank, named after that rank, instead of raising on that
     rank alone while the others wait for it."""
     supported = "(supported: uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64, bool, uint16)"
     sparse = ("passed a tensor of layout torch.sparse_coo; collectives take dense (strided) tensors: call "
               ".to_dense(), or reduce a sparse gradient with sparse_allreduce_async or DistributedOptimizer")
+    not_tensor = "where a torch.Tensor is expected: convert it with torch.as_tensor()"
     expected = {
         "cached name": f"allreduce tensor 'allreduce.known': rank 1 passed dtype torch.complex64, which is not "
                        f"supported {supported}",
@@ -294,6 +305,13 @@ def test_input_only_one_rank_refuses_raises_on_every_rank():
         "broadcast sparse": f"broadcast tensor 'broadcast.bcast': rank 1 {sparse}",
         "every rank": f"allreduce tensor 'allreduce.all': ranks 0, 1, 2 passed dtype torch.complex64, which is not "
                       f"supported {supported}",
+        "a float": f"allreduce tensor 'allreduce.float': rank 1 passed a value of type float {not_tensor}",
+        "a NumPy array": f"allgather tensor 'allgather.array': rank 0 passed a value of type ndarray {not_tensor}",
+        "a float, grouped": f"reducescatter tensor 'grouped_reducescatter.float.g.0': rank 2 passed a value of type "
+                            f"float for 'grouped_reducescatter.float.g.1' {not_tensor}",
+        "a float, cached name": f"allreduce tensor 'allreduce.known': rank 1 passed a value of type float {not_tensor}",
+        "a float, broadcast_": f"broadcast tensor 'broadcast.float.b': rank 2 passed a value of type float "
+                               f"{not_tensor}",
         "unknown op": "allreduce tensor 'allreduce.op': rank 2 passed an invalid argument: unknown reduce op 99",
         "unknown op, grouped": "allreduce tensor 'grouped_allreduce.op.g.0': rank 0 passed an invalid argument for "
                                "'grouped_allreduce.op.g.0': unknown reduce op 98",

@@ -121,10 +121,9 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
             # Its inner optimizer is looked up here too: mapping both would reduce twice. A
             # LossScaleOptimizer whose inner optimizer is plain is wrapped below.
             continue
-        # Named as DistributedOptimizer names it: a rank that restores the checkpoint reduces its
-        # gradients with the ranks that build their optimizer.
-        options = ReductionOptions(compression=compression, name=f"DistributedOptimizer.{cls.__name__}")
-        wrapped = distributed_class(cls, options)
+        # Its reductions are named after the optimizer's saved name, as DistributedOptimizer names
+        # them: a rank that restores the checkpoint reduces with the ranks that build theirs.
+        wrapped = distributed_class(cls, ReductionOptions(compression=compression))
         objects[cls.__name__] = wrapped
         objects[keras.saving.get_registered_name(cls)] = wrapped
         # A legacy .h5 file's loader looks built-in optimizers up by the lower-cased class name
@@ -156,11 +155,10 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
 
 
 def _distributed_copy(optimizer, compression, objects):
-    """An unbuilt DistributedOptimizer of optimizer's class and config, named as DistributedOptimizer
-    names it (a rank that restores a checkpoint reduces its gradients with the ranks that build
-    their optimizer)."""
-    wrapped = distributed_class(type(optimizer), ReductionOptions(
-        compression=compression, name=f"DistributedOptimizer.{type(optimizer).__name__}"))
+    """An unbuilt DistributedOptimizer of optimizer's class and config (and so of its name, which
+    names the reductions as DistributedOptimizer's: a rank that restores a checkpoint reduces its
+    gradients with the ranks that build their optimizer)."""
+    wrapped = distributed_class(type(optimizer), ReductionOptions(compression=compression))
     with keras.saving.custom_object_scope(objects):
         return wrapped.from_config(optimizer.get_config())
 

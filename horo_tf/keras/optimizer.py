@@ -30,6 +30,7 @@ ranks (one more small allreduce per step): a non-finite gradient on any rank ski
 import copy
 import dataclasses
 import hashlib
+import re
 import sys
 
 import keras
@@ -70,6 +71,15 @@ def _wrapping_loss_scale_optimizer(inner, depth=6):
     return None
 
 
+def _snake_case(class_name):
+    """What Keras names an instance of class_name before numbering it (Adam: adam, AdamW: adam_w)."""
+    try:
+        from keras.src.utils.naming import to_snake_case
+    except ImportError:  # a Keras that moved it: its single-word names still match
+        return class_name.lower()
+    return to_snake_case(class_name)
+
+
 class _DistributedMixin:
     """What the distributed optimizer adds to the wrapped class; options live on the class."""
 
@@ -99,14 +109,26 @@ class _DistributedMixin:
 
     def _horo_named_options(self, variables):
         """The reduction options, their operation names made for these variables: the base name
-        (DistributedOptimizer's name argument, else the wrapped class's name) and a digest of the
-        variables' dtypes and shapes. Nothing in the name counts objects this process made before,
-        so a rank that built other optimizers or models first (Keras numbers their names per
-        process: adam, adam_1, ...) still names its gradients as its peers do, and one optimizer
-        applied to two models' variables reduces each set under its own names."""
+        (_horo_base_options) and a digest of the variables' dtypes and shapes, so that one
+        optimizer applied to two models' variables reduces each set under its own names."""
         layout = ";".join(f"{v.dtype}{tuple(v.shape)}" for v in variables)
         digest = hashlib.sha1(layout.encode()).hexdigest()[:12]
-        return dataclasses.replace(self._horo_reduction, name=f"{self._horo_reduction.name}.{digest}")
+        base = self._horo_base_options()
+        return dataclasses.replace(base, name=f"{base.name}.{digest}")
+
+    def _horo_base_options(self):
+        """The reduction options named "DistributedOptimizer." and the optimizer's Keras name where
+        someone chose it (DistributedOptimizer's name argument, or the wrapped optimizer's own),
+        else the class name. A chosen name is saved with the model, so a rank that restores the
+        model with load_model names its reductions as the ranks that build their optimizer do.
+        Keras's own names (adam, adam_1, ...; of this class or of one it derives from, whose config
+        it was made from) count the optimizers each process made before, so they would differ
+        between ranks: the class name stands for them."""
+        cls = type(self)
+        made_up = any(re.fullmatch(rf"{re.escape(_snake_case(c.__name__))}(_\d+)?", self.name or "")
+                      for c in cls.__mro__)
+        return dataclasses.replace(self._horo_reduction,
+                                   name=f"DistributedOptimizer.{cls.__name__ if made_up else self.name}")
 
     def build(self, variables):
         """Builds the wrapped optimizer; a LossScaleOptimizer that wraps this one (as model.compile
@@ -114,7 +136,7 @@ class _DistributedMixin:
         the gradients are finite (LossScaleOptimizer.build is what builds its inner optimizer)."""
         wrapper = _wrapping_loss_scale_optimizer(self)
         if wrapper is not None:
-            _agree_on_finite_gradients(wrapper, self._horo_reduction)
+            _agree_on_finite_gradients(wrapper, self._horo_base_options())
         return super().build(variables)
 
     def apply(self, grads, trainable_variables=None):
@@ -245,9 +267,9 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
 
     Args:
         optimizer: a keras.optimizers.Optimizer (its state, if already built, is not copied).
-        name: the new optimizer's name (default: optimizer's), and the prefix of its collectives'
-            names (default: the optimizer's class name, the same on every rank whatever other
-            optimizers a rank made first; with a name, give every rank the same).
+        name: the new optimizer's name (default: optimizer's), which also names its collectives
+            (as does a name the wrapped optimizer was given; else its class name, the same on
+            every rank whatever other optimizers a rank made first); give every rank the same.
         device_dense, device_sparse: accepted for Horovod compatibility.
         compression: Compression.none (default), .fp16 or .bf16.
         sparse_as_dense: reduce IndexedSlices gradients as dense tensors.
@@ -291,8 +313,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                                compression=compression or Compression.none, sparse_as_dense=sparse_as_dense,
                                gradient_predivide_factor=gradient_predivide_factor,
                                groups=groups_option(groups, num_groups),
-                               process_set=process_set or global_process_set,
-                               name=f"DistributedOptimizer.{type(optimizer).__name__ if name is None else name}")
+                               process_set=process_set or global_process_set)
     cls = distributed_class(type(optimizer), options, backward_passes_per_step, average_aggregated_gradients,
                             scale_local_gradients)
     distributed = cls.from_config(config)

@@ -15,6 +15,7 @@ import os
 import socket
 import sys
 import threading
+import time
 
 from horo_core import config, launch_env
 from horo_core.errors import (HoroAuthError, HoroInvalidArgument, HoroNotInitializedError, HoroPeerLostError,
@@ -213,7 +214,7 @@ def init(comm=None, process_sets=None):
             if info.rendezvous is not None and not info.hosts_rendezvous and info.secret:
                 # hororun -np 1 still waits for the rank to register.
                 with KVClient(*info.rendezvous, info.secret, timeout=start_timeout) as kv:
-                    _report_arrival(kv, info, members)
+                    _report_arrival(kv, info, members, generation)
         else:
             host, port, secret, server = _rendezvous(info, mpi_comm, members)
             _state.kv_server = server
@@ -224,7 +225,7 @@ def init(comm=None, process_sets=None):
                 # This rank reached the rendezvous: hororun gives the others start_timeout from the
                 # first such rank, then names those that did not come (runner/job.py); meanwhile
                 # this rank waits a little longer, so that the launcher's message is the one seen.
-                _report_arrival(kv, info, members)
+                _report_arrival(kv, info, members, generation)
                 wait = start_timeout + (_LAUNCHER_NAMES_LATE_RANKS_S if info.family == "hororun" else 0.0)
                 rt = Runtime(rank, size, secret=secret, bind_host=info.bind_host)
                 prefix = f"{key_prefix}init{generation}/"
@@ -233,7 +234,8 @@ def init(comm=None, process_sets=None):
                 kv.set(f"{prefix}host/{rank}", json.dumps([hostname, listed]).encode())
                 if info.node is not None and comm is None:  # the same on every rank: torchrun's
                     kv.set(f"{prefix}node/{rank}", str(info.node).encode())
-                addresses = _gather(kv, f"{prefix}addr", size, wait, start_timeout, (host, port))
+                addresses = _gather(kv, f"{prefix}addr", size, wait, start_timeout, (host, port),
+                                    lambda index: _same_job_or_raise(kv, info, members, generation, index))
                 posted = [json.loads(p) for p in _gather(kv, f"{prefix}host", size, wait, start_timeout, (host, port))]
                 hostnames, everyones_sets = [p[0] for p in posted], [p[1] for p in posted]
                 if info.node is not None and comm is None:
@@ -296,13 +298,37 @@ def _launched_by_mpi(info):
     return MPI.COMM_WORLD.Get_size() == info.size
 
 
-def _report_arrival(kv, info, members):
+def _report_arrival(kv, info, members, generation):
     """Tells the launcher's start watch (runner/job.py) that this rank reached init; under
     init(comm=[ranks]) first which ranks form its job, so that the watch waits for no rank that no
-    such job lists (one left out may have ended already when the first member comes)."""
+    such job lists (one left out may have ended already when the first member comes). Also which
+    ranks this rank's init named, for the members that wait for it (_same_job_or_raise)."""
     if members is not None:
         kv.set(f"members/{members[0]}", ",".join(map(str, members)).encode())
+    kv.set(f"init{generation}/job/{info.rank}", _job_text(members).encode())
     kv.set(f"ready/{info.rank}", b"1")
+
+
+def _job_text(members):
+    return "init()" if members is None else f"init(comm={members})"
+
+
+def _same_job_or_raise(kv, info, members, generation, index):
+    """Raises at once when the member at index of this rank's job, which this rank waits for, has
+    called init with another list of ranks: it will never join this job (it may be training in a
+    job of its own), and the wait would end only at the start timeout, blaming that rank's start.
+
+    Raises:
+        HoroInvalidArgument: naming both calls.
+    """
+    peer = members[index] if members is not None else index
+    try:
+        theirs = kv.get(f"init{generation}/job/{peer}", timeout=0).decode()
+    except KVTimeoutError:
+        return  # not in init yet
+    if theirs != _job_text(members):
+        raise HoroInvalidArgument(f"rank {peer} called {theirs} while rank {info.rank} called {_job_text(members)}: "
+                                  "every rank of a job must pass the same list of ranks")
 
 
 def _register_static_sets(static_sets, mine, everyone):
@@ -425,22 +451,34 @@ def _rendezvous_failure(error, info, host, port):
     return HoroPeerLostError(text)
 
 
-def _gather(kv, prefix, size, wait, start_timeout, rendezvous):
-    """Every rank's value under prefix/<rank> in the rendezvous, each waited for up to wait s.
+def _gather(kv, prefix, size, wait, start_timeout, rendezvous, check=None):
+    """Every rank's value under prefix/<rank> in the rendezvous, each waited for up to wait s;
+    check(rank), if given, runs every _CHECK_WHILE_WAITING_S of a wait and may raise.
 
     Raises:
         HoroTimeoutError: a rank did not post its value in time (it never started, or started late).
     """
     values = []
     for r in range(size):
-        try:
-            values.append(kv.get(f"{prefix}/{r}", timeout=wait).decode())
-        except KVTimeoutError:
-            raise HoroTimeoutError(
-                f"rank {r} did not reach the rendezvous at {rendezvous[0]}:{rendezvous[1]} within {start_timeout:g} s "
-                f"(the start timeout: raise HORO_START_TIMEOUT or hororun --start-timeout if ranks start slowly)"
-            ) from None
+        deadline = time.monotonic() + wait
+        while True:
+            left = max(0.0, deadline - time.monotonic())
+            try:
+                values.append(kv.get(f"{prefix}/{r}", timeout=left if check is None else
+                                     min(left, _CHECK_WHILE_WAITING_S)).decode())
+                break
+            except KVTimeoutError:
+                if check is not None:
+                    check(r)
+                if time.monotonic() >= deadline:
+                    raise HoroTimeoutError(
+                        f"rank {r} did not reach the rendezvous at {rendezvous[0]}:{rendezvous[1]} within "
+                        f"{start_timeout:g} s (the start timeout: raise HORO_START_TIMEOUT or hororun "
+                        "--start-timeout if ranks start slowly)") from None
     return values
+
+
+_CHECK_WHILE_WAITING_S = 0.5
 
 
 def _note_exits_for_launcher():

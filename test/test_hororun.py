@@ -568,6 +568,29 @@ def test_ranks_left_out_of_init_are_not_waited_for(child_env):
         (0, ["[0]<stdout>:size 2", "[1]<stdout>:size 2"]), proc.stderr.decode()
 
 
+def test_ranks_that_list_different_jobs_fail_at_once(child_env):
+    """Rank 0 calls init(comm=[0, 1]), rank 1 init(comm=[1]): rank 1 forms a job of its own, and
+    rank 0 waited the whole start timeout for it, then blamed its start. It now fails as soon as
+    rank 1's call is known, naming both calls."""
+    code = """
+        import os, time
+        import horo_core.basics as basics
+        rank = int(os.environ["HORO_RANK"])
+        if rank == 0:
+            time.sleep(1)  # rank 1 has made its call
+        try:
+            basics.init(comm=[0, 1] if rank == 0 else [1])
+            print("size", basics.size())
+        except ValueError as e:
+            print(type(e).__name__, e)
+    """
+    proc = hororun(child_env, "-np", "2", "--start-timeout", "50", *worker(code))
+    assert (proc.returncode, sorted(proc.stdout.decode().splitlines())) == (0, [
+        "[0]<stdout>:HoroInvalidArgument rank 1 called init(comm=[1]) while rank 0 called init(comm=[0, 1]): every "
+        "rank of a job must pass the same list of ranks",
+        "[1]<stdout>:size 1"]), proc.stderr.decode()
+
+
 def test_start_timeout_names_a_rank_that_reached_init_late(child_env):
     """Rank 1 calls init() long after rank 0: the launcher names it when the start timeout has
     passed since rank 0 came, before rank 0 gives up waiting in init() (with HoroTimeoutError, a

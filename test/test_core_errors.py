@@ -291,6 +291,11 @@ def test_duplicate_process_set_is_rejected_everywhere():
         _, errors = world.run_collecting(lambda rt: rt.add_process_set([1]))
         for e in errors:
             assert isinstance(e, HoroInvalidArgument) and "already exists" in str(e)
+        for ranks, message in (([1, 7], "process set ranks must be between 0 and 1, got 7"),
+                               ([-2, 1], "process set ranks must be between 0 and 1, got -2"),
+                               ([0, 1, 0], "process set ranks contain rank 0 twice")):
+            _, errors = world.run_collecting(lambda rt: rt.add_process_set(ranks))
+            assert [(type(e), str(e)) for e in errors] == [(HoroInvalidArgument, message)] * 2, ranks
 
 
 def test_stall_warning_names_missing_ranks_then_completes(monkeypatch, capfd):

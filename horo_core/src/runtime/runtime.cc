@@ -346,11 +346,14 @@ Status Runtime::ChangeProcessSet(bool add, const std::vector<int32_t>& ranks, in
     std::vector<int32_t> sorted = ranks;
     std::sort(sorted.begin(), sorted.end());
     if (sorted.empty()) return Status::InvalidArgument("a process set needs at least one rank");
-    if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
-      return Status::InvalidArgument("process set ranks contain a duplicate");
+    auto twice = std::adjacent_find(sorted.begin(), sorted.end());
+    if (twice != sorted.end()) {
+      return Status::InvalidArgument("process set ranks contain rank " + std::to_string(*twice) + " twice");
     }
     if (sorted.front() < 0 || sorted.back() >= size_) {
-      return Status::InvalidArgument("process set ranks must be between 0 and " + std::to_string(size_ - 1));
+      const int32_t outside = sorted.front() < 0 ? sorted.front() : sorted.back();
+      return Status::InvalidArgument("process set ranks must be between 0 and " + std::to_string(size_ - 1) +
+                                     ", got " + std::to_string(outside));
     }
     r.ranks = sorted;
   } else {

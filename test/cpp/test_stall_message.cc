@@ -76,6 +76,19 @@ int main() {
   const StallInspector::Report anew = warner.Inspect(waiting);
   Check(anew.warnings.size() == 1 && anew.warnings[0].find("have waited more than") != std::string::npos,
         "a completed tensor is forgotten");
+  // Tensors that cross the warning time by the next inspection (a period, 1 s here) join the
+  // warning due now; the rest wait for one of their own.
+  StallInspector together(10.0, 0.0, false);
+  const std::vector<StalledTensor> step = {Stalled("g1", 1, 10.2), Stalled("g2", 1, 9.3), Stalled("g3", 1, 8.5)};
+  const StallInspector::Report first = together.Inspect(step);
+  Check(first.warnings.size() == 1 && first.warnings[0].find("rank 1: [g1, g2]") != std::string::npos,
+        "one warning for the tensors crossing together: " + (first.warnings.empty() ? "" : first.warnings[0]));
+  Check(together.Inspect({Stalled("g1", 1, 10.4), Stalled("g2", 1, 9.5), Stalled("g3", 1, 8.7)}).warnings.empty(),
+        "nothing new below the warning time");
+  const std::vector<StalledTensor> later = {Stalled("g1", 1, 11.8), Stalled("g2", 1, 10.9), Stalled("g3", 1, 10.1)};
+  const StallInspector::Report second = together.Inspect(later);
+  Check(second.warnings.size() == 1 && second.warnings[0].find("rank 1: [g3]") != std::string::npos,
+        "the last tensor's own warning: " + (second.warnings.empty() ? "" : second.warnings[0]));
   std::printf("stall messages: ok\n");
   return 0;
 }

@@ -36,13 +36,22 @@ StallInspector::Report StallInspector::Inspect(const std::vector<StalledTensor>&
   double longest = 0;
   double longest_again = 0;
   std::map<std::pair<int32_t, std::string>, double> still_warned;  // forget tensors that completed
+  // Tensors submitted together (a step's gradients) cross the warning time within moments of each
+  // other: once one warning is due, those that would cross it by the next inspection join it,
+  // instead of making a second warning a period later.
+  bool due = false;
+  for (const StalledTensor& t : waiting) {
+    due = due || (t.waited_seconds >= warning_seconds_ && warned_.count({t.process_set_id, t.name}) == 0);
+  }
+  const double threshold = due ? warning_seconds_ - PeriodMs() / 1000.0 : warning_seconds_;
   for (const StalledTensor& t : waiting) {
     longest = std::max(longest, t.waited_seconds);
-    if (!warns() || t.waited_seconds < warning_seconds_) continue;
+    if (!warns()) continue;
     auto key = std::make_pair(t.process_set_id, t.name);
     auto last = warned_.find(key);
     double warned_at = last == warned_.end() ? -1 : last->second;
     if (warned_at < 0) {
+      if (t.waited_seconds < threshold) continue;
       fresh.push_back(t);
       warned_at = t.waited_seconds;
     } else if (t.waited_seconds >= warned_at + warning_seconds_) {

@@ -374,14 +374,26 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
         raise ValueError(f"sparse_allreduce_async('{name}'): sparse tensors can only be reduced with Average or "
                          f"Sum (got op {op}); use sparse_as_dense=True for other ops")
     coalesced = tensor.coalesce()
-    # Allgather concatenates along dimension 0, so indices travel as (nnz, sparse_dims).
+    # Allgather concatenates along dimension 0, so indices travel as (nnz, sparse_dims), after a
+    # row that gives the sizes of the sparse dimensions as -(size + 1): negative, so no index can be
+    # taken for it, and every rank learns every rank's dense shape (the values' allgather compares
+    # only the dense dimensions).
+    sparse_sizes = list(tensor.shape[:coalesced.sparse_dim()])
+    marked = torch.cat([torch.tensor([[-(s + 1) for s in sparse_sizes]], dtype=torch.int64),
+                        coalesced.indices().t()])
     name = _helper_name("sparse_allreduce", name, process_set)
-    indices_handle = allgather_async(coalesced.indices().t().contiguous(), f"{name}.indices", process_set)
+    indices_handle = allgather_async(marked, f"{name}.indices", process_set)
     values_handle = allgather_async(coalesced.values().contiguous(), f"{name}.values", process_set)
 
     def wait():
         values = synchronize(values_handle)
         indices = synchronize(indices_handle)
+        shape_rows = indices[:, 0] < 0
+        shapes = (-indices[shape_rows] - 1).tolist()
+        if any(s != sparse_sizes for s in shapes):
+            raise ValueError(f"sparse_allreduce_async('{name}'): every rank must pass the same dense shape: "
+                             + ", ".join(f"rank {r} has {s}" for r, s in zip(process_set.ranks, shapes)))
+        indices = indices[~shape_rows]
         if op == Average:
             values = values / process_set.size()
         # Check that the received indices lie inside the tensor before anything indexes with them.

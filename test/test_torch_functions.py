@@ -293,6 +293,12 @@ def check_sparse(hvd, rank):
         report[op] = (reduced.layout == torch.sparse_coo, reduced.to_dense().tolist())
     report["Max"] = capture(lambda: hvd.sparse_allreduce_async(sparse, "sparse.max", hvd.Max))
     report["dense input"] = capture(lambda: hvd.sparse_allreduce_async(dense, "sparse.dense", hvd.Sum))
+    # Dense shapes that differ between ranks (an embedding of another size on rank 2): every rank
+    # raises, where rank 2 got a result and the others torch's error on indices out of range.
+    rows = 6 if rank == 2 else 5
+    other = torch.sparse_coo_tensor([[rows - 1]], [[1.0, 1.0]], (rows, 2))
+    report["shapes differ"] = capture(lambda: hvd.sparse_allreduce_async(other, "sparse.shapes", hvd.Sum)())
+    report["after"] = hvd.sparse_allreduce_async(sparse, "sparse.after", hvd.Sum)().to_dense().tolist()
     return report
 
 
@@ -458,6 +464,10 @@ def test_sparse_allreduce(reports):
         assert s["Average"] == (True, (torch.tensor(rows) / 3).tolist())
         assert s["Max"][0] == "ValueError" and "only be reduced with Average or Sum" in s["Max"][1]
         assert s["dense input"][0] == "ValueError" and "want a sparse COO tensor" in s["dense input"][1]
+        assert s["shapes differ"] == (
+            "ValueError", "sparse_allreduce_async('sparse.shapes'): every rank must pass the same dense shape: "
+                          "rank 0 has [5], rank 1 has [5], rank 2 has [6]")
+        assert s["after"] == rows
 
 
 def _coinciding_sets():

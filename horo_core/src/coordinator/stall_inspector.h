@@ -39,8 +39,9 @@ class StallInspector {
   // hours still says why. Tensors within one inspection period of the warning time join a warning
   // that is due, so that a step's gradients make one warning, not two. The shutdown message
   // names every tensor still waiting, not only those past the shutdown time: the rank blocked
-  // longest may be waiting for a tensor a peer submitted later. The shutdown applies whenever it is set, also below the warning time or with warnings
-  // disabled (Horovod ignored it there, which left a job the user asked to stop waiting for ever).
+  // longest may be waiting for a tensor a peer submitted later. The shutdown applies whenever it
+  // is set, also below the warning time or with warnings disabled (Horovod ignored it there,
+  // which left a job the user asked to stop waiting for ever).
   Report Inspect(const std::vector<StalledTensor>& waiting);
   bool warns() const { return !disabled_ && warning_seconds_ > 0; }
   bool enabled() const { return warns() || shutdown_seconds_ > 0; }

@@ -379,8 +379,9 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     # taken for it, and every rank learns every rank's dense shape (the values' allgather compares
     # only the dense dimensions).
     sparse_sizes = list(tensor.shape[:coalesced.sparse_dim()])
-    marked = torch.cat([torch.tensor([[-(s + 1) for s in sparse_sizes]], dtype=torch.int64),
-                        coalesced.indices().t()])
+    indices = coalesced.indices()
+    marked = torch.cat([torch.tensor([[-(s + 1) for s in sparse_sizes]], dtype=indices.dtype, device=indices.device),
+                        indices.t()])
     name = _helper_name("sparse_allreduce", name, process_set)
     indices_handle = allgather_async(marked, f"{name}.indices", process_set)
     values_handle = allgather_async(coalesced.values().contiguous(), f"{name}.values", process_set)

@@ -397,14 +397,15 @@ def check_resume_on_rank_0_only(c, hvd, keras, tf):
         agree("resumed on rank 0 only", model)
 
         # The same with an optimizer named in DistributedOptimizer(name=...): the name is saved with
-        # the model, and the restored optimizer's reductions carry it as the built ones' do.
+        # the model, and the restored optimizer's reductions carry it as the built ones' do. Options
+        # beyond compression (here op=Sum) reach load_model as keyword arguments.
         def named(optimizer):
-            return hvd.DistributedOptimizer(optimizer, name="resumable")
+            return hvd.DistributedOptimizer(optimizer, name="resumable", op=hvd.Sum)
 
         if r == 0:  # compiled, not trained: rank 0 alone cannot train with a DistributedOptimizer
             build(510, wrap=named).save(path)
         hvd.allreduce(tf.zeros([1]), name="resume.saved.named")
-        model = hvd.load_model(path) if r == 0 else build(610 + r, wrap=named)
+        model = hvd.load_model(path, op=hvd.Sum) if r == 0 else build(610 + r, wrap=named)
         model.fit(xs, ys, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
                   callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
         agree("resumed on rank 0 only, the optimizer named", model)

@@ -20,10 +20,9 @@ from horo_core.errors import HoroInternalError, HorovodInternalError
 from horo_core.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from horo_tf import mpi_ops
 from horo_tf.compression import Compression
-from horo_tf.gradient_reduction import ReductionOptions
 from horo_tf.keras import callbacks
 from horo_tf.keras.optimizer import (DistributedOptimizer, PartialDistributedOptimizer, _DistributedMixin,
-                                    distributed_class)
+                                    distributed_class_of)
 from horo_tf.mpi_ops import Adasum, Average, Sum
 
 
@@ -96,7 +95,7 @@ def _optimizer_classes():
 
 
 def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=Compression.none,
-               legacy_opts=False):
+               legacy_opts=False, **options):
     """Loads a saved Keras model whose optimizer becomes a DistributedOptimizer (its saved state
     included).
 
@@ -107,6 +106,9 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
         compression: the compression of the restored DistributedOptimizer.
         legacy_opts: Horovod's switch to tf.keras.optimizers.legacy; Keras 3 has no legacy
             optimizers, so only False is accepted.
+        options: more of DistributedOptimizer's keyword arguments (sparse_as_dense, op,
+            backward_passes_per_step, ...), beyond Horovod's load_model: a rank that restores the
+            model must reduce as the ranks that build their optimizer with them do.
     Returns:
         The compiled model.
     Raises:
@@ -123,7 +125,7 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
             continue
         # Its reductions are named after the optimizer's saved name, as DistributedOptimizer names
         # them: a rank that restores the checkpoint reduces with the ranks that build theirs.
-        wrapped = distributed_class(cls, ReductionOptions(compression=compression))
+        wrapped = distributed_class_of(cls, compression, **options)
         objects[cls.__name__] = wrapped
         objects[keras.saving.get_registered_name(cls)] = wrapped
         # A legacy .h5 file's loader looks built-in optimizers up by the lower-cased class name
@@ -147,18 +149,19 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
             # between the ranks (optimizer.py), and nothing is reduced twice.
             config = optimizer.get_config()
             del config["inner_optimizer"]
-            fresh = type(optimizer)(_distributed_copy(optimizer.inner_optimizer, compression, objects), **config)
+            fresh = type(optimizer)(_distributed_copy(optimizer.inner_optimizer, objects, compression, options),
+                                    **config)
         else:
-            fresh = _distributed_copy(optimizer, compression, objects)
+            fresh = _distributed_copy(optimizer, objects, compression, options)
         model.optimizer = _with_state_of(fresh, optimizer, model)
     return model
 
 
-def _distributed_copy(optimizer, compression, objects):
+def _distributed_copy(optimizer, objects, compression, options):
     """An unbuilt DistributedOptimizer of optimizer's class and config (and so of its name, which
     names the reductions as DistributedOptimizer's: a rank that restores a checkpoint reduces its
     gradients with the ranks that build their optimizer)."""
-    wrapped = distributed_class(type(optimizer), ReductionOptions(compression=compression))
+    wrapped = distributed_class_of(type(optimizer), compression, **options)
     with keras.saving.custom_object_scope(objects):
         return wrapped.from_config(optimizer.get_config())
 

@@ -289,15 +289,35 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     Raises:
         ValueError: invalid options, or optimizer is not a Keras 3 optimizer.
     """
-    from horo_core.process_sets import global_process_set
-    from horo_tf import mpi_ops
-    from horo_tf.compression import Compression
-
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise HoroInvalidArgument(f"DistributedOptimizer wraps a keras.optimizers.Optimizer, got "
                                   f"{type(optimizer).__name__}")
     if isinstance(optimizer, _DistributedMixin):
         raise HoroInvalidArgument("the optimizer is already a DistributedOptimizer")
+    cls = distributed_class_of(type(optimizer), compression, sparse_as_dense, gradient_predivide_factor, op,
+                               backward_passes_per_step, average_aggregated_gradients, num_groups, groups,
+                               process_set, scale_local_gradients)
+    config = optimizer.get_config()
+    if name is not None:
+        config["name"] = name
+    distributed = cls.from_config(config)
+    _keep_weight_decay_exclusions(optimizer, distributed)
+    return distributed
+
+
+def distributed_class_of(optimizer_class, compression=None, sparse_as_dense=False, gradient_predivide_factor=1.0,
+                         op=None, backward_passes_per_step=1, average_aggregated_gradients=False, num_groups=0,
+                         groups=None, process_set=None, scale_local_gradients=True):
+    """The distributed subclass of optimizer_class with DistributedOptimizer's options (which see),
+    validated.
+
+    Raises:
+        ValueError: invalid options.
+    """
+    from horo_core.process_sets import global_process_set
+    from horo_tf import mpi_ops
+    from horo_tf.compression import Compression
+
     if int(backward_passes_per_step) < 1:
         raise HoroInvalidArgument(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
     op = mpi_ops.Average if op is None else op
@@ -306,19 +326,13 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         raise HoroInvalidArgument(f"the Keras DistributedOptimizer reduces gradients with op=Average or op=Sum, "
                                   f"got op={name_of(op)}; DistributedGradientTape takes Adasum, Min, Max and "
                                   f"Product")
-    config = optimizer.get_config()
-    if name is not None:
-        config["name"] = name
     options = ReductionOptions(op=op,
                                compression=compression or Compression.none, sparse_as_dense=sparse_as_dense,
                                gradient_predivide_factor=gradient_predivide_factor,
                                groups=groups_option(groups, num_groups),
                                process_set=process_set or global_process_set)
-    cls = distributed_class(type(optimizer), options, backward_passes_per_step, average_aggregated_gradients,
-                            scale_local_gradients)
-    distributed = cls.from_config(config)
-    _keep_weight_decay_exclusions(optimizer, distributed)
-    return distributed
+    return distributed_class(optimizer_class, options, backward_passes_per_step, average_aggregated_gradients,
+                             scale_local_gradients)
 
 
 def _keep_weight_decay_exclusions(source, target):

@@ -104,6 +104,12 @@ def mismatch_cases(hvd, torch, rank):
     return [
         ("shape", lambda: hvd.allreduce(torch.ones(4 if one else 3, 2), name="mm.shape"),
          "Mismatched shapes for allreduce tensor 'allreduce.mm.shape': rank 0 has [3, 2], rank 1 has [4, 2]"),
+        # Every rank that differs is named, those that passed the same value together.
+        ("shape on every rank", lambda: hvd.allreduce(torch.ones(3 + rank), name="mm.shapes"),
+         "Mismatched shapes for allreduce tensor 'allreduce.mm.shapes': rank 0 has [3], rank 1 has [4], "
+         "rank 2 has [5]"),
+        ("shape on two ranks", lambda: hvd.allreduce(torch.ones(4 if rank else 3), name="mm.shapes2"),
+         "Mismatched shapes for allreduce tensor 'allreduce.mm.shapes2': rank 0 has [3], ranks 1, 2 have [4]"),
         ("dtype", lambda: hvd.allreduce(torch.ones(3, dtype=torch.float64 if two else torch.float32), name="mm.dtype"),
          "Mismatched data types for allreduce tensor 'allreduce.mm.dtype': rank 0 has float32, rank 2 has float64"),
         ("op", lambda: hvd.allreduce(torch.ones(3), op=hvd.Max if one else hvd.Sum, name="mm.op"),

@@ -17,6 +17,16 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
 
 std::string Quote(const std::string& name) { return "'" + name + "'"; }
 
+std::string RanksWith(const std::vector<int32_t>& ranks, const std::string& value) {
+  constexpr size_t kNamed = 8;
+  std::ostringstream os;
+  os << (ranks.size() > 1 ? "ranks " : "rank ");
+  for (size_t i = 0; i < ranks.size() && i < kNamed; ++i) os << (i ? ", " : "") << ranks[i];
+  if (ranks.size() > kNamed) os << " and " << ranks.size() - kNamed << " more";
+  os << (ranks.size() > 1 ? " have " : " has ") << value;
+  return os.str();
+}
+
 Response ErrorResponse(int32_t set_id, const std::string& name, horo_status_t code, const std::string& message) {
   Response r;
   r.kind = ResponseKind::kError;

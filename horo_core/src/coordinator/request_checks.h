@@ -1,14 +1,16 @@
 // The coordinator's checks of what the ranks asked for, and the texts of its errors: the first
-// field in which two ranks' requests for one tensor differ, grouped calls that disagree, arguments
+// field in which the ranks' requests for one tensor differ (every rank that differs), grouped calls that disagree, arguments
 // that one rank could check alone but that would leave the others waiting (a root outside the
 // process set, bad alltoall splits), and the error response every member then receives. Used by
 // coordinator.cc and coordinator_construct.cc.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "coordinator/request.h"
@@ -26,22 +28,38 @@ std::string Quote(const std::string& name);
 // An error response for a tensor (or a process-set change, set 0) that every member receives.
 Response ErrorResponse(int32_t set_id, const std::string& name, horo_status_t code, const std::string& message);
 
-// Compares one field of every request with the first (lowest rank) and describes the first
-// difference: "<what> for <op> tensor 'x': rank 0 has A, rank 2 has B".
+// "rank 2 has B" or "ranks 1, 2 have B": the ranks that passed one value, at most a few named.
+std::string RanksWith(const std::vector<int32_t>& ranks, const std::string& value);
+
+// Compares one field of every request with the first (lowest rank) and describes every rank that
+// differs, ranks passing the same value together: "<what> for <op> tensor 'x': rank 0 has A,
+// rank 2 has B" or "rank 0 has A, ranks 1, 3 have B, rank 2 has C".
 template <typename Get>
 bool FindMismatch(const std::map<int32_t, Request>& by_rank, const char* what, Get get, std::string* message) {
   const auto& first = *by_rank.begin();
+  const auto text = [&](const Request& r) {
+    std::ostringstream os;
+    os << get(r);
+    return os.str();
+  };
+  std::vector<std::pair<std::string, std::vector<int32_t>>> others;  // value -> its ranks, in rank order
   for (const auto& kv : by_rank) {
-    if (get(kv.second) != get(first.second)) {
-      std::ostringstream os;
-      os << "Mismatched " << what << " for " << OpTypeName(first.second.op_type) << " tensor "
-         << Quote(first.second.name) << ": rank " << first.first << " has " << get(first.second) << ", rank "
-         << kv.first << " has " << get(kv.second);
-      *message = os.str();
-      return true;
+    if (get(kv.second) == get(first.second)) continue;
+    const std::string value = text(kv.second);
+    auto same = std::find_if(others.begin(), others.end(), [&](const auto& e) { return e.first == value; });
+    if (same == others.end()) {
+      others.push_back({value, {kv.first}});
+    } else {
+      same->second.push_back(kv.first);
     }
   }
-  return false;
+  if (others.empty()) return false;
+  std::ostringstream os;
+  os << "Mismatched " << what << " for " << OpTypeName(first.second.op_type) << " tensor "
+     << Quote(first.second.name) << ": " << RanksWith({first.first}, text(first.second));
+  for (const auto& other : others) os << ", " << RanksWith(other.second, other.first);
+  *message = os.str();
+  return true;
 }
 
 // Whether the ranks put the tensor in different grouped calls (checked for every ready tensor, so

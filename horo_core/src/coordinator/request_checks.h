@@ -1,8 +1,8 @@
 // The coordinator's checks of what the ranks asked for, and the texts of its errors: the first
-// field in which the ranks' requests for one tensor differ (every rank that differs), grouped calls that disagree, arguments
-// that one rank could check alone but that would leave the others waiting (a root outside the
-// process set, bad alltoall splits), and the error response every member then receives. Used by
-// coordinator.cc and coordinator_construct.cc.
+// field in which the ranks' requests for one tensor differ (naming every rank that differs),
+// grouped calls that disagree, arguments that one rank could check alone but that would leave the
+// others waiting (a root outside the process set, bad alltoall splits), and the error response
+// every member then receives. Used by coordinator.cc and coordinator_construct.cc.
 #pragma once
 
 #include <algorithm>

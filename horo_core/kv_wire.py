@@ -86,6 +86,8 @@ def decode_plain(body: bytes) -> dict:
         obj = json.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise KVProtocolError(f"malformed message: {e}") from None
+    except RecursionError:  # nested too deep for the parser, e.g. thousands of '['
+        raise KVProtocolError("malformed message: nested too deeply") from None
     if not isinstance(obj, dict):
         raise KVProtocolError("malformed message: not a JSON object")
     return obj

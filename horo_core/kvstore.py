@@ -24,11 +24,17 @@ authenticates: payloads are not encrypted, so keep secrets out of values.
 Requests are ``set``, ``get`` (waits on the server until the key exists or a timeout passes),
 ``add`` (an atomic integer counter stored as ASCII decimal, as torch's TCPStore does) and ``delete``.
 
+Strangers cannot wear the server down: a connection must finish steps 1-3 within the handshake
+timeout as a whole (one byte at a time does not extend it), at most MAX_PENDING_CONNECTIONS
+connections may be in the handshake at once (a new one sheds the oldest), and running out of file
+descriptors sheds the oldest instead of spinning on the listener.
+
 This module holds the server; the client is in horo_core/kv_client.py (importable from here too),
 the framing, proofs and errors in horo_core/kv_wire.py.
 """
 from __future__ import annotations
 
+import errno
 import hmac
 import logging
 import math
@@ -36,6 +42,7 @@ import os
 import selectors
 import socket
 import threading
+import time
 from typing import Callable, Iterable, Mapping, Optional
 
 from horo_core.kv_wire import (CLIENT_TO_SERVER, DEFAULT_MAX_MESSAGE_BYTES, NONCE_BYTES, PROTOCOL,
@@ -60,6 +67,11 @@ __all__ = [
 
 _log = logging.getLogger("horo.kvstore")
 
+# Connections that have not proved the secret yet, at most (as the core's mesh builder allows).
+MAX_PENDING_CONNECTIONS = 64
+# Accept errors that mean the process is out of descriptors or memory, not that one peer failed.
+_EXHAUSTED = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+
 
 # ----------------------------------------------------------------------------------------------
 # Server.
@@ -74,7 +86,7 @@ class KVServer:
         port: TCP port; 0 picks a free one (see :attr:`address`).
         secret: the job secret (at least 16 bytes) every client must prove it knows.
         max_message_bytes: largest frame accepted from a client; bigger ones close the connection.
-        handshake_timeout: seconds an unauthenticated connection may take to prove the secret.
+        handshake_timeout: seconds a connection may take, from its accept, to prove the secret.
 
     Raises:
         TypeError, ValueError: for an invalid secret or host.
@@ -101,6 +113,9 @@ class KVServer:
         self._wakeup_w: Optional[socket.socket] = None
         self._accept_thread: Optional[threading.Thread] = None
         self._connections: set[socket.socket] = set()
+        # Connections in the handshake, oldest first, with the time by which they must finish it.
+        self._pending: dict[socket.socket, float] = {}
+        self._exhausted_logged = -math.inf
         self._state_lock = threading.Lock()
         self._stopping = False
         self._started = False
@@ -245,7 +260,7 @@ class KVServer:
             sel.register(self._listener, selectors.EVENT_READ)
             sel.register(self._wakeup_r, selectors.EVENT_READ)
             while not self._stopping:
-                for key, _ in sel.select():
+                for key, _ in sel.select(self._next_deadline()):
                     if key.fileobj is self._wakeup_r:
                         return
                     try:
@@ -253,7 +268,7 @@ class KVServer:
                     except (BlockingIOError, InterruptedError):
                         continue
                     except OSError as e:
-                        _log.warning("rendezvous accept failed: %s", e)
+                        self._accept_failed(e)
                         continue
                     conn.setblocking(True)
                     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -261,15 +276,61 @@ class KVServer:
                         if self._stopping:
                             conn.close()
                             return
+                        if len(self._pending) >= MAX_PENDING_CONNECTIONS:
+                            self._shed(next(iter(self._pending)), "too many connections in the handshake")
                         self._connections.add(conn)
+                        self._pending[conn] = time.monotonic() + self._handshake_timeout
                     threading.Thread(target=self._serve_connection, args=(conn, peer),
                                      name="horo-kv-conn", daemon=True).start()
+                self._shed_late()
+
+    def _next_deadline(self) -> Optional[float]:
+        """Seconds until the oldest handshake runs out (None: no connection is in one)."""
+        with self._state_lock:
+            if not self._pending:
+                return None
+            return max(0.0, next(iter(self._pending.values())) - time.monotonic())
+
+    def _shed_late(self) -> None:
+        now = time.monotonic()
+        with self._state_lock:
+            late = [conn for conn, deadline in self._pending.items() if deadline <= now]
+            for conn in late:
+                self._shed(conn, "it did not prove the job secret in time")
+
+    def _shed(self, conn: socket.socket, why: str) -> None:
+        """Ends a connection still in the handshake; its thread closes it. Under _state_lock."""
+        del self._pending[conn]
+        _log.debug("rendezvous dropped a connection: %s", why)
+        try:
+            conn.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def _accept_failed(self, error: OSError) -> None:
+        if error.errno not in _EXHAUSTED:
+            _log.warning("rendezvous accept failed: %s", error)
+            return
+        # Out of descriptors: the listener stays readable, so accepting again at once would spin.
+        # Free one by shedding the oldest handshake, and give its thread a moment to close it.
+        now = time.monotonic()
+        if now - self._exhausted_logged >= 10.0:
+            self._exhausted_logged = now
+            _log.warning("rendezvous accept failed: %s; dropping the oldest unauthenticated connection",
+                         error)
+        with self._state_lock:
+            if self._pending:
+                self._shed(next(iter(self._pending)), "out of file descriptors")
+        time.sleep(0.05)
 
     def _serve_connection(self, conn: socket.socket, peer) -> None:
         peer_text = format_endpoint(peer[0], peer[1]) if isinstance(peer, tuple) else str(peer)
         try:
             conn.settimeout(self._handshake_timeout)
             session = self._handshake(conn, peer_text)
+            with self._state_lock:
+                # Shed meanwhile: its socket is shut down, and the first request below fails.
+                self._pending.pop(conn, None)
             if session is None:
                 return
             conn.settimeout(None)
@@ -286,6 +347,7 @@ class KVServer:
         finally:
             with self._state_lock:
                 self._connections.discard(conn)
+                self._pending.pop(conn, None)
             conn.close()
 
     def _handshake(self, conn: socket.socket, peer_text: str) -> Optional[Session]:

@@ -6,12 +6,15 @@ import os
 import re
 import socket
 import struct
+import subprocess
+import sys
 import threading
+import time
 
 import pytest
 
 from free_ports import free_port
-from horo_core.kvstore import (KVAuthError, KVClient, KVConnectionError, KVProtocolError,
+from horo_core.kvstore import (MAX_PENDING_CONNECTIONS, KVAuthError, KVClient, KVConnectionError, KVProtocolError,
                                KVRequestError, KVServer, KVTimeoutError)
 
 SECRET = bytes(range(32))
@@ -307,6 +310,108 @@ def test_garbage_from_unauthenticated_peer_is_dropped(server, client):
         assert _frame(raw) is None
     client.set("alive", b"1")
     assert client.get("alive") == b"1"
+
+
+def test_deeply_nested_hello_is_dropped_without_a_traceback(server, client, caplog):
+    with caplog.at_level(logging.WARNING, logger="horo.kvstore"):
+        with socket.create_connection(server.address) as raw:
+            assert _frame(raw) is not None  # the hello
+            _send(raw, b"[" * 4000)  # deeper than the JSON parser's recursion limit
+            assert _frame(raw) is None  # dropped without a reply
+    assert any("malformed message: nested too deeply" in r.getMessage() for r in caplog.records), caplog.text
+    client.set("alive", b"1")
+    assert client.get("alive") == b"1"
+
+
+def _closed_by_peer(sock, wait):
+    """Whether the peer closes sock within wait seconds (reading and dropping what it sends)."""
+    sock.settimeout(wait)
+    try:
+        while sock.recv(4096):
+            pass
+        return True
+    except socket.timeout:
+        return False
+    except OSError:
+        return True
+
+
+def test_handshake_timeout_bounds_the_whole_handshake():
+    # A stranger sending one byte every 0.2 s never lets one read wait its full second; the
+    # handshake as a whole must still end after about a second.
+    srv = KVServer("127.0.0.1", 0, SECRET, handshake_timeout=1.0).start()
+    try:
+        with socket.create_connection(srv.address) as raw:
+            assert _frame(raw) is not None
+            start = time.monotonic()
+            closed = False
+            for byte in struct.pack(">I", 200) + b"x" * 200:
+                try:
+                    raw.sendall(bytes([byte]))
+                except OSError:
+                    closed = True
+                    break
+                if _closed_by_peer(raw, 0.2):
+                    closed = True
+                    break
+                if time.monotonic() - start > 6:
+                    break
+            assert closed and time.monotonic() - start < 4, "the dripping stranger was kept"
+        with KVClient(*srv.address, SECRET, timeout=10.0) as c:
+            c.set("alive", b"1")
+    finally:
+        srv.stop()
+
+
+def test_strangers_beyond_the_pending_limit_shed_the_oldest(server, client):
+    extra = 5
+    strangers = []
+    try:
+        for _ in range(MAX_PENDING_CONNECTIONS + extra):
+            raw = socket.create_connection(server.address)
+            strangers.append(raw)
+            assert _frame(raw) is not None  # accepted and greeted, in this order
+        assert all(_closed_by_peer(raw, 5.0) for raw in strangers[:extra])
+        assert not any(_closed_by_peer(raw, 0.05) for raw in strangers[extra:])
+        client.set("alive", b"1")
+        assert client.get("alive") == b"1"
+    finally:
+        for raw in strangers:
+            raw.close()
+
+
+_EXHAUSTED_SERVER = """
+import logging, resource, sys, time
+from horo_core.kvstore import KVServer
+logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+resource.setrlimit(resource.RLIMIT_NOFILE, (48, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+srv = KVServer("127.0.0.1", 0, bytes(range(32)), handshake_timeout=30.0).start()
+print(srv.address[1], flush=True)
+sys.stdin.readline()
+srv.stop()
+"""
+
+
+def test_running_out_of_descriptors_sheds_strangers_instead_of_spinning():
+    proc = subprocess.Popen([sys.executable, "-c", _EXHAUSTED_SERVER], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    strangers = []
+    try:
+        port = int(proc.stdout.readline())
+        # More strangers than the server has descriptors left: the late ones wait in the backlog.
+        for _ in range(60):
+            strangers.append(socket.create_connection(("127.0.0.1", port)))
+        time.sleep(1.0)
+        with KVClient("127.0.0.1", port, SECRET, timeout=10.0) as c:
+            c.set("alive", b"1")
+            assert c.get("alive") == b"1"
+    finally:
+        for raw in strangers:
+            raw.close()
+        _, err = proc.communicate("\n", timeout=30)
+    assert proc.returncode == 0, err
+    failures = err.count("rendezvous accept failed")
+    assert 1 <= failures <= 3, f"{failures} accept failures logged:\n{err[:2000]}"
 
 
 def test_add_on_non_integer_is_a_request_error(client):

@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 
-from horo_core import config, launch_env
+from horo_core import config, launch_env, local_secret
 from horo_core.errors import (HoroAuthError, HoroInvalidArgument, HoroNotInitializedError, HoroPeerLostError,
                               HoroShutdownError, HoroTimeoutError)
 from horo_core.kv_wire import KVAuthError, KVConnectionError, KVStoreError, KVTimeoutError
@@ -79,7 +79,7 @@ def _stop_hosted_rendezvous():
         kept[1].stop()
 
 
-def _rendezvous(info, mpi_comm, members=None):
+def _rendezvous(info, mpi_comm, members, start_timeout):
     """Returns (host, port, secret, server) of the rendezvous this rank uses; members: the global
     ranks of init(comm=[...]), which alone take part (under MPI through a communicator of their own,
     so that nothing reaches the other ranks' MPI calls)."""
@@ -132,26 +132,38 @@ def _rendezvous(info, mpi_comm, members=None):
             f"the launcher ({info.family}) offers a {info.rendezvous_protocol} rendezvous, which Horo does not "
             "speak (it is unauthenticated); launch with hororun, torchrun or mpirun instead")
     host, port = info.rendezvous
+    secret = info.secret
+    private = info.secret_is_weak and info.local_size == info.size
+    if private:
+        # Every rank runs on this host: a random secret handed out to this user's processes only
+        # replaces the one derived from what the launcher tells every rank.
+        job = f"{info.family}\0{host}:{port}\0{info.secret.hex()}"
+        if info.hosts_rendezvous:
+            secret = local_secret.serve(job, info.size - 1, start_timeout)
+        else:
+            secret = local_secret.fetch(job, start_timeout)
     if info.hosts_rendezvous:
         kept = _state.hosted_rendezvous
-        if kept is None or kept[0] != (host, port, info.secret):
+        if kept is None or kept[0] != (host, port, secret):
             if kept is not None:
                 kept[1].stop()
             _state.hosted_rendezvous = None
             try:
-                server = KVServer(host, port, info.secret).start()
+                server = KVServer(host, port, secret).start()
             except OSError as e:
                 raise OSError(e.errno, f"rank {info.rank} could not listen for the rendezvous on {host}:{port} "
                                        f"(port from {info.rendezvous_origin}): {e.strerror}. Another job may hold "
                                        "it; set HORO_RENDEZVOUS_PORT to a free port on every rank") from e
-            _state.hosted_rendezvous = ((host, port, info.secret), server)
+            _state.hosted_rendezvous = ((host, port, secret), server)
             atexit.register(_stop_hosted_rendezvous)
     server = None  # the hosted rendezvous outlives this init; see _State
-    if info.secret_is_weak:
-        logger.warning("horo: no HORO_SECRET set; the job key is derived from the %s job id, which other users "
-                       "of the cluster can read. Export HORO_SECRET=<hex> to every rank for a private key.",
-                       info.family)
-    return host, port, info.secret, server
+    if info.secret_is_weak and not private:
+        logger.warning("horo: no HORO_SECRET set and the ranks span several hosts, so the job key is derived from "
+                       "what %s tells every rank (its job id or rendezvous address), which others can read or "
+                       "guess: whoever reaches %s:%s can join this job. Export the same random HORO_SECRET (python "
+                       "-c 'import secrets; print(secrets.token_hex(32))') to every rank for a private key.",
+                       info.family, host, port)
+    return host, port, secret, server
 
 
 def init(comm=None, process_sets=None):
@@ -216,7 +228,7 @@ def init(comm=None, process_sets=None):
                 with KVClient(*info.rendezvous, info.secret, timeout=start_timeout) as kv:
                     _report_arrival(kv, info, members, generation)
         else:
-            host, port, secret, server = _rendezvous(info, mpi_comm, members)
+            host, port, secret, server = _rendezvous(info, mpi_comm, members, start_timeout)
             _state.kv_server = server
             rt = None
             kv = None

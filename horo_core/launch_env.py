@@ -94,7 +94,9 @@ class LaunchInfo:
         secret: the job secret, or None when the launcher gave none (MPI families without
             ``HORO_SECRET``: rank 0 generates one and broadcasts it).
         secret_is_weak: True when the secret was derived from a job id that other users of the
-            cluster can see (torchrun, Slurm, TF_CONFIG without ``HORO_SECRET``); log a warning.
+            cluster can see (torchrun, Slurm, TF_CONFIG without ``HORO_SECRET``): init replaces it
+            with a private one when every rank is on one host (horo_core/local_secret.py), and
+            warns otherwise.
         bind_host: local address for the data plane's listening sockets.
         needs_mpi_bootstrap: True for the MPI families: rank 0 starts the KV server on
             ``(bind_host, 0)`` and broadcasts its address and the secret over MPI.

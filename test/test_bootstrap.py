@@ -77,6 +77,44 @@ def test_under_torchrun(worker):
     check(reports([out.stdout]), 2)
 
 
+# A rank that keeps its job (and rank 0 the rendezvous) up until its stdin says to end.
+HOLDING_WORKER = """
+import sys, torch
+import horo_torch as hvd
+hvd.init()
+print("READY", hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum).item(), flush=True)
+sys.stdin.readline()
+hvd.shutdown()
+"""
+
+
+def test_a_single_host_torchrun_job_keeps_its_key_private(tmp_path):
+    """torchrun sets TORCHELASTIC_RUN_ID to 'none' unless given --rdzv-id or --standalone, and the
+    job key was derived from it: the same for every such job, so a stranger who computed it joined
+    the rendezvous (and could take a rank's place). With every rank on this host the ranks now share
+    a random key instead, and say nothing about a weak one."""
+    from horo_core import launch_env
+    from horo_core.kvstore import KVAuthError, KVClient
+
+    script = tmp_path / "holding.py"
+    script.write_text(HOLDING_WORKER)
+    master = free_port()
+    ranks = [subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
+                              env=torchrun_env(rank, master, TORCHELASTIC_RUN_ID="none"))
+             for rank in range(2)]
+    try:
+        for p in ranks:
+            assert p.stdout.readline().split() == ["READY", "2.0"]
+        with pytest.raises(KVAuthError):
+            KVClient("127.0.0.1", master + 1, launch_env._weak_secret("torchrun", "none"), timeout=10).close()
+    finally:
+        outputs = [p.communicate("\n", timeout=60) for p in ranks]
+    for p, (_, stderr) in zip(ranks, outputs):
+        assert p.returncode == 0, stderr
+        assert "no HORO_SECRET set" not in stderr, stderr
+
+
 # Horovod's numbers for ranks 0, 1 on one host and rank 2 on another: (rank, local rank, local size,
 # cross rank, cross size, homogeneous).
 TWO_AND_ONE = [(0, 0, 2, 0, 2, False), (1, 1, 2, 0, 1, False), (2, 0, 1, 1, 2, False)]

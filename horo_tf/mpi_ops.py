@@ -172,9 +172,10 @@ def _broadcast(tensors, root_rank, base, process_set, group=False):
             grads = grad_or_zeros(dys, ys)
             averaged = allreduce_dense(grads, _bridge.auto_name("broadcast.grad", set_id, grads), Average,
                                         1.0, 1.0, process_set)
-            if basics.rank() != root_rank:
-                averaged = [g * tf.zeros([], g.dtype) for g in averaged]
-            return averaged
+            # Only the root's input reaches the result. The same ops on every rank (a factor of 1
+            # or 0): collectives named after their input tensors later in a graph then agree.
+            keep = 1 if basics.rank() == root_rank else 0
+            return [g * tf.constant(keep, g.dtype) for g in averaged]
 
         return ys, grad
 

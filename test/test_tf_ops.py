@@ -264,6 +264,24 @@ def check_gradients(c, hvd, tf, env):
     # Horovod's gradients of broadcast and allgather average the incoming gradients over the ranks.
     for mode, g in grad_of(lambda t: hvd.broadcast(t, 0), x):
         c.close(f"broadcast grad {mode}", g, w.numpy() * total / n if r == 0 else np.zeros(3))
+    # Broadcast's gradient builds the same ops on every rank (it multiplied by zero on the other
+    # ranks only), so a collective named after its input later in the function gets one name on
+    # every rank; before, the unnamed allreduce below waited for ever.
+    xb = tf.constant([1.0, 2.0])
+
+    @tf.function
+    def bcast_then_unnamed():
+        with tf.GradientTape() as tape:
+            tape.watch(xb)
+            y = tf.reduce_sum(hvd.broadcast(xb, root_rank=0, name="grad.bcast_then") * 3.0)
+        return hvd.allreduce(tape.gradient(y, xb) * 2.0, op=hvd.Sum)
+
+    graph = bcast_then_unnamed.get_concrete_function().graph
+    captures = {t.op.name for t in graph.internal_captures}  # named after process-local ids
+    ops = [op.name for op in graph.get_operations() if op.name not in captures]
+    c.same("broadcast grad: the same ops on every rank", hvd.allgather_object(ops), [ops] * n)
+    if hvd.allgather_object(ops) == [ops] * n:
+        c.close("broadcast grad, then an unnamed allreduce", bcast_then_unnamed(), np.array([6.0, 6.0]))
     xg = tf.ones([3])
     # allgather output has 3n rows; row block s gets weights w * (r + 1) on rank r.
     for mode, g in grad_of(lambda t: hvd.allgather(t), xg):

@@ -9,6 +9,10 @@ one rank, not a racing pair. The job ends when every worker has exited 0, or at 
 * a monitor (e.g. the start-timeout watch) reports a failure;
 * the launcher receives SIGINT, SIGTERM or SIGHUP (its terminal or ssh session closed).
 
+SIGUSR1 and SIGUSR2 sent to the launcher are passed on to every running worker (not to what the
+workers started), as mpirun does, and the job goes on: Slurm's ``--signal=USR1@<seconds>`` asks a
+job to checkpoint before its time limit that way.
+
 A launcher killed outright (SIGKILL, the out-of-memory killer) cannot clean up: on Linux every
 worker asks the kernel for SIGKILL when the launcher dies (``PR_SET_PDEATHSIG``), so that no rank
 goes on alone holding its CPUs and GPUs, and a watchdog process that the launcher starts first (in
@@ -403,15 +407,16 @@ class _Job:
                 return event[1]
         return first
 
-    def signal_groups(self, ranks, signum: int) -> None:
-        """Signals the process groups of the given ranks' workers, except where the worker's pid
-        now names a later process: then its group is gone and the pid another's (as in the watchdog)."""
+    def signal_groups(self, ranks, signum: int, groups: bool = True) -> None:
+        """Signals the process groups of the given ranks' workers (with groups False, the workers
+        alone), except where the worker's pid now names a later process: then its group is gone and
+        the pid another's (as in the watchdog)."""
         for rank in ranks:
             pid = self.procs[rank].pid
             if _process_start(pid) not in (None, self.starts[rank]):
                 continue
             try:
-                os.killpg(pid, signum)
+                (os.killpg if groups else os.kill)(pid, signum)
             except (ProcessLookupError, PermissionError):
                 pass
 
@@ -445,8 +450,8 @@ def execute(workers: Sequence[Worker], options: ExecOptions = ExecOptions(),
             stderr: Optional[IO[str]] = None) -> JobResult:
     """Runs the workers to completion and applies the failure policy of the module docstring.
 
-    SIGINT, SIGTERM and SIGHUP handlers are installed for the duration when called from the main
-    thread. The workers are killed by the kernel if the thread that calls this dies.
+    SIGINT, SIGTERM and SIGHUP handlers (and SIGUSR1 and SIGUSR2 ones, which pass those on to the
+    workers) are installed for the duration when called from the main thread. The workers are killed by the kernel if the thread that calls this dies.
 
     Args:
         workers: the processes to start, one per rank (ranks ``0..n-1``).
@@ -472,11 +477,16 @@ def execute(workers: Sequence[Worker], options: ExecOptions = ExecOptions(),
     def on_signal(signum, frame):
         job.events.put(("signal", signum))
 
+    def pass_on(signum, frame):  # runs in the main thread, which alone changes job.running
+        job.signal_groups(list(job.running), signum, groups=False)
+
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             if signum == signal.SIGHUP and signal.getsignal(signum) is signal.SIG_IGN:
                 continue  # started under nohup: the job is meant to outlive the terminal
             previous_handlers[signum] = signal.signal(signum, on_signal)
+        for signum in (signal.SIGUSR1, signal.SIGUSR2):
+            previous_handlers[signum] = signal.signal(signum, pass_on)
     exit_code, failed_rank, message, interrupted = 0, None, None, False
     job.start_watchdog()
     try:

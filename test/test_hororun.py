@@ -306,6 +306,42 @@ def kill_groups(pids):
             pass
 
 
+CHECKPOINTING_WORKER = """
+    import os, signal, subprocess, sys, threading
+    got = threading.Event()
+    def on_signal(signum, frame):
+        print("got", signal.Signals(signum).name, flush=True)
+        got.set()
+    signal.signal(signal.SIGUSR1, on_signal)
+    helper = subprocess.Popen(["sleep", "3600"])  # its default for SIGUSR1 would end it
+    print("ready", os.getpid(), helper.pid, flush=True)
+    got.wait(120)
+    print("helper", "alive" if helper.poll() is None else "gone", flush=True)
+    helper.kill()
+"""
+
+
+def test_sigusr1_to_hororun_reaches_every_rank_and_the_job_goes_on(child_env):
+    """Slurm's --signal=USR1@N asks a job to checkpoint before its time limit by signalling the
+    launcher. hororun died of it (its default action) and the kernel then killed every rank, so no
+    handler ran; mpirun passes it on to the ranks. Now hororun does too, and only to the ranks."""
+    launcher = subprocess.Popen(hororun_cmd("-np", "2", *worker(CHECKPOINTING_WORKER)), env=child_env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    try:
+        for _ in range(2):
+            assert "ready" in launcher.stdout.readline().decode()
+        launcher.send_signal(signal.SIGUSR1)
+        out, err = launcher.communicate(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    assert launcher.returncode == 0, err.decode()
+    lines = out.decode().splitlines()
+    for rank in range(2):
+        assert f"[{rank}]<stdout>:got SIGUSR1" in lines and f"[{rank}]<stdout>:helper alive" in lines, lines
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_sigterm_to_hororun_terminates_workers(child_env, signum):
     # SIGHUP: the terminal or ssh session that ran hororun closed.

@@ -10,8 +10,8 @@ The file has horovodrun's sections and keys::
     stall_check:   {enabled, warning_time_seconds, shutdown_time_seconds}
     logging:       {level, with_timestamp}
     controller:    gloo | mpi            (accepted; hororun has one controller)
-    library_options: {mpi_threads_disable, num_nccl_streams, ccl_bgt_affinity,
-                      gloo_timeout_seconds}   (accepted and ignored, as the matching flags)
+    library_options: {gloo_timeout_seconds, and mpi_threads_disable, num_nccl_streams,
+                      ccl_bgt_affinity: accepted and ignored, as the matching flags}
 
 As horovodrun documents it, the file overrides the flags given before ``--config-file`` and is
 overridden by those given after it (horovodrun's code lets every flag win, wherever it stands;
@@ -67,6 +67,7 @@ _KEYS: Dict[Tuple[str, str], Tuple[str, _Converter]] = {
     ("timeline", "filename"): ("timeline_filename", _scalar),
     ("timeline", "mark_cycles"): ("timeline_mark_cycles", _boolean),
     ("stall_check", "enabled"): ("no_stall_check", _negated),
+    ("library_options", "gloo_timeout_seconds"): ("gloo_timeout_seconds", _scalar),
     ("stall_check", "warning_time_seconds"): ("stall_check_warning_time_seconds", _scalar),
     ("stall_check", "shutdown_time_seconds"): ("stall_check_shutdown_time_seconds", _scalar),
     ("logging", "level"): ("log_level", _scalar),
@@ -74,8 +75,7 @@ _KEYS: Dict[Tuple[str, str], Tuple[str, _Converter]] = {
 }
 
 # Keys horovodrun reads that configure what hororun does not have (like the matching flags).
-_IGNORED_KEYS = {("library_options", k) for k in ("mpi_threads_disable", "num_nccl_streams",
-                                                 "ccl_bgt_affinity", "gloo_timeout_seconds")}
+_IGNORED_KEYS = {("library_options", k) for k in ("mpi_threads_disable", "num_nccl_streams", "ccl_bgt_affinity")}
 _CONTROLLERS = ("gloo", "mpi")
 _SECTIONS = {section for section, _ in list(_KEYS) + list(_TOGGLES) + list(_IGNORED_KEYS)}
 

@@ -68,7 +68,7 @@ _IGNORED_FLAGS = (
     (("--network-interfaces",), True), (("--network-interface",), True),
     (("-p", "--ssh-port"), True), (("-i", "--ssh-identity-file"), True),
     (("--mpi-args",), True), (("--binding-args",), True), (("--num-nccl-streams",), True),
-    (("--thread-affinity",), True), (("--gloo-timeout-seconds",), True),
+    (("--thread-affinity",), True),
 )
 # Horovod flags that would change the job's meaning if ignored: (option strings, nargs).
 _REFUSED_FLAGS = (
@@ -155,6 +155,9 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="seconds every rank has to register with the rendezvous once the first "
                         "has (default, and 0: HORO_START_TIMEOUT or HOROVOD_START_TIMEOUT, else 30; "
                         "HORO_START_TIMEOUT in the workers)")
+    p.add_argument("--gloo-timeout-seconds", type=_non_negative_number, default=None, metavar="SECONDS",
+                   help="horovodrun's wait of init() for every rank (Gloo); here it raises the start "
+                        "timeout to at least this")
     p.add_argument("--output-filename", metavar="DIR",
                    help="also write each rank's output to DIR/rank.<rank>/{stdout,stderr}")
     p.add_argument("--verbose", action="store_true", help="describe the launch on stderr")
@@ -323,6 +326,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
             args.start_timeout = start_timeout_from_env(os.environ)
         except ValueError as e:
             parser.error(str(e))
+    if args.gloo_timeout_seconds:  # Horovod's wait for every rank in init is the start timeout here
+        args.start_timeout = max(args.start_timeout, args.gloo_timeout_seconds)
     if not 0 < args.start_timeout <= MAX_START_TIMEOUT:
         parser.error(f"--start-timeout must be > 0 and at most {MAX_START_TIMEOUT} seconds, got {args.start_timeout:g}")
     return args

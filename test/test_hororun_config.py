@@ -129,3 +129,18 @@ def test_config_file_reaches_the_workers(child_env, tmp_path):
     missing = hororun(child_env, "-np", "1", "--config-file", str(tmp_path / "none.yaml"), "true")
     assert missing.returncode == 2
     assert f"--config-file {tmp_path / 'none.yaml'}: No such file or directory" in missing.stderr.decode()
+
+
+def test_gloo_timeout_raises_the_start_timeout(runner_path, monkeypatch, tmp_path):
+    """horovodrun's --gloo-timeout-seconds (library_options.gloo_timeout_seconds) is how long init
+    waits for every rank under Gloo: a job that raised it for slow-starting ranks failed after
+    hororun's 30 s start timeout, with the flag ignored. It now raises the start timeout."""
+    from horo_runner.launch import parse_args, settings_env
+    monkeypatch.delenv("HORO_START_TIMEOUT", raising=False)
+    monkeypatch.delenv("HOROVOD_START_TIMEOUT", raising=False)
+    assert settings_env(parse_args(["-np", "2", "--gloo-timeout-seconds", "120", "true"]))["HORO_START_TIMEOUT"] == "120"
+    assert parse_args(["-np", "2", "--start-timeout", "200", "--gloo-timeout-seconds", "120", "true"]).start_timeout \
+        == 200
+    cfg = tmp_path / "horovod.yaml"
+    cfg.write_text("library_options:\n  gloo_timeout_seconds: 90\n")
+    assert parse_args(["-np", "2", "--config-file", str(cfg), "true"]).start_timeout == 90

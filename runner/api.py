@@ -59,8 +59,8 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mappi
         num_proc: number of processes.
         hosts: ``"host:slots,..."`` as for ``-H`` (this machine only for now).
         hostfile: path of a hostfile, as for ``--hostfile``.
-        start_timeout: seconds every rank has to register after the first one did (default:
-            ``HORO_START_TIMEOUT`` or ``HOROVOD_START_TIMEOUT``, else 30; the workers get it as
+        start_timeout: seconds every rank has to register after the first one did (default, and
+            0: ``HORO_START_TIMEOUT`` or ``HOROVOD_START_TIMEOUT``, else 30; the workers get it as
             ``HORO_START_TIMEOUT``).
         output_filename: also write each rank's output under this directory.
         verbose: describe the launch on stderr.
@@ -107,7 +107,7 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mappi
             raise TypeError(f"run() got an unexpected keyword argument {name!r}")
     if hosts is not None and hostfile is not None:
         raise ValueError("pass either hosts or hostfile, not both")
-    if start_timeout is None:
+    if not start_timeout:  # 0 too, as horovod.run reads it: the default
         names = ("HORO_START_TIMEOUT", "HOROVOD_START_TIMEOUT")
         # A start timeout given in env (under either name) stands for the whole job.
         base = {k: v for k, v in os.environ.items() if not (env and any(n in env for n in names) and k in names)}

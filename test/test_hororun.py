@@ -749,7 +749,8 @@ def test_run_api_takes_the_start_timeout_from_the_environment_too(runner_path, m
     monkeypatch.setenv("HOROVOD_START_TIMEOUT", "77")
     assert horo_runner.run(_start_timeout_seen, num_proc=1) == ["77"]
     assert horo_runner.run(_start_timeout_seen, num_proc=1, start_timeout=12.5) == ["12.5"]
-    for bad in (0, float("inf"), float("nan")):
+    assert horo_runner.run(_start_timeout_seen, num_proc=1, start_timeout=0) == ["77"]  # 0: the default, as Horovod's
+    for bad in (-1, float("inf"), float("nan")):
         with pytest.raises(ValueError, match="start_timeout must be > 0 and at most 1000000 seconds"):
             horo_runner.run(_start_timeout_seen, num_proc=1, start_timeout=bad)
     monkeypatch.setenv("HOROVOD_START_TIMEOUT", "soon")

@@ -374,6 +374,14 @@ def settings_env(args: argparse.Namespace) -> dict[str, str]:
     return env
 
 
+def with_horovod_names(env: dict[str, str]) -> dict[str, str]:
+    """env plus Horovod's name of each ``HORO_*`` variable with the same value, as horovodrun
+    exports its flags: a script that reads ``HOROVOD_FUSION_THRESHOLD`` sees the flag's value, and
+    an exported ``HOROVOD_*`` variable that a flag overrides is not reported as the one ignored."""
+    return {**env, **{"HOROVOD_" + name[len("HORO_"):]: text for name, text in env.items()
+                      if name.startswith("HORO_")}}
+
+
 def _warn_ignored(args: argparse.Namespace) -> None:
     for options, _ in _IGNORED_FLAGS:
         if getattr(args, "ignored_" + _dest(options)):
@@ -409,7 +417,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         hosts = (parse_hosts(args.hosts) if args.hosts
                  else parse_hostfile(args.hostfile) if args.hostfile else None)
         spec = JobSpec(command=args.command, num_proc=args.num_proc, hosts=hosts,
-                       settings_env=settings_env(args), start_timeout=args.start_timeout,
+                       settings_env=with_horovod_names(settings_env(args)), start_timeout=args.start_timeout,
                        output_dir=args.output_filename, prefix_timestamp=args.prefix_timestamp,
                        verbose=args.verbose, bind_to=args.bind_to)
         result = run_job(spec)

@@ -144,3 +144,21 @@ def test_gloo_timeout_raises_the_start_timeout(runner_path, monkeypatch, tmp_pat
     cfg = tmp_path / "horovod.yaml"
     cfg.write_text("library_options:\n  gloo_timeout_seconds: 90\n")
     assert parse_args(["-np", "2", "--config-file", str(cfg), "true"]).start_timeout == 90
+
+
+def test_a_flag_overrides_an_exported_horovod_variable_quietly(child_env):
+    """horovodrun exports its flags under Horovod's names, so a flag beats an exported HOROVOD_*
+    variable without a word. hororun set only HORO_*, so every rank logged that the variable the
+    user exported was ignored, and a script reading HOROVOD_CYCLE_TIME saw the exported value."""
+    code = """
+        import os
+        import horo_torch as hvd
+        from horo_core import config
+        hvd.init()
+        print(config.value("CYCLE_TIME"), os.environ["HOROVOD_CYCLE_TIME"], os.environ["HOROVOD_START_TIMEOUT"])
+    """
+    proc = hororun({**child_env, "HOROVOD_CYCLE_TIME": "10"}, "-np", "1", "--cycle-time-ms", "2",
+                   "--start-timeout", "40", *worker(code))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.decode().split(":", 1)[1].split() == ["2", "2", "40"], proc.stdout
+    assert "is ignored" not in proc.stderr.decode(), proc.stderr

@@ -81,7 +81,22 @@ def test_call_overhead_times_each_layer_on_one_rank():
                           text=True, capture_output=True, stdin=subprocess.DEVNULL, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     labels = [line.split("  ")[0] for line in proc.stdout.splitlines() if line.endswith("us per call")]
-    assert labels == ["hvd.allreduce_", "Runtime.run_prepared", "lib.horo_run_at (cffi)"], proc.stdout
+    assert labels == ["hvd.allreduce_", "Runtime.run_prepared", "lib.horo_run_at + reads", "lib.horo_run_at (cffi)"], \
+        proc.stdout
+
+
+def test_call_overhead_times_each_layer_on_two_ranks():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HORO_", "HOROVOD_"))}
+    bench = os.path.join(ROOT, "examples", "benchmarks", "call_overhead.py")
+    proc = subprocess.run([sys.executable, "-m", "horo_runner.launch", "-np", "2", sys.executable, bench, "--calls",
+                           "200", "--repeats", "2"], env=env, text=True, capture_output=True, stdin=subprocess.DEVNULL,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [line.split(":", 1)[1] for line in proc.stdout.splitlines() if line.startswith("[0]<stdout>:")]
+    labels = [line.split("  ")[0] for line in lines if line.endswith("us per call")]
+    assert labels == ["hvd.allreduce_", "Runtime.run_prepared", "lib.horo_run_at + reads", "lib.horo_run_at (cffi)"], \
+        proc.stdout
+    assert "(2 ranks: median over 2 repeats of the slowest rank)" in lines, proc.stdout
 
 
 def test_async_step_checks_its_values_on_two_ranks():

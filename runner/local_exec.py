@@ -451,7 +451,8 @@ def execute(workers: Sequence[Worker], options: ExecOptions = ExecOptions(),
     """Runs the workers to completion and applies the failure policy of the module docstring.
 
     SIGINT, SIGTERM and SIGHUP handlers (and SIGUSR1 and SIGUSR2 ones, which pass those on to the
-    workers) are installed for the duration when called from the main thread. The workers are killed by the kernel if the thread that calls this dies.
+    workers) are installed for the duration when called from the main thread. The workers are
+    killed by the kernel if the thread that calls this dies.
 
     Args:
         workers: the processes to start, one per rank (ranks ``0..n-1``).

@@ -393,8 +393,11 @@ def test_a_rendezvous_that_closes_is_a_horovod_internal_error(tmp_path):
     with socket.socket() as rendezvous:
         rendezvous.bind(("127.0.0.1", master + 1))
         rendezvous.listen()
+        rendezvous.settimeout(60)
+        # A key of the job's own: without one, rank 1 would first wait for rank 0 to hand out a key
+        # on this host (horo_core/local_secret.py), and never come here.
         worker = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True, env=torchrun_env(1, master, HORO_START_TIMEOUT="3"))
+                                  text=True, env=torchrun_env(1, master, HORO_START_TIMEOUT="3", HORO_SECRET="ab" * 32))
         connection, _ = rendezvous.accept()
         connection.close()  # as rank 0's death closes it
         out, err = worker.communicate(timeout=120)

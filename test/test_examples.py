@@ -74,48 +74,42 @@ def test_average_bench_checks_its_results_on_three_ranks():
         assert f"[0]<stdout>:{label}: " in proc.stdout and "per round of 3 tensors (0.8 MB), 3 ranks" in proc.stdout
 
 
-def test_call_overhead_times_each_layer_on_one_rank():
+def run_benchmark(script, *args, np=None):
+    """Runs examples/benchmarks/script with args, on np ranks through the launcher (None: alone),
+    without the test run's own Horo settings; returns the finished process, checked to exit 0."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HORO_", "HOROVOD_"))}
-    bench = os.path.join(ROOT, "examples", "benchmarks", "call_overhead.py")
-    proc = subprocess.run([sys.executable, bench, "--calls", "300", "--repeats", "1", "--bytes", "64"], env=env,
-                          text=True, capture_output=True, stdin=subprocess.DEVNULL, timeout=120)
+    launch = [sys.executable, "-m", "horo_runner.launch", "-np", str(np)] if np else []
+    bench = os.path.join(ROOT, "examples", "benchmarks", script)
+    proc = subprocess.run([*launch, sys.executable, bench, *args], env=env, text=True, capture_output=True,
+                          stdin=subprocess.DEVNULL, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+CALL_OVERHEAD_LAYERS = ["hvd.allreduce_", "Runtime.run_prepared", "lib.horo_run_at + reads", "lib.horo_run_at (cffi)"]
+
+
+def test_call_overhead_times_each_layer_on_one_rank():
+    proc = run_benchmark("call_overhead.py", "--calls", "300", "--repeats", "1", "--bytes", "64")
     labels = [line.split("  ")[0] for line in proc.stdout.splitlines() if line.endswith("us per call")]
-    assert labels == ["hvd.allreduce_", "Runtime.run_prepared", "lib.horo_run_at + reads", "lib.horo_run_at (cffi)"], \
-        proc.stdout
+    assert labels == CALL_OVERHEAD_LAYERS, proc.stdout
 
 
 def test_call_overhead_times_each_layer_on_two_ranks():
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HORO_", "HOROVOD_"))}
-    bench = os.path.join(ROOT, "examples", "benchmarks", "call_overhead.py")
-    proc = subprocess.run([sys.executable, "-m", "horo_runner.launch", "-np", "2", sys.executable, bench, "--calls",
-                           "200", "--repeats", "2"], env=env, text=True, capture_output=True, stdin=subprocess.DEVNULL,
-                          timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = run_benchmark("call_overhead.py", "--calls", "200", "--repeats", "2", np=2)
     lines = [line.split(":", 1)[1] for line in proc.stdout.splitlines() if line.startswith("[0]<stdout>:")]
     labels = [line.split("  ")[0] for line in lines if line.endswith("us per call")]
-    assert labels == ["hvd.allreduce_", "Runtime.run_prepared", "lib.horo_run_at + reads", "lib.horo_run_at (cffi)"], \
-        proc.stdout
+    assert labels == CALL_OVERHEAD_LAYERS, proc.stdout
     assert "(2 ranks: median over 2 repeats of the slowest rank)" in lines, proc.stdout
 
 
 def test_async_step_checks_its_values_on_two_ranks():
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HORO_", "HOROVOD_"))}
-    bench = os.path.join(ROOT, "examples", "benchmarks", "async_step.py")
-    proc = subprocess.run([sys.executable, "-m", "horo_runner.launch", "-np", "2", sys.executable, bench,
-                           "--tensors", "5", "--steps", "3", "--repeats", "1", "--warmup", "1"], env=env, text=True,
-                          capture_output=True, stdin=subprocess.DEVNULL, timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = run_benchmark("async_step.py", "--tensors", "5", "--steps", "3", "--repeats", "1", "--warmup", "1", np=2)
     assert "[0]<stdout>:2 ranks: " in proc.stdout and "per step of 5 async allreduces" in proc.stdout, proc.stdout
 
 
 def test_poll_loop_bench_checks_each_way_of_waiting():
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HORO_", "HOROVOD_"))}
-    bench = os.path.join(ROOT, "examples", "benchmarks", "poll_loop_bench.py")
-    proc = subprocess.run([sys.executable, "-m", "horo_runner.launch", "-np", "2", sys.executable, bench, "--calls",
-                           "20", "--repeats", "1"], env=env, text=True, capture_output=True, stdin=subprocess.DEVNULL,
-                          timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = run_benchmark("poll_loop_bench.py", "--calls", "20", "--repeats", "1", np=2)
     for way in ("synchronize", "busy poll", "poll and sleep 0.1 ms"):
         assert f"[0]<stdout>:| {way} | " in proc.stdout, proc.stdout
 

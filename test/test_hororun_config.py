@@ -138,7 +138,8 @@ def test_gloo_timeout_raises_the_start_timeout(runner_path, monkeypatch, tmp_pat
     from horo_runner.launch import parse_args, settings_env
     monkeypatch.delenv("HORO_START_TIMEOUT", raising=False)
     monkeypatch.delenv("HOROVOD_START_TIMEOUT", raising=False)
-    assert settings_env(parse_args(["-np", "2", "--gloo-timeout-seconds", "120", "true"]))["HORO_START_TIMEOUT"] == "120"
+    args = parse_args(["-np", "2", "--gloo-timeout-seconds", "120", "true"])
+    assert settings_env(args)["HORO_START_TIMEOUT"] == "120"
     assert parse_args(["-np", "2", "--start-timeout", "200", "--gloo-timeout-seconds", "120", "true"]).start_timeout \
         == 200
     cfg = tmp_path / "horovod.yaml"

@@ -91,8 +91,8 @@ def test_another_user_does_not_get_the_secret():
 def test_a_name_taken_by_another_user_is_refused_on_both_ends():
     job = f"test\0{os.getpid()}\0squatted"
     name = local_secret._name(job).encode().hex()
-    squatter = subprocess.Popen([stranger_python(), "-c", SQUATTER, name], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                text=True, preexec_fn=as_nobody)
+    squatter = subprocess.Popen([stranger_python(), "-c", SQUATTER, name], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True, preexec_fn=as_nobody)
     try:
         assert squatter.stdout.readline().strip() == "listening"
         with pytest.raises(HoroAuthError, match=f"belongs to user {NOBODY}, not this job's user; set HORO_SECRET"):

@@ -82,7 +82,9 @@ def _stop_hosted_rendezvous():
 def _rendezvous(info, mpi_comm, members, start_timeout):
     """Returns (host, port, secret, server) of the rendezvous this rank uses; members: the global
     ranks of init(comm=[...]), which alone take part (under MPI through a communicator of their own,
-    so that nothing reaches the other ranks' MPI calls)."""
+    so that nothing reaches the other ranks' MPI calls). The secret is the launcher's, except where
+    that is weak and every rank runs on this host: then a random one shared by local_secret, which
+    the ranks wait for up to start_timeout."""
     if info.needs_mpi_bootstrap or mpi_comm is not None:
         try:
             from mpi4py import MPI

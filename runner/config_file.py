@@ -67,11 +67,11 @@ _KEYS: Dict[Tuple[str, str], Tuple[str, _Converter]] = {
     ("timeline", "filename"): ("timeline_filename", _scalar),
     ("timeline", "mark_cycles"): ("timeline_mark_cycles", _boolean),
     ("stall_check", "enabled"): ("no_stall_check", _negated),
-    ("library_options", "gloo_timeout_seconds"): ("gloo_timeout_seconds", _scalar),
     ("stall_check", "warning_time_seconds"): ("stall_check_warning_time_seconds", _scalar),
     ("stall_check", "shutdown_time_seconds"): ("stall_check_shutdown_time_seconds", _scalar),
     ("logging", "level"): ("log_level", _scalar),
     ("logging", "with_timestamp"): ("log_without_timestamp", _negated),
+    ("library_options", "gloo_timeout_seconds"): ("gloo_timeout_seconds", _scalar),
 }
 
 # Keys horovodrun reads that configure what hororun does not have (like the matching flags).

@@ -132,7 +132,7 @@ def _rendezvous(info, mpi_comm, members, start_timeout):
     if info.rendezvous_protocol not in (None, launch_env.HORO_KV):
         raise HoroInvalidArgument(
             f"the launcher ({info.family}) offers a {info.rendezvous_protocol} rendezvous, which Horo does not "
-            "speak (it is unauthenticated); launch with hororun, torchrun or mpirun instead")
+            "speak (it is unauthenticated); launch with hororun, torchrun, mpirun or srun instead")
     host, port = info.rendezvous
     secret = info.secret
     private = info.secret_is_weak and info.local_size == info.size

@@ -369,6 +369,21 @@ INIT_REPORTING_ITS_ERROR = ("import horo_torch as hvd\n"
                             "    print(type(e).__name__, e)\n")
 
 
+def test_horovods_gloo_rendezvous_is_refused_naming_the_launchers_that_work(tmp_path):
+    """Under horovodrun --gloo (Ray, Spark) the rendezvous is Horovod's unauthenticated HTTP store:
+    init refuses it and names the launchers to use instead, srun among them as the README says."""
+    script = tmp_path / "gloo.py"
+    script.write_text(INIT_REPORTING_ITS_ERROR.replace("hvd.HorovodInternalError", "ValueError"))
+    env = {**clean_env(), "HOROVOD_RANK": "0", "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_RANK": "0",
+           "HOROVOD_LOCAL_SIZE": "2", "HOROVOD_CROSS_RANK": "0", "HOROVOD_CROSS_SIZE": "1",
+           "HOROVOD_HOSTNAME": "localhost", "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1",
+           "HOROVOD_GLOO_RENDEZVOUS_PORT": str(free_port()), "HOROVOD_CONTROLLER": "gloo"}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "which Horo does not speak (it is unauthenticated); launch with hororun, torchrun, mpirun or srun " \
+           "instead" in out.stdout, out.stdout + out.stderr
+
+
 def test_a_rank_that_never_comes_is_named_in_a_horovod_internal_error(tmp_path):
     """Under torchrun, rank 1 never starts: rank 0's init() fails after the start timeout with
     HoroTimeoutError (a HorovodInternalError, as init() documents) naming rank 1 and the setting."""

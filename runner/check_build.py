@@ -90,7 +90,11 @@ def check_build(out: IO[str]) -> int:
         # The core's own collectives run every operation on CPU tensors, over TCP between ranks.
         lines += [f"    [X] {op}" for op in
                   ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "barrier", "join")]
-        lines += ["    [ ] NCCL", "    [ ] Gloo", "    [ ] MPI collectives (MPI is used for bootstrap only)"]
+        nccl = next((line.split(":", 1)[1].strip() for line in core_text.splitlines()
+                     if line.strip().startswith("nccl:")), "")
+        found = nccl[:1].isdigit()  # a version, else why none loads
+        lines += [f"    {_mark(found)} NCCL" + (f" {nccl} (CUDA tensors)" if found else " (no libnccl found)"),
+                  "    [ ] Gloo", "    [ ] MPI collectives (MPI is used for bootstrap only)"]
     else:
         lines += ["    none: " + core_text]
     if core_ok:

@@ -106,6 +106,22 @@ def test_search_without_any_nccl_reports_every_reason(clean_search):
     assert "libnccl-that-does-not-exist.so.2" in reasons[1]
 
 
+def test_check_build_lists_the_nccl_that_would_load(fake_nccl):
+    """hororun --check-build printed "[ ] NCCL" whatever was installed; NCCL is found at run time,
+    so it now says which library CUDA collectives would load (and python -m horo_core info too)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HORO_", "HOROVOD_"))}
+
+    def report(**settings):
+        proc = subprocess.run([sys.executable, "-m", "horo_runner.launch", "--check-build"], capture_output=True,
+                              text=True, timeout=180, env={**env, **settings})
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    assert f"    [X] NCCL 2.29.7 ({fake_nccl}) (CUDA tensors)" in report(HORO_NCCL_LIBRARY=fake_nccl).splitlines()
+    if not nccl.wheel_library_paths() and ctypes.util.find_library("nccl") is None:
+        assert "    [ ] NCCL (no libnccl found)" in report().splitlines()
+
+
 # The device field ----------------------------------------------------------------------------------
 
 @pytest.fixture

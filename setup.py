@@ -42,14 +42,16 @@ setup(
     description="Horovod-compatible data-parallel training: C++ core, PyTorch and TensorFlow bindings, hororun",
     long_description=LONG_DESCRIPTION,
     long_description_content_type="text/markdown",
-    python_requires=">=3.9",
+    # The oldest Python that current PyTorch and TensorFlow releases support; CI runs 3.11.
+    python_requires=">=3.10",
     packages=["horo_core", "horo_torch", "horo_tf", "horo_tf.data", "horo_tf.keras", "horo_runner"],
     package_dir={"horo_runner": "runner"},
     package_data={"horo_core": ["include/horo/horo.h"]},
     cffi_modules=["horo_core/_build_ffi.py:ffibuilder"],
     install_requires=["cffi>=1.15", "numpy>=1.21", "cloudpickle>=2.0", "pyyaml>=5.1"],
     extras_require={
-        "torch": ["torch>=2.0"],
+        # torch.uint16 (2.3) is among the dtypes horo_torch maps at import.
+        "torch": ["torch>=2.3"],
         "tensorflow": ["tensorflow-cpu>=2.16", "keras>=3"],
         "mpi": ["mpi4py>=3.1"],
         # mpi4py and the Open MPI wheel let the tests launch the same script under mpirun.
@@ -60,4 +62,7 @@ setup(
     },
     entry_points={"console_scripts": ["hororun = horo_runner.launch:main"]},
     zip_safe=False,
+    # The core uses only Python's stable ABI (cffi builds it as _horo_cffi.abi3.so): one wheel
+    # serves every Python from 3.10 on.
+    options={"bdist_wheel": {"py_limited_api": "cp310"}},
 )

@@ -23,10 +23,11 @@ def cdef_text():
     return match.group(1)
 
 
-def core_sources():
-    # Paths relative to the project root, as setuptools wants them.
-    sources = glob.glob(os.path.join("horo_core", "src", "**", "*.cc"), recursive=True, root_dir=ROOT)
-    return sorted(sources)
+def core_files(pattern):
+    """The core's files matching pattern under horo_core/src, relative to the project root, as
+    setuptools wants them (glob's root_dir needs Python 3.10)."""
+    found = glob.glob(os.path.join(ROOT, "horo_core", "src", "**", pattern), recursive=True)
+    return sorted(os.path.relpath(path, ROOT) for path in found)
 
 
 ffibuilder = FFI()
@@ -34,7 +35,12 @@ ffibuilder.cdef(cdef_text())
 ffibuilder.set_source(
     "horo_core._horo_cffi",
     '#include "horo/horo.h"',
-    sources=core_sources(),
+    sources=core_files("*.cc"),
+    # What else the build reads: a changed header or linker map rebuilds the core (setuptools
+    # compares only sources with the built library otherwise), and setuptools puts these files in
+    # the source distribution, which needs them to build.
+    depends=core_files("*.h") + [os.path.join("horo_core", "include", "horo", "horo.h"),
+                                 os.path.join("horo_core", "horo.map")],
     include_dirs=[os.path.join("horo_core", "include"), os.path.join("horo_core", "src")],
     source_extension=".cpp",
     language="c++",

@@ -19,15 +19,16 @@ Status Executor::RunFromContributions(const Response& r, const std::vector<std::
     return Status::OK();  // not a member: nothing to do
   }
   const int group_size = static_cast<int>(members->size());
-  const std::string what = std::string(OpTypeName(r.op_type)) + " of tensor '" + r.name + "'";
+  // Only an error needs it, so it is not built (and allocated) on every call.
+  auto what = [&r] { return std::string(OpTypeName(r.op_type)) + " of tensor '" + r.name + "'"; };
   if (static_cast<int>(contributions.size()) != group_size) {
-    return Status::Internal(what + " has " + std::to_string(contributions.size()) + " contributions for " +
+    return Status::Internal(what() + " has " + std::to_string(contributions.size()) + " contributions for " +
                             std::to_string(group_size) + " members");
   }
   for (size_t m = 0; m < contributions.size(); ++m) {
     const int64_t want = PeerAgreement::EagerBytes(r, m);
     if (static_cast<int64_t>(contributions[m].size()) != want) {
-      return Status::Internal(what + ": a contribution of " + std::to_string(contributions[m].size()) +
+      return Status::Internal(what() + ": a contribution of " + std::to_string(contributions[m].size()) +
                               " bytes from member " + std::to_string(m) + ", expected " + std::to_string(want));
     }
   }
@@ -36,7 +37,7 @@ Status Executor::RunFromContributions(const Response& r, const std::vector<std::
   if (r.op_type == OpType::kReducescatter) return ScatterContributions(r, contributions, group_size, index);
   if (r.op_type == OpType::kAlltoall) {
     if (r.member_dims.size() != static_cast<size_t>(group_size) * static_cast<size_t>(group_size)) {
-      return Status::Internal(what + " has " + std::to_string(r.member_dims.size()) + " splits for " +
+      return Status::Internal(what() + " has " + std::to_string(r.member_dims.size()) + " splits for " +
                               std::to_string(group_size) + " members");
     }
     return ExchangeContributions(r, contributions, group_size, index);

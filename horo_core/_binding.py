@@ -5,9 +5,11 @@ from horo_core.errors import HoroError, error_for
 try:
     from horo_core._horo_cffi import ffi, lib
 except ImportError as exc:  # pragma: no cover - only when the extension was never built
+    import os as _os
     raise ImportError(
-        "the Horo core extension (horo_core._horo_cffi) is not built; install the package with "
-        "'pip install -e .' from the repository root") from exc
+        f"the Horo core extension (horo_core._horo_cffi) is not built in {_os.path.dirname(__file__)}; install "
+        "the package with 'pip install -e .' from the repository root. If Horo is installed, this source "
+        "tree comes first on sys.path and hides it: run from another directory") from exc
 
 
 def last_error():

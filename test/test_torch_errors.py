@@ -452,6 +452,47 @@ def test_frozen_rank_fails_every_other_rank(tmp_path):
     assert any(stalled.search(m) or "no progress for 2 s" in m for m in messages), messages
 
 
+FROZEN_IN_A_LOOP_WORKER = REPORT + """
+    hvd.init()
+    victim = int(sys.argv[1])
+
+    def loop():
+        for step in range(10 ** 9):  # until the stall shutdown
+            if hvd.rank() == victim and step == 50:
+                os.kill(os.getpid(), signal.SIGSTOP)
+            out = hvd.allreduce(torch.ones(4), op=hvd.Sum, name="steady")
+        return out
+
+    report("loop", loop)
+"""
+
+
+def test_a_rank_frozen_in_a_loop_is_the_one_named(tmp_path):
+    # In a loop of one repeated collective the ranks agree among themselves, a round of messages
+    # per step. A rank stopped between two steps leaves the others' round open for ever; the stall
+    # report looked only at completed rounds, so it named live ranks (rank 0, which answers a round
+    # late, most often) or none, and the workers' warning blamed rank 0.
+    victim = 2
+    script = write_script(tmp_path, FROZEN_IN_A_LOOP_WORKER)
+    procs = spawn_ranks(script, N, (victim,), HORO_PEER_TIMEOUT_SECONDS=60, HORO_STALL_CHECK_TIME_SECONDS=1,
+                        HORO_STALL_SHUTDOWN_TIME_SECONDS=3)
+    try:
+        outcomes = {rank: finish(procs[rank]) for rank in range(N) if rank != victim}
+    finally:
+        procs[victim].kill()
+        procs[victim].communicate()
+    for rank, (code, out, err) in outcomes.items():
+        assert code == 0, err
+        (got,) = reports(out)
+        assert INTERNAL <= set(got.get("error", [])), (rank, got)
+        assert re.search(r"stalled for [\d.]+ seconds \(HORO_STALL_SHUTDOWN_TIME_SECONDS=3\)\. "
+                         r"Missing ranks: rank 2: \[allreduce\.steady\]$", got["message"]), (rank, got)
+    assert "Missing ranks: rank 2: [allreduce.steady]" in outcomes[0][2], outcomes[0][2]
+    assert "rank 0: [" not in outcomes[0][2], outcomes[0][2]
+    assert ("the ranks' round of agreement waits for the message of rank 2 (rank 0's is in)"
+            in outcomes[1][2]), outcomes[1][2]
+
+
 def outcomes_beside_a_frozen_rank_0(procs, before=lambda: None):
     """finish() of every rank but rank 0, after before(); rank 0, stopped, is killed afterwards."""
     try:

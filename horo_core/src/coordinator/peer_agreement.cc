@@ -403,20 +403,73 @@ std::vector<Request> PeerAgreement::TakeFallbacks() {
   return out;
 }
 
+std::vector<int32_t> PeerAgreement::OpenRoundOwedBy() const {
+  std::vector<int32_t> owed;
+  const Inbox& open = InboxOf(round_done_ + 1);
+  if (open.round != round_done_ + 1 || open.count == 0) return owed;
+  for (int r = 0; r < size_; ++r) {
+    if (!open.have[static_cast<size_t>(r)]) owed.push_back(r);
+  }
+  return owed;
+}
+
 std::vector<StalledTensor> PeerAgreement::Waiting() const {
   std::vector<StalledTensor> out;
   const auto now = std::chrono::steady_clock::now();
-  for (const auto& a : announced_) {
-    const Response* c = cache_->Get(a.first);
+  // A round that some rank never sends its message for never completes, so what the others
+  // announced in it never reaches announced_: counting only announced_, a stopped rank went
+  // unnamed, and the ranks that had announced late in the round before were blamed. The open
+  // round's announcements count too, and once it has been open for kRoundHeldSeconds (longer than
+  // any round of a live job), the ranks it waits for are the ones missing for every tensor
+  // waiting: the others may have submitted a tensor whose announcement waits for the next round.
+  const Inbox& open = InboxOf(round_done_ + 1);
+  const std::vector<int32_t> owed = OpenRoundOwedBy();
+  if (owed.empty()) {
+    held_round_ = 0;
+  } else if (held_round_ != open.round) {
+    held_round_ = open.round;
+    held_since_ = now;
+  }
+  const bool held = !owed.empty() && now - held_since_ >= std::chrono::duration<double>(kRoundHeldSeconds);
+  std::map<int64_t, std::vector<char>> in_open;  // id -> by rank: announced it in the open round
+  if (!owed.empty()) {
+    for (int r = 0; r < size_; ++r) {
+      if (!open.have[static_cast<size_t>(r)]) continue;
+      for (int64_t id : open.messages[static_cast<size_t>(r)].hits) {
+        std::vector<char>& ranks = in_open[id];
+        if (ranks.empty()) ranks.assign(static_cast<size_t>(size_), 0);
+        ranks[static_cast<size_t>(r)] = 1;
+      }
+    }
+  }
+  std::set<int64_t> ids;
+  for (const auto& a : announced_) ids.insert(a.first);
+  for (const auto& o : in_open) ids.insert(o.first);
+  for (int64_t id : ids) {
+    const Response* c = cache_->Get(id);
     std::vector<int32_t> members;
     if (c == nullptr || !sets_->Members(c->process_set_id, &members)) continue;
+    const auto a = announced_.find(id);
+    const auto o = in_open.find(id);
+    std::vector<char> missing(static_cast<size_t>(size_), 0);
+    if (held) {
+      for (int32_t r : owed) missing[static_cast<size_t>(r)] = 1;
+    } else {
+      for (int32_t m : members) {
+        const size_t i = static_cast<size_t>(m);
+        const bool before = a != announced_.end() && !a->second.ranks.empty() && a->second.ranks[i];
+        missing[i] = !before && !(o != in_open.end() && o->second[i]);
+      }
+    }
     StalledTensor t;
+    for (int r = 0; r < size_; ++r) {
+      if (missing[static_cast<size_t>(r)]) t.missing_ranks.push_back(r);
+    }
+    if (t.missing_ranks.empty()) continue;  // only the round in flight holds it, for now
     t.process_set_id = c->process_set_id;
     t.name = c->name;
-    t.waited_seconds = std::chrono::duration<double>(now - a.second.since).count();
-    for (int32_t m : members) {
-      if (a.second.ranks.empty() || !a.second.ranks[static_cast<size_t>(m)]) t.missing_ranks.push_back(m);
-    }
+    const auto since = a != announced_.end() ? a->second.since : held_since_;
+    t.waited_seconds = std::chrono::duration<double>(now - since).count();
     out.push_back(std::move(t));
   }
   return out;

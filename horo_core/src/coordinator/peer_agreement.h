@@ -107,8 +107,15 @@ class PeerAgreement {
   // Requests of this rank that must go to the coordinator after all (see above).
   std::vector<Request> TakeFallbacks();
   bool has_fallbacks() const { return !fallbacks_.empty(); }
-  // Cached tensors announced by some members only, for the stall inspector.
+  // Cached tensors waiting to run, for the stall inspector: announced by some members only, or
+  // held by the round in progress (see OpenRoundOwedBy), which then names the ranks it waits for
+  // once it has been open for kRoundHeldSeconds.
   std::vector<StalledTensor> Waiting() const;
+  // Ranks whose message for the round in progress has not arrived, once some rank's has (this
+  // rank's own included); empty otherwise. No step of that round runs anywhere without them: a
+  // rank that stopped (SIGSTOP, a debugger) holds every rank here.
+  std::vector<int32_t> OpenRoundOwedBy() const;
+  static constexpr double kRoundHeldSeconds = 1.0;
 
   bool mid_round() const { return round_sent_ > round_done_; }
   int64_t round_done() const { return round_done_; }
@@ -175,6 +182,9 @@ class PeerAgreement {
   std::vector<Request> fallbacks_;
   std::vector<Request> deferred_joins_;  // see Offer
   int64_t responses_run_ = 0;
+  // Waiting's record of the round in progress: its number, and when Waiting first saw it open.
+  mutable int64_t held_round_ = 0;
+  mutable std::chrono::steady_clock::time_point held_since_;
   // Scratch of CompleteRound and Matches, kept for its capacity.
   std::vector<int64_t> scratch_ready_;
   std::vector<int64_t> scratch_orphaned_;

@@ -165,8 +165,12 @@ class Runtime {
   // Workers: a rank 0 that is stopped or stuck sends nothing and closes nothing. While this rank
   // waits for a collective or in shutdown(), rank 0's silence is warned about after the stall time, and ends the
   // job after the stall shutdown time plus the peer timeout (rank 0, if alive, has shut the job
-  // down by then). False when it stopped the runtime.
+  // down by then), naming the ranks the round of peer agreement waits for where that explains the
+  // silence. False when it stopped the runtime.
   bool WatchCoordinator();
+  // "rank 3" or "ranks 2, 3": those whose message the open round of peer agreement still lacks,
+  // when rank 0's is in (so rank 0's silence is theirs); empty otherwise. Under progress_mutex_.
+  std::string RoundHeldBy() const;
   void FailOnDataPlane(const Status& status);
   // A failure found on this rank: a worker first tells the coordinator why, which ends the job on
   // every rank with that cause; rank 0 tells the workers (Stop).

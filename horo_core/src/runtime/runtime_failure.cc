@@ -35,24 +35,50 @@ bool Runtime::WatchCoordinator() {
   const double silent_s = static_cast<double>(now - std::max(oldest, heard_from_coordinator_ns_)) / 1e9;
   if (silent_s < config_.stall_check_time_seconds) coordinator_silence_warned_ = false;
   const bool warns = !config_.stall_check_disable && config_.stall_check_time_seconds > 0;
-  if (warns && !coordinator_silence_warned_ && silent_s >= config_.stall_check_time_seconds) {
-    coordinator_silence_warned_ = true;
-    HORO_LOG(kWarning, rank_) << waiting << " has waited " << static_cast<int64_t>(silent_s)
-                              << " s, and rank 0 (the coordinator) has sent this rank nothing meanwhile. Rank 0's "
-                              << "stall warning names the ranks it waits for; if it logs none, rank 0 may be "
-                              << "stopped or stuck";
-  }
   const double limit = config_.stall_shutdown_time_seconds + config_.peer_timeout_seconds;
-  if (config_.stall_shutdown_time_seconds > 0 && silent_s >= limit) {
+  const bool stops = config_.stall_shutdown_time_seconds > 0 && silent_s >= limit;
+  const bool warning = warns && !coordinator_silence_warned_ && silent_s >= config_.stall_check_time_seconds;
+  if (!warning && !stops) return true;
+  // Rank 0 sends nothing new while the ranks' round of agreement waits for another rank's
+  // message (a stopped process): then that rank is the one to name, not rank 0.
+  const std::string held_by = RoundHeldBy();
+  if (warning) {
+    coordinator_silence_warned_ = true;
+    if (!held_by.empty()) {
+      HORO_LOG(kWarning, rank_) << waiting << " has waited " << static_cast<int64_t>(silent_s) << " s: the ranks' "
+                                << "round of agreement waits for the message of " << held_by << " (rank 0's is "
+                                << "in), and no step runs without it; " << held_by << " may be stopped or stuck";
+    } else {
+      HORO_LOG(kWarning, rank_) << waiting << " has waited " << static_cast<int64_t>(silent_s)
+                                << " s, and rank 0 (the coordinator) has sent this rank nothing meanwhile. Rank 0's "
+                                << "stall warning names the ranks it waits for; if it logs none, rank 0 may be "
+                                << "stopped or stuck";
+    }
+  }
+  if (stops) {
     std::ostringstream os;
-    os << "rank 0 (the coordinator) sent this rank nothing for " << static_cast<int64_t>(silent_s)
-       << " s while " << waiting << " waited; it is stopped or stuck ("
-       << config_.VariableName("STALL_SHUTDOWN_TIME_SECONDS")
-       << " + " << config_.VariableName("PEER_TIMEOUT_SECONDS") << " = " << limit << " s)";
+    if (!held_by.empty()) {
+      os << "the ranks' round of agreement waited " << static_cast<int64_t>(silent_s) << " s for the message of "
+         << held_by << " while " << waiting << " waited; it is stopped or stuck (";
+    } else {
+      os << "rank 0 (the coordinator) sent this rank nothing for " << static_cast<int64_t>(silent_s)
+         << " s while " << waiting << " waited; it is stopped or stuck (";
+    }
+    os << config_.VariableName("STALL_SHUTDOWN_TIME_SECONDS") << " + " << config_.VariableName("PEER_TIMEOUT_SECONDS")
+       << " = " << limit << " s)";
     Stop(Status::PeerLost(os.str()), true);
     return false;
   }
   return true;
+}
+
+std::string Runtime::RoundHeldBy() const {
+  if (!agreement_) return "";
+  const std::vector<int32_t> owed = agreement_->OpenRoundOwedBy();
+  if (owed.empty() || owed.front() == 0) return "";  // rank 0's own message is among those missing
+  std::string text = owed.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < owed.size(); ++i) text += (i ? ", " : "") + std::to_string(owed[i]);
+  return text;
 }
 
 void Runtime::StopAfterCoordinatorLoss(const std::string& detail) {

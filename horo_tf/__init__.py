@@ -7,13 +7,10 @@ TensorFlow, so one install works with every TensorFlow 2.x. XLA-compiled functio
 ``compile(jit_compile="auto")``, which picks XLA where a GPU is visible, resolves to False for a
 model trained by a Horo optimizer (horo_tf.keras).
 """
-try:
-    import tensorflow  # noqa: F401  (first, so that a missing TensorFlow is named with its remedy)
-except ModuleNotFoundError as _missing:
-    if _missing.name != "tensorflow":
-        raise
-    raise ModuleNotFoundError("horo_tf needs TensorFlow, which is not installed: pip install 'horo[tensorflow]' "
-                              "(or install TensorFlow yourself)", name="tensorflow") from None
+from horo_core import require_framework as _require_framework
+
+# First: a missing framework is named with the extra that installs it.
+_require_framework("tensorflow", "horo_tf", "TensorFlow", "tensorflow")
 from horo_core import __version__
 from horo_core.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled,
                               gpu_available, init, is_homogeneous, is_initialized, local_rank, local_size, mpi_built,

@@ -3,13 +3,10 @@
 Tensors are handed to Horo's core as (pointer, dtype, shape); nothing here is compiled against
 PyTorch, so one install works with every PyTorch from 2.3 on.
 """
-try:
-    import torch  # noqa: F401  (first, so that a missing PyTorch is named with its remedy)
-except ModuleNotFoundError as _missing:
-    if _missing.name != "torch":
-        raise
-    raise ModuleNotFoundError("horo_torch needs PyTorch, which is not installed: pip install 'horo[torch]' "
-                              "(or install PyTorch yourself)", name="torch") from None
+from horo_core import require_framework as _require_framework
+
+# First: a missing framework is named with the extra that installs it.
+_require_framework("torch", "horo_torch", "PyTorch", "torch")
 from horo_core import __version__
 from horo_core.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled,
                               gpu_available, init, is_homogeneous, is_initialized, local_rank, local_size, mpi_built,

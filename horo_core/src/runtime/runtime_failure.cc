@@ -59,7 +59,8 @@ bool Runtime::WatchCoordinator() {
     std::ostringstream os;
     if (!held_by.empty()) {
       os << "the ranks' round of agreement waited " << static_cast<int64_t>(silent_s) << " s for the message of "
-         << held_by << " while " << waiting << " waited; it is stopped or stuck (";
+         << held_by << " while " << waiting << " waited; " << (held_by.rfind("rank ", 0) == 0 ? "it is" : "they are")
+         << " stopped or stuck (";
     } else {
       os << "rank 0 (the coordinator) sent this rank nothing for " << static_cast<int64_t>(silent_s)
          << " s while " << waiting << " waited; it is stopped or stuck (";

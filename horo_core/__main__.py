@@ -14,6 +14,9 @@ def main(argv=None):
     print(f"  reduction kernels: {ffi.string(lib.horo_cpu_features()).decode() or 'baseline'}")
     print("  transports: tcp, shared memory (ranks on one host), loopback (one rank)")
     print(f"  nccl: {_nccl_found()}")
+    # TensorFlow's import logs its CPU features to stderr unless told not to; a report has no use for it.
+    import os
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     for name in ("torch", "tensorflow"):
         try:
             module = __import__(name)

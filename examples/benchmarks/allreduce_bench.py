@@ -116,7 +116,8 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=5, help="sweeps over all sizes (default 5)")
     p.add_argument("--peers", default=",".join(_DEFAULT_PEERS),
                    help="comma-separated subset of horo,gloo,mpi,floor (default: horo,gloo,mpi; mpi only under "
-                        "an MPI launcher; floor is the memory reference described above)")
+                        "an MPI launcher; floor, not an allreduce: every rank negates its tensor in place, the memory "
+                        "traffic no in-place allreduce avoids)")
     p.add_argument("--collective", choices=_COLLECTIVES, default="allreduce",
                    help="the collective to time (default allreduce; see above)")
     p.add_argument("--csv", default=None, help="also write the table to this CSV file")

@@ -19,7 +19,7 @@
 //   g++ -std=c++17 -O3 -pthread -I horo_core/src -I horo_core/include \
 //       examples/benchmarks/allreduce_variants.cc horo_core/src/collectives/*.cc \
 //       horo_core/src/transport/{tcp,shm}/*.cc \
-//       horo_core/src/common/{sha256,hmac,logging,dtype}.cc -o /tmp/allreduce_variants
+//       horo_core/src/common/*.cc -o /tmp/allreduce_variants
 //   /tmp/allreduce_variants [max_megabytes] [seconds_per_cell]
 #include <algorithm>
 #include <chrono>

@@ -19,7 +19,7 @@
 //   g++ -std=c++17 -O3 -pthread -I horo_core/src -I horo_core/include \
 //       examples/benchmarks/cma_allreduce_bench.cc horo_core/src/collectives/*.cc \
 //       horo_core/src/transport/{tcp,shm}/*.cc \
-//       horo_core/src/common/{sha256,hmac,logging,dtype}.cc -o /tmp/cma_allreduce_bench
+//       horo_core/src/common/*.cc -o /tmp/cma_allreduce_bench
 //   /tmp/cma_allreduce_bench [megabytes...]
 #include <sys/mman.h>
 #include <sys/uio.h>

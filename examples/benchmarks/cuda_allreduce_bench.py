@@ -134,8 +134,11 @@ def main():
                         help="comma-separated sizes in bytes, with K or M suffixes")
     args = parser.parse_args()
     sizes = [int(v[:-1]) << {"K": 10, "M": 20}[v[-1]] if v[-1] in "KM" else int(v) for v in args.sizes.split(",")]
+    if not torch.cuda.is_available():
+        sys.exit("cuda_allreduce_bench: no CUDA GPU is visible (torch.cuda.is_available() is False)")
     import horo_runner
-    results = horo_runner.run(rank_main, args=(sizes, args.iters, args.blocks, args.peers.split(",")), np=args.np)
+    results = horo_runner.run(rank_main, args=(sizes, args.iters, args.blocks, args.peers.split(",")),
+                              num_proc=args.np)
     n = results[0]["n"]
     for r in results:
         for note in r["notes"]:

@@ -255,9 +255,11 @@ def rank_main():
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--np", type=int, default=2)
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("cuda_check: no CUDA GPU is visible (torch.cuda.is_available() is False)")
     import horo_runner
     results = horo_runner.run(rank_main, num_proc=args.np, env={"HORO_LOG_LEVEL": "INFO"})
     failed = False

@@ -54,7 +54,8 @@ def worker(sizes, hosts, seconds_per_size, collective="allreduce"):
     from horo_core import numpy_ops as ops
 
     rank, size = int(os.environ["HORO_RANK"]), int(os.environ["HORO_SIZE"])
-    os.environ["HORO_HOSTNAME"] = f"emulated-host-{rank * hosts // size}"
+    # Horovod's name too: the launcher mirrors HORO_HOSTNAME into it, and init warns when they differ.
+    os.environ["HORO_HOSTNAME"] = os.environ["HOROVOD_HOSTNAME"] = f"emulated-host-{rank * hosts // size}"
     basics.init()
     rt = basics.runtime()
     out = {}
@@ -125,10 +126,9 @@ def run_variants(args):
 def build_variants(exe):
     src = os.path.join(ROOT, "horo_core", "src")
     sources = [os.path.join(HERE, "allreduce_variants.cc")]
-    for folder in ("collectives", "transport/tcp", "transport/shm"):
+    for folder in ("collectives", "transport/tcp", "transport/shm", "common"):
         path = os.path.join(src, folder)
         sources += sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".cc"))
-    sources += [os.path.join(src, "common", f) for f in ("sha256.cc", "hmac.cc", "logging.cc", "dtype.cc")]
     subprocess.run(["g++", "-std=c++17", "-O3", "-pthread", "-I", src, "-I", os.path.join(ROOT, "horo_core", "include"),
                     *sources, "-o", exe], check=True)
 

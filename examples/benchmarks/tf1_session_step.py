@@ -41,7 +41,7 @@ def build(scope, args, distributed):
 
 
 def main():
-    args = parse_args(__doc__.splitlines()[0])
+    args = parse_args(__doc__.split("\n\n")[0])
     v1.disable_v2_behavior()
     hvd.init()
     config = v1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=2)

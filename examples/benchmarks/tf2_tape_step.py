@@ -38,7 +38,7 @@ def train_step(weights, data, distributed):
 
 
 def main():
-    args = parse_args(__doc__.splitlines()[0])
+    args = parse_args(__doc__.split("\n\n")[0])
     hvd.init()
     tf.config.threading.set_intra_op_parallelism_threads(1)
     weights = [tf.Variable(tf.random.normal([args.width, args.width], stddev=0.04, seed=i))

@@ -6,6 +6,7 @@ An unnamed eager collective shares one name per kind (as Horovod's eager ops do)
 runs from the response cache like a named one. Rank 0 prints the median over 5 blocks of 1000
 calls, after 200 warm-up calls; every call's result is checked against the number of ranks.
 """
+import argparse
 import os
 import time
 
@@ -31,6 +32,7 @@ def per_call_us(name, x, calls=1000, blocks=5):
 
 
 def main():
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()  # --help; no options
     hvd.init()
     x = tf.constant([1.0])
     for label, name in (("unnamed", None), ("named", "small")):

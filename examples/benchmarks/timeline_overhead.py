@@ -51,7 +51,7 @@ def measure(steps, blocks, tensors, elements, directory):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-np", type=int, default=2)
     parser.add_argument("--steps", type=int, default=300, help="steps per block and workload")
     parser.add_argument("--blocks", type=int, default=5, help="blocks per mode")

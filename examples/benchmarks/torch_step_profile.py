@@ -16,7 +16,7 @@ import horo_torch as hvd
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--width", type=int, default=720)
     p.add_argument("--layers", type=int, default=48)
     p.add_argument("--batch-size", type=int, default=32)

@@ -3,6 +3,7 @@ results against values it can compute on its own.
 
     hororun -np 2 python examples/pytorch/pytorch_collectives_demo.py
 """
+import argparse
 import sys
 
 import torch
@@ -11,6 +12,7 @@ import horo_torch as hvd
 
 
 def main():
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()  # --help; no options
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     failures = []

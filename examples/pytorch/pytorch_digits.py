@@ -23,7 +23,7 @@ import horo_torch as hvd
 
 
 def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=32, help="samples per rank per step")
     parser.add_argument("--lr", type=float, default=0.001, help="Adam learning rate of one rank; scaled by the "
@@ -31,7 +31,10 @@ def parse_args():
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--checkpoint", default=os.path.join(tempfile.gettempdir(), "horo-digits", "checkpoint.pt"),
                         help="where rank 0 writes the trained model and optimizer state")
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.epochs < 1:
+        parser.error(f"--epochs must be at least 1, got {args.epochs}")
+    return args
 
 
 def load_data(seed):

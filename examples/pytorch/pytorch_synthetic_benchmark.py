@@ -34,7 +34,7 @@ def build_model(width, layers):
 
 
 def parse_args():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--width", type=int, default=720, help="features of every Linear layer")
     p.add_argument("--layers", type=int, default=48, help="number of width x width layers")
     p.add_argument("--batch-size", type=int, default=32, help="samples per rank per step")

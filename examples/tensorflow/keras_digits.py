@@ -9,6 +9,7 @@ nothing is downloaded.
 """
 import argparse
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -22,7 +23,7 @@ import horo_tf.keras as hvd  # noqa: E402
 
 
 def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
     parser.add_argument("--lr", type=float, default=0.002, help="learning rate of one rank")
@@ -63,7 +64,10 @@ def main():
     if hvd.rank() == 0:
         print(f"test accuracy: {accuracy:.4f} ({len(x_test)} images, {hvd.size()} ranks)")
     hvd.shutdown()
-    return 0 if accuracy >= args.min_accuracy else 1
+    if accuracy < args.min_accuracy:
+        print(f"test accuracy {accuracy:.4f} is below --min-accuracy {args.min_accuracy}", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ v1 = tf.compat.v1
 
 
 def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=600, help="training steps of the whole job")
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
     parser.add_argument("--lr", type=float, default=0.001, help="learning rate of one rank")
@@ -92,7 +92,8 @@ def main():
     if hvd.rank() == 0:
         print(f"test accuracy (mean over {hvd.size()} ranks' shards): {test_accuracy:.4f}", flush=True)
     if test_accuracy < args.min_accuracy:
-        raise SystemExit(1)
+        raise SystemExit(f"rank {hvd.rank()}: test accuracy {test_accuracy:.4f} is below --min-accuracy "
+                         f"{args.min_accuracy}")
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ MODES = ("local", "horo", "mwms")
 
 
 def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="small_cnn", help="small_cnn or a keras.applications model name")
     parser.add_argument("--image-size", type=int, default=32)
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
@@ -50,8 +50,10 @@ def parse_args():
     args = parser.parse_args()
     args.modes = [m for m in args.modes.split(",") if m and not (args.peer == "none" and m == "mwms")]
     unknown = set(args.modes) - set(MODES)
-    if unknown or not args.modes:
+    if unknown:
         parser.error(f"--modes: unknown {sorted(unknown)}; choose from {','.join(MODES)}")
+    if not args.modes:
+        parser.error("--modes: nothing left to run (--peer none drops mwms)")
     return args
 
 
@@ -93,7 +95,9 @@ def make_model(keras, args):
             keras.layers.Dense(128, activation="relu"),
             keras.layers.Dense(1000),
         ])
-    return getattr(keras.applications, args.model)(weights=None, input_shape=(args.image_size, args.image_size, 3))
+    # Logits, as for the small CNN: the loss takes them (from_logits=True), not softmax outputs.
+    return getattr(keras.applications, args.model)(weights=None, input_shape=(args.image_size, args.image_size, 3),
+                                                   classifier_activation=None)
 
 
 def build_steps(args, strategy):

@@ -177,3 +177,41 @@ def test_pytorch_synthetic_benchmark_reports_ratios_and_checks_replicas():
     paired = [line for line in out if line.startswith("horo / ceiling per repeat: ")]
     assert len(paired) == 1 and paired[0].count("(median ") == 1, proc.stdout
     assert "parameters agree across ranks: horo, ddp (gloo)" in out, proc.stdout
+
+
+def example_scripts():
+    """Every example a user runs: the .py files under examples/ with a __main__ block."""
+    found = []
+    for folder, _, files in os.walk(os.path.join(ROOT, "examples")):
+        for f in sorted(files):
+            path = os.path.join(folder, f)
+            if f.endswith(".py") and 'if __name__ == "__main__":' in open(path).read():
+                found.append(path)
+    return sorted(found)
+
+
+def test_every_example_answers_help():
+    # Two demos had no argument parser and ran the whole job on --help; five help texts stopped
+    # mid-sentence. --help also imports each script, so a broken import shows here first.
+    from concurrent.futures import ThreadPoolExecutor
+
+    scripts = example_scripts()
+    assert len(scripts) >= 20
+
+    def help_of(path):
+        return path, subprocess.run([sys.executable, path, "--help"], capture_output=True, text=True, timeout=300)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for path, out in pool.map(help_of, scripts):
+            name = os.path.basename(path)
+            assert out.returncode == 0, (name, out.stderr)
+            assert out.stdout.startswith(f"usage: {name}"), (name, out.stdout)
+            description = out.stdout.split("\n\n")[1]
+            assert description.rstrip().endswith((".", ")")), (name, description)
+
+
+def test_pytorch_digits_refuses_zero_epochs():
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "pytorch", "pytorch_digits.py"),
+                          "--epochs", "0"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stderr
+    assert "--epochs must be at least 1, got 0" in out.stderr, out.stderr

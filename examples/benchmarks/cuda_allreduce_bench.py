@@ -125,7 +125,8 @@ def rank_main(sizes, iters, blocks, peers):
 
 
 def main():
-    parser = argparse.ArgumentParser(description="Allreduce of CUDA tensors: Horo vs torch.distributed")
+    parser = argparse.ArgumentParser(description="Allreduce of CUDA tensors: Horo against torch.distributed "
+                                                 "(NCCL, gloo) and plain copies, in one job.")
     parser.add_argument("--np", type=int, default=2)
     parser.add_argument("--iters", type=int, default=10, help="calls per timed block")
     parser.add_argument("--blocks", type=int, default=5, help="timed blocks per (peer, size); the median counts")

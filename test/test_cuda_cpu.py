@@ -180,3 +180,16 @@ def test_cpu_only_capabilities_and_torch_ops():
         assert torch.equal(hvd.broadcast_(t.clone(), 0), t)
     finally:
         hvd.shutdown()
+
+
+@pytest.mark.parametrize("script", ["cuda_check.py", "cuda_allreduce_bench.py"])
+def test_the_cuda_scripts_refuse_a_host_without_a_gpu(script):
+    # They started their ranks, and each failed on a modulo by zero GPUs.
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the script runs for real there")
+    path = os.path.join(os.path.dirname(HERE), "examples", "benchmarks", script)
+    out = subprocess.run([sys.executable, path, "--np", "2"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1, out.stderr
+    assert out.stderr.strip().splitlines()[-1].endswith("no CUDA GPU is visible (torch.cuda.is_available() is False)")
+    assert "ZeroDivisionError" not in out.stderr

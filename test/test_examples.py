@@ -185,8 +185,11 @@ def example_scripts():
     for folder, _, files in os.walk(os.path.join(ROOT, "examples")):
         for f in sorted(files):
             path = os.path.join(folder, f)
-            if f.endswith(".py") and 'if __name__ == "__main__":' in open(path).read():
-                found.append(path)
+            if not f.endswith(".py"):
+                continue
+            with open(path) as source:
+                if 'if __name__ == "__main__":' in source.read():
+                    found.append(path)
     return sorted(found)
 
 

@@ -632,6 +632,38 @@ def test_stall_warning_names_the_missing_rank_and_tensor(tmp_path):
         assert reports(out) == [{"what": "warmup", "value": [3.0]}, {"what": "stalled", "value": [6.0, 6.0]}]
 
 
+LOOP_STALL_WORKER = REPORT + """
+    hvd.init()
+    rank, n = hvd.rank(), hvd.size()
+    for _ in range(20):
+        hvd.allreduce(torch.ones(2), op=hvd.Sum, name="steady")
+    if rank == n - 1:
+        sys.stdin.readline()  # the last rank submits its next step only when the test says so
+    report("stalled", lambda: hvd.allreduce(torch.ones(2), op=hvd.Sum, name="steady"))
+"""
+
+
+def test_a_worker_names_the_rank_that_has_not_submitted_a_repeated_tensor(tmp_path):
+    # In a loop of one repeated collective the ranks agree among themselves, and every rank sees
+    # which ranks announced the tensor. A worker whose wait left rank 0 silent said only that rank
+    # 0 had sent nothing and might be stopped.
+    script = write_script(tmp_path, LOOP_STALL_WORKER)
+    procs = spawn_ranks(script, N, HORO_STALL_CHECK_TIME_SECONDS=1, HORO_LOG_HIDE_TIME=1)
+    seen = []
+    for line in procs[1].stderr:  # EOF ends the loop
+        seen.append(line)
+        if "has waited" in line:
+            break
+    procs[-1].stdin.write("go\n")
+    procs[-1].stdin.flush()
+    outcomes = [finish(p) for p in procs]
+    assert seen and re.search(r"\[horo WARNING rank 1\] tensor 'allreduce\.steady' has waited \d+ s for rank 2, "
+                              r"which the ranks' announcements show has not submitted it$", seen[-1]), seen
+    for rank, (code, out, err) in enumerate(outcomes):
+        assert code == 0, err
+        assert reports(out) == [{"what": "stalled", "value": [3.0, 3.0]}]
+
+
 @pytest.mark.parametrize("variable, seconds, settings", [
     ("HORO_STALL_SHUTDOWN_TIME_SECONDS", "2", {"HORO_STALL_CHECK_TIME_SECONDS": "1"}),
     # The shutdown applies below the warning time and with warnings off too: Horovod ignored it

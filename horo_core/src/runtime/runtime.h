@@ -171,6 +171,9 @@ class Runtime {
   // "rank 3" or "ranks 2, 3": those whose message the open round of peer agreement still lacks,
   // when rank 0's is in (so rank 0's silence is theirs); empty otherwise. Under progress_mutex_.
   std::string RoundHeldBy() const;
+  // The same for the members that have not announced the cached tensor name (empty when it is not
+  // announced by anyone, or not cached). Under progress_mutex_.
+  std::string NotAnnouncedBy(const std::string& name) const;
   void FailOnDataPlane(const Status& status);
   // A failure found on this rank: a worker first tells the coordinator why, which ends the job on
   // every rank with that cause; rank 0 tells the workers (Stop).

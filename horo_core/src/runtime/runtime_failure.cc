@@ -23,7 +23,8 @@ bool Runtime::WatchCoordinator() {
   std::string name;
   int64_t oldest = queue_.OldestEnqueued(&name);
   std::string waiting = "tensor '" + name + "'";
-  if (oldest == 0 && shutdown_sent_) {
+  const bool in_shutdown = oldest == 0 && shutdown_sent_;
+  if (in_shutdown) {
     // shutdown() waits for rank 0's answer as a collective waits for its response.
     oldest = shutdown_sent_ns_;
     waiting = "shutdown()";
@@ -42,12 +43,18 @@ bool Runtime::WatchCoordinator() {
   // Rank 0 sends nothing new while the ranks' round of agreement waits for another rank's
   // message (a stopped process): then that rank is the one to name, not rank 0.
   const std::string held_by = RoundHeldBy();
+  // Where the ranks agree among themselves, this rank sees every announcement, as rank 0 does.
+  const std::string not_submitted = held_by.empty() && !in_shutdown ? NotAnnouncedBy(name) : "";
   if (warning) {
     coordinator_silence_warned_ = true;
     if (!held_by.empty()) {
       HORO_LOG(kWarning, rank_) << waiting << " has waited " << static_cast<int64_t>(silent_s) << " s: the ranks' "
                                 << "round of agreement waits for the message of " << held_by << " (rank 0's is "
                                 << "in), and no step runs without it; " << held_by << " may be stopped or stuck";
+    } else if (!not_submitted.empty()) {
+      HORO_LOG(kWarning, rank_) << waiting << " has waited " << static_cast<int64_t>(silent_s) << " s for "
+                                << not_submitted << ", which the ranks' announcements show ha"
+                                << (not_submitted.rfind("rank ", 0) == 0 ? "s" : "ve") << " not submitted it";
     } else {
       HORO_LOG(kWarning, rank_) << waiting << " has waited " << static_cast<int64_t>(silent_s)
                                 << " s, and rank 0 (the coordinator) has sent this rank nothing meanwhile. Rank 0's "
@@ -73,13 +80,30 @@ bool Runtime::WatchCoordinator() {
   return true;
 }
 
+namespace {
+
+// "rank 3" or "ranks 2, 3".
+std::string RankList(const std::vector<int32_t>& ranks) {
+  std::string text = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) text += (i ? ", " : "") + std::to_string(ranks[i]);
+  return text;
+}
+
+}  // namespace
+
 std::string Runtime::RoundHeldBy() const {
   if (!agreement_) return "";
   const std::vector<int32_t> owed = agreement_->OpenRoundOwedBy();
   if (owed.empty() || owed.front() == 0) return "";  // rank 0's own message is among those missing
-  std::string text = owed.size() == 1 ? "rank " : "ranks ";
-  for (size_t i = 0; i < owed.size(); ++i) text += (i ? ", " : "") + std::to_string(owed[i]);
-  return text;
+  return RankList(owed);
+}
+
+std::string Runtime::NotAnnouncedBy(const std::string& name) const {
+  if (!agreement_) return "";
+  for (const StalledTensor& t : agreement_->Waiting()) {
+    if (t.name == name && !t.missing_ranks.empty()) return RankList(t.missing_ranks);
+  }
+  return "";
 }
 
 void Runtime::StopAfterCoordinatorLoss(const std::string& detail) {

@@ -613,17 +613,24 @@ STALL_WARNING = ("Stall: one or more tensors were submitted by some ranks and ha
 MISSING = re.compile(r"(rank 1: \[allreduce\.stall\.x\]; )?rank 2: \[allreduce\.stall\.x\]")
 
 
-def test_stall_warning_names_the_missing_rank_and_tensor(tmp_path):
-    script = write_script(tmp_path, STALL_WORKER)
+def stalled_job(tmp_path, worker, watched, marker):
+    """Runs worker on N ranks with a 1 s stall time; once rank watched has logged a line with marker
+    (EOF ends the wait), lets the last rank go on. Returns the lines watched logged up to it, and
+    every rank's finish()."""
+    script = write_script(tmp_path, worker)
     procs = spawn_ranks(script, N, HORO_STALL_CHECK_TIME_SECONDS=1, HORO_LOG_HIDE_TIME=1)
     seen = []
-    for line in procs[0].stderr:  # the coordinator logs the warning; EOF ends the loop
+    for line in procs[watched].stderr:
         seen.append(line)
-        if "Stall" in line:
+        if marker in line:
             break
     procs[-1].stdin.write("go\n")
     procs[-1].stdin.flush()
-    outcomes = [finish(p) for p in procs]
+    return seen, [finish(p) for p in procs]
+
+
+def test_stall_warning_names_the_missing_rank_and_tensor(tmp_path):
+    seen, outcomes = stalled_job(tmp_path, STALL_WORKER, 0, "Stall")  # the coordinator logs the warning
     assert seen and STALL_WARNING in seen[-1], "".join(seen)
     assert MISSING.fullmatch(seen[-1].rstrip("\n").split(STALL_WARNING, 1)[1]), seen[-1]
     assert "[horo WARNING rank 0]" in seen[-1]
@@ -647,16 +654,7 @@ def test_a_worker_names_the_rank_that_has_not_submitted_a_repeated_tensor(tmp_pa
     # In a loop of one repeated collective the ranks agree among themselves, and every rank sees
     # which ranks announced the tensor. A worker whose wait left rank 0 silent said only that rank
     # 0 had sent nothing and might be stopped.
-    script = write_script(tmp_path, LOOP_STALL_WORKER)
-    procs = spawn_ranks(script, N, HORO_STALL_CHECK_TIME_SECONDS=1, HORO_LOG_HIDE_TIME=1)
-    seen = []
-    for line in procs[1].stderr:  # EOF ends the loop
-        seen.append(line)
-        if "has waited" in line:
-            break
-    procs[-1].stdin.write("go\n")
-    procs[-1].stdin.flush()
-    outcomes = [finish(p) for p in procs]
+    seen, outcomes = stalled_job(tmp_path, LOOP_STALL_WORKER, 1, "has waited")
     assert seen and re.search(r"\[horo WARNING rank 1\] tensor 'allreduce\.steady' has waited \d+ s for rank 2, "
                               r"which the ranks' announcements show has not submitted it$", seen[-1]), seen
     for rank, (code, out, err) in enumerate(outcomes):

@@ -211,8 +211,11 @@ def relaunch(args):
 
 
 # ---------------------------------------------------------------------------------------------------
-# The peers: each is (setup, allreduce in place, broadcast from rank 0 in place, allgather of part
-# into the n parts of out) over torch tensors
+# The peers. Each method prepares one collective over torch tensors and returns a call of no
+# arguments that runs it once: allreduce in place, broadcast from rank 0 in place, allgather of part
+# into the n parts of out, alltoall of tensor into out, reducescatter of tensor into out (a 1/n
+# part). What a careful user does once per tensor (a name, a buffer description) is done in the
+# method, outside the timed call; the call is each library's plainest public entry point.
 # ---------------------------------------------------------------------------------------------------
 
 class HoroPeer:
@@ -222,19 +225,24 @@ class HoroPeer:
         self.hvd = hvd
 
     def allreduce(self, tensor):
-        self.hvd.allreduce_(tensor, op=self.hvd.Sum, name=f"bench.{tensor.numel()}")
+        run, op, name = self.hvd.allreduce_, self.hvd.Sum, f"bench.{tensor.numel()}"
+        return lambda: run(tensor, op=op, name=name)
 
     def broadcast(self, tensor):
-        self.hvd.broadcast_(tensor, root_rank=0, name=f"bench.bcast.{tensor.numel()}")
+        run, name = self.hvd.broadcast_, f"bench.bcast.{tensor.numel()}"
+        return lambda: run(tensor, root_rank=0, name=name)
 
     def allgather(self, part, out):
-        return self.hvd.allgather(part, name=f"bench.gather.{part.numel()}")
+        run, name = self.hvd.allgather, f"bench.gather.{part.numel()}"
+        return lambda: run(part, name=name)
 
     def alltoall(self, tensor, out):
-        return self.hvd.alltoall(tensor, name=f"bench.alltoall.{tensor.numel()}")
+        run, name = self.hvd.alltoall, f"bench.alltoall.{tensor.numel()}"
+        return lambda: run(tensor, name=name)
 
     def reducescatter(self, tensor, out):
-        return self.hvd.reducescatter(tensor, op=self.hvd.Sum, name=f"bench.reducescatter.{tensor.numel()}")
+        run, op, name = self.hvd.reducescatter, self.hvd.Sum, f"bench.reducescatter.{tensor.numel()}"
+        return lambda: run(tensor, op=op, name=name)
 
     def barrier(self):
         self.hvd.barrier()
@@ -256,22 +264,36 @@ class GlooPeer:
                                 rank=hvd.rank(), world_size=hvd.size())
 
     def allreduce(self, tensor):
-        self.dist.all_reduce(tensor)
+        run = self.dist.all_reduce
+        return lambda: run(tensor)
 
     def broadcast(self, tensor):
-        self.dist.broadcast(tensor, src=0)
+        run = self.dist.broadcast
+        return lambda: run(tensor, src=0)
 
     def allgather(self, part, out):
-        self.dist.all_gather(list(out.chunk(self.dist.get_world_size())), part)
-        return out
+        run, parts = self.dist.all_gather, list(out.chunk(self.dist.get_world_size()))
+
+        def call():
+            run(parts, part)
+            return out
+        return call
 
     def alltoall(self, tensor, out):
-        self.dist.all_to_all_single(out, tensor)
-        return out
+        run = self.dist.all_to_all_single
+
+        def call():
+            run(out, tensor)
+            return out
+        return call
 
     def reducescatter(self, tensor, out):
-        self.dist.reduce_scatter_tensor(out, tensor)
-        return out
+        run = self.dist.reduce_scatter_tensor
+
+        def call():
+            run(out, tensor)
+            return out
+        return call
 
     def barrier(self):
         self.dist.barrier()
@@ -287,15 +309,15 @@ class MemoryFloor:
         self.hvd = hvd
 
     def allreduce(self, tensor):
-        tensor.neg_()
+        return tensor.neg_
 
     broadcast = allreduce
 
     def allgather(self, part, out):
-        return out.neg_()
+        return out.neg_
 
     def alltoall(self, tensor, out):
-        return tensor.neg_()
+        return tensor.neg_
 
     reducescatter = alltoall
 
@@ -304,6 +326,9 @@ class MemoryFloor:
 
 
 class MpiPeer:
+    """mpi4py's buffer interface on NumPy views of the tensors, made once per tensor (a view made
+    per call, with an explicit [buffer, MPI.FLOAT] description, doubled MPI's time for 4 bytes on
+    4 ranks sharing 2 cores: docs/benchmarks.md, "A fair MPI")."""
     name = "mpi"
 
     def __init__(self):
@@ -311,23 +336,36 @@ class MpiPeer:
         self.MPI, self.comm = MPI, MPI.COMM_WORLD
 
     def allreduce(self, tensor):
-        self.comm.Allreduce(self.MPI.IN_PLACE, [tensor.numpy(), self.MPI.FLOAT], op=self.MPI.SUM)
+        run, in_place, buf, op = self.comm.Allreduce, self.MPI.IN_PLACE, tensor.numpy(), self.MPI.SUM
+        return lambda: run(in_place, buf, op=op)
 
     def broadcast(self, tensor):
-        self.comm.Bcast([tensor.numpy(), self.MPI.FLOAT], root=0)
+        run, buf = self.comm.Bcast, tensor.numpy()
+        return lambda: run(buf, root=0)
 
     def allgather(self, part, out):
-        self.comm.Allgather([part.numpy(), self.MPI.FLOAT], [out.numpy(), self.MPI.FLOAT])
-        return out
+        run, send, recv = self.comm.Allgather, part.numpy(), out.numpy()
+
+        def call():
+            run(send, recv)
+            return out
+        return call
 
     def alltoall(self, tensor, out):
-        self.comm.Alltoall([tensor.numpy(), self.MPI.FLOAT], [out.numpy(), self.MPI.FLOAT])
-        return out
+        run, send, recv = self.comm.Alltoall, tensor.numpy(), out.numpy()
+
+        def call():
+            run(send, recv)
+            return out
+        return call
 
     def reducescatter(self, tensor, out):
-        self.comm.Reduce_scatter_block([tensor.numpy(), self.MPI.FLOAT], [out.numpy(), self.MPI.FLOAT],
-                                       op=self.MPI.SUM)
-        return out
+        run, send, recv, op = self.comm.Reduce_scatter_block, tensor.numpy(), out.numpy(), self.MPI.SUM
+
+        def call():
+            run(send, recv, op=op)
+            return out
+        return call
 
     def barrier(self):
         self.comm.Barrier()
@@ -347,44 +385,44 @@ def iterations(args, nbytes):
 
 
 def operation(peer, collective, tensor, size):
-    """A call of no arguments that runs one collective of tensor's bytes (the gathered result for
-    allgather, whose part is the first 1/size of tensor and whose output is all of it; the input of
-    alltoall and reducescatter, whose outputs are a tensor of that size and a 1/size part)."""
+    """The peer's prepared call of no arguments that runs one collective of tensor's bytes (the
+    gathered result for allgather, whose part is the first 1/size of tensor and whose output is all
+    of it; the input of alltoall and reducescatter, whose outputs are a tensor of that size and a
+    1/size part). The call returns the result of allgather, alltoall and reducescatter."""
     if collective == "allreduce":
-        return lambda: peer.allreduce(tensor)
+        return peer.allreduce(tensor)
     if collective == "broadcast":
-        return lambda: peer.broadcast(tensor)
+        return peer.broadcast(tensor)
     part = tensor[:tensor.numel() // size].clone()
     if collective == "allgather":
-        return lambda: peer.allgather(part, tensor)
+        return peer.allgather(part, tensor)
     if collective == "alltoall":
-        out = tensor.clone()
-        return lambda: peer.alltoall(tensor, out)
-    return lambda: peer.reducescatter(tensor, part)
+        return peer.alltoall(tensor, tensor.clone())
+    return peer.reducescatter(tensor, part)
 
 
 def check(torch, peer, collective, tensor, rank, size):
     """Runs the collective once on values derived from the rank and compares the exact result."""
     if collective == "allreduce":
         tensor.fill_(rank + 1)
-        peer.allreduce(tensor)
+        peer.allreduce(tensor)()
         got, want = tensor, torch.full_like(tensor, size * (size + 1) / 2)
     elif collective == "broadcast":
         tensor.fill_(rank + 1)
-        peer.broadcast(tensor)
+        peer.broadcast(tensor)()
         got, want = tensor, torch.ones_like(tensor)
     elif collective == "allgather":
         part = torch.full((tensor.numel() // size,), float(rank + 1))
-        got = peer.allgather(part, tensor)
+        got = peer.allgather(part, tensor)()
         want = torch.arange(1, size + 1, dtype=torch.float32).repeat_interleave(part.numel())
     elif collective == "alltoall":  # part j of rank s is s * size + j, and goes to rank j
         each = tensor.numel() // size
         tensor.copy_((rank * size + torch.arange(size, dtype=torch.float32)).repeat_interleave(each))
-        got = peer.alltoall(tensor, torch.empty_like(tensor))
+        got = peer.alltoall(tensor, torch.empty_like(tensor))()
         want = (torch.arange(size, dtype=torch.float32) * size + rank).repeat_interleave(each)
     else:
         tensor.fill_(rank + 1)
-        got = peer.reducescatter(tensor, torch.empty(tensor.numel() // size))
+        got = peer.reducescatter(tensor, torch.empty(tensor.numel() // size))()
         want = torch.full_like(got, size * (size + 1) / 2)
     if not torch.equal(got, want):
         wrong = int((got != want).nonzero()[0]) if got.shape == want.shape else 0

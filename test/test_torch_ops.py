@@ -236,6 +236,18 @@ def check_scales_and_compression(hvd, c, env):
         c.equal(f"allreduce_async_ prescale {dtype}", y, torch.full((9,), total / 2, dtype=dtype))
     c.equal("int prescale", hvd.allreduce(torch.full((3,), r + 1, dtype=torch.int64), op=hvd.Sum, prescale_factor=2.0),
             torch.full((3,), int(total) * 2, dtype=torch.int64))
+    # An integer Average with a postscale scales once by postscale / size, as Horovod does: 25 on
+    # every rank times 3 is 75 (the sum, 25n, fits int8 up to 5 ranks; times 3 it would saturate).
+    for count in (3, 70001):  # agreed with the announcements, and through the ring
+        c.equal(f"int8 Average with a postscale ({count})",
+                hvd.allreduce(torch.full((count,), 25, dtype=torch.int8), postscale_factor=3.0),
+                torch.full((count,), 75, dtype=torch.int8))
+    c.equal("int8 Average with a postscale, reducescatter",
+            hvd.reducescatter(torch.full((2 * n,), 25, dtype=torch.int8), op=hvd.Average, postscale_factor=3.0),
+            torch.full((2,), 75, dtype=torch.int8))
+    c.equal("int32 Average with a postscale, truncated", hvd.allreduce(torch.full((2,), -7, dtype=torch.int32),
+                                                                        postscale_factor=0.5),
+            torch.full((2,), -3, dtype=torch.int32))
     for comp in ("fp16", "bf16"):
         compression = getattr(hvd.Compression, comp)
         for dtype in (torch.float32, torch.float64):

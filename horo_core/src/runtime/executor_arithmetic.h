@@ -36,16 +36,15 @@ inline double PostscaleFactor(const Response& r, int members) {
   return r.reduce_op == ReduceOp::kAverage ? r.postscale_factor / members : r.postscale_factor;
 }
 
-// Applies the postscale factor, and for Average the division by the number of members (exact,
-// truncating division for integer types).
+// Applies the postscale factor, and for Average the division by the number of members. An integer
+// Average without a postscale divides exactly (truncating, and exact beyond 2^53 for int64); with
+// one it scales once by postscale / members, as Horovod does, so that the product is not saturated
+// to the type's range before the division (int8 60 * 3 / 2 is 90, not 127 / 2).
 inline void Postscale(void* buffer, int64_t count, const Response& r, int members) {
-  if (r.reduce_op != ReduceOp::kAverage) {
-    Scale(buffer, count, r.dtype, r.postscale_factor);
-  } else if (IsFloatingPoint(r.dtype)) {
-    Scale(buffer, count, r.dtype, PostscaleFactor(r, members));
-  } else {
-    Scale(buffer, count, r.dtype, r.postscale_factor);
+  if (r.reduce_op == ReduceOp::kAverage && !IsFloatingPoint(r.dtype) && r.postscale_factor == 1.0) {
     DivideBuffer(buffer, count, r.dtype, members);
+  } else {
+    Scale(buffer, count, r.dtype, PostscaleFactor(r, members));
   }
 }
 

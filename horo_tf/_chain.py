@@ -6,7 +6,13 @@ different ranks, and once every thread waits on one the others have not started,
 collectives are chained by control dependencies, each waiting on one traced before it:
 
 * In a ``tf.function`` every stateful op runs on every call, so the chain runs through the whole
-  function graph in tracing order.
+  function graph in tracing order. A ``tf.cond`` branch, a ``tf.while_loop`` body and a nested
+  ``tf.function`` are graphs of their own there, called by one op of the graph around them (``If``,
+  ``While``, ``StatefulPartitionedCall``...). Their chain starts with a wait on the chain's last
+  collective outside (a control capture: the calling op waits), and once the calling op exists the
+  next collective outside waits on it. Without that, a collective after a ``LossScaleOptimizer``'s
+  ``apply``, whose gradient reduction runs in a ``tf.cond`` branch, started before or after it on
+  different ranks.
 * A TF1 graph (``session.run``) runs only what a run's fetches need, and a wait on an earlier
   collective makes that collective run too, with everything it needs. A collective therefore waits
   only on the last one that needs the same inputs from outside the graph: the same placeholders to
@@ -35,9 +41,16 @@ import weakref
 import tensorflow as tf
 
 _lock = threading.Lock()
-_last = weakref.WeakKeyDictionary()  # graph -> {(context, chain key) -> name of the last collective}
+# graph -> {(context, chain key) -> the last collective (or op calling one): its name, or (a weak
+# reference to the enclosing function graph that holds it, its name) for one outside this graph}.
+# Names, not ops, so that the values keep no graph alive.
+_last = weakref.WeakKeyDictionary()
 _sources = weakref.WeakKeyDictionary()  # graph -> {op name -> frozenset of its sources' names}
 _call = threading.local()
+# Function graphs: graph -> names of the graphs built inside it (branches, loop bodies, nested
+# functions) that hold a collective, and how many of its ops have been looked at for their callers.
+_holding = weakref.WeakKeyDictionary()
+_looked_at = weakref.WeakKeyDictionary()
 
 # Ops a run needs from outside the graph: feeds, and reads that consume an input pipeline.
 _SOURCE_PREFIXES = ("Placeholder", "IteratorGetNext", "QueueDequeue", "ReaderRead")
@@ -54,6 +67,11 @@ def link(graph, inputs, build):
         chains = _last.setdefault(graph, {})
         if graph.building_function:
             keys = [None]
+            _follow_callers(graph, chains)
+            if (None, None) not in chains:
+                outside = _last_outside(graph)
+                if outside is not None:  # a control capture: the op that calls this graph waits on it
+                    chains[(None, None)] = outside
         else:
             keys = ([("call", token)] if token is not None else []) + \
                 [("sources", _sources_of(graph, [t.op for t in inputs]))]
@@ -70,15 +88,61 @@ def link(graph, inputs, build):
         return outs
 
 
+def _function_names(op):
+    """The names of the functions that op calls (a branch, a loop's body and condition, a callee)."""
+    names = []
+    for value in op.node_def.attr.values():
+        if value.HasField("func"):
+            names.append(value.func.name)
+        names.extend(f.name for f in value.list.func)
+    return names
+
+
+def _follow_callers(graph, chains):
+    """In a function graph: the ops built since the last look that call a graph holding a
+    collective become the chain's last, so that the next collective here waits on them."""
+    holding = _holding.get(graph)
+    if not holding:
+        return
+    ops = graph.get_operations()
+    for op in ops[_looked_at.get(graph, 0):]:
+        # A branch's or a loop body's function is named as its graph is; a nested tf.function's is
+        # its graph's name between "__inference_" and a number.
+        if any(name in holding or name.startswith("__inference_") and name[12:].rpartition("_")[0] in holding
+               for name in _function_names(op)):
+            chains[(None, None)] = op.name
+    _looked_at[graph] = len(ops)
+
+
+def _last_outside(graph):
+    """For a function graph built inside other function graphs: marks each enclosing graph as
+    holding a collective in the one inside it, and returns the innermost enclosing chain's last op
+    (a collective, or an op that calls one), or None."""
+    found = None
+    while True:
+        outer = getattr(graph, "outer_graph", None)
+        if outer is None or not outer.building_function:
+            return found
+        _holding.setdefault(outer, set()).add(graph.name)
+        if found is None:
+            outer_chains = _last.setdefault(outer, {})
+            _follow_callers(outer, outer_chains)
+            last = outer_chains.get((None, None))
+            if last is not None:
+                found = last if isinstance(last, tuple) else (weakref.ref(outer), last)
+        graph = outer
+
+
 def _previous(graph, chains, context, keys):
     """The op that a collective built in context, on the given chains, waits on, or None. An op
     inside a cond branch may wait on one outside; nothing outside may wait on one inside, and a
     while loop's body may not wait on anything outside it."""
     while True:
         for key in keys:
-            name = chains.get((context, key))
-            if name is not None:
-                return graph.get_operation_by_name(name)
+            last = chains.get((context, key))
+            if last is not None:
+                owner, name = last if isinstance(last, tuple) else (weakref.ref(graph), last)
+                return owner().get_operation_by_name(name)
         if context is None or type(context).__name__ != "CondContext":
             return None
         context = context.outer_context

@@ -1039,3 +1039,89 @@ def test_large_result_buffers_are_reused_only_once_nothing_refers_to_them():
 
     for values in horo_runner.run(_results_kept_while_more_are_made, num_proc=2, env=CHILD_ENV):
         assert values == [[2.0 * i] * 2 for i in range(4)] * 3, values
+
+
+def _collectives_in_control_flow():
+    import keras
+    import tensorflow as tf
+
+    import horo_tf as hvd
+
+    hvd.init()
+    r = hvd.rank()
+    # Keras's LossScaleOptimizer applies the gradients, and so reduces them, in a tf.cond branch: a
+    # graph of its own. The allreduce of the loss after it waited only on the optimizer's finiteness
+    # check, so the ranks could start it and the branch's reduction in either order.
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((4,))
+    model = keras.Model(inp, keras.layers.Dense(1, dtype="float32")(keras.layers.Dense(4)(inp)))
+    opt = keras.optimizers.LossScaleOptimizer(hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)), initial_scale=16.0)
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x)))
+            scaled = opt.scale_loss(loss)
+        opt.apply(tape.gradient(scaled, model.trainable_variables), model.trainable_variables)
+        return hvd.allreduce(loss, name="loss")
+
+    hvd.broadcast_variables(model.variables, 0)
+    x = tf.constant(np.random.RandomState(r).randn(4, 4).astype("float32"))
+    losses = [float(step(x)) for _ in range(200)]
+    keras.mixed_precision.set_global_policy("float32")
+
+    # The same with Horo's own collectives: in a cond branch, a while loop's body and a nested
+    # tf.function, each between collectives outside.
+    @tf.function
+    def inner(v):
+        return hvd.allreduce(v, op=hvd.Sum, name="inner")
+
+    @tf.function
+    def mixed(v):
+        a = hvd.allreduce(v, op=hvd.Sum, name="before")
+        b = tf.cond(tf.reduce_sum(v) > 0, lambda: hvd.allreduce(v * 2.0, op=hvd.Sum, name="branch"), lambda: v)
+        c = hvd.allreduce(v * 3.0, op=hvd.Sum, name="after_cond")
+        d = tf.while_loop(lambda i, s: i < 2, lambda i, s: (i + 1, s + hvd.allreduce(v, op=hvd.Sum, name="body")),
+                          (tf.constant(0), tf.zeros_like(v)))[1]
+        e = hvd.allreduce(v * 4.0, op=hvd.Sum, name="after_loop")
+        f = inner(v * 5.0)
+        g = hvd.allreduce(v * 6.0, op=hvd.Sum, name="after_call")
+        return tf.stack([a, b, c, d, e, f, g])
+
+    sums = [mixed(tf.fill([3], float(r + 1))).numpy()[:, 0].tolist() for _ in range(60)]
+    weights = [w.numpy().tolist() for w in model.trainable_variables]
+
+    # Whether the ranks meet the race above depends on timing: the graph's order is checked too.
+    # Each op that calls a graph holding a collective waits on the collective before it, and the
+    # next collective waits on that op.
+    graph = mixed.get_concrete_function(tf.fill([3], 1.0)).graph
+    ops = graph.get_operations()
+
+    def ancestors(op):
+        seen, stack = set(), list(op.control_inputs) + [t.op for t in op.inputs]
+        while stack:
+            o = stack.pop()
+            if o.name not in seen:
+                seen.add(o.name)
+                stack.extend(list(o.control_inputs) + [t.op for t in o.inputs])
+        return seen
+
+    collectives = [op for op in ops if op.type == "PyFunc"]
+    callers = [op for op in ops if op.type in ("If", "While", "StatefulPartitionedCall")]
+    order = [collectives[0], callers[0], collectives[1], callers[1], collectives[2], callers[2], collectives[3]]
+    chained = [order[i].name in ancestors(order[i + 1]) for i in range(len(order) - 1)]
+    hvd.shutdown()
+    return losses, weights, sums, [op.type for op in order], chained
+
+
+def test_collectives_in_a_tf_function_s_branches_loops_and_calls_keep_one_order():
+    env = {**CHILD_ENV, "HORO_STALL_CHECK_TIME_SECONDS": "5", "HORO_STALL_SHUTDOWN_TIME_SECONDS": "20"}
+    reports = horo_runner.run(_collectives_in_control_flow, num_proc=2, env=env)
+    (losses0, weights0, sums0, types, chained), (losses1, weights1, sums1, _, _) = reports
+    assert types == ["PyFunc", "If", "PyFunc", "While", "PyFunc", "StatefulPartitionedCall", "PyFunc"]
+    assert chained == [True] * 6, chained
+    assert losses0 == losses1 and len(losses0) == 200
+    assert weights0 == weights1
+    total = 1.0 + 2.0  # v is r + 1 on each rank
+    assert sums0 == sums1 == [[total, 2 * total, 3 * total, 2 * total, 4 * total, 5 * total, 6 * total]] * 60

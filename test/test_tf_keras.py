@@ -173,6 +173,19 @@ def check_callbacks(c, hvd, keras, tf):
                     np.mean([logs[epoch][key] for logs in everyone], axis=0))
         c.same(f"a vector metric keeps its shape, epoch {epoch}", np.shape(averaged[epoch]["spread"]), (2,))
     c.close("warmup ends at initial_lr", float(model.optimizer.learning_rate.numpy()), base_lr * n)
+    # With steps_per_execution the callback runs once per execution and sets the rate of its last
+    # batch: the ramp still ends at initial_lr, whether or not the executions divide the epoch.
+    for per_call in (2, 3):
+        model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(base_lr)), loss="mse",
+                      steps_per_execution=per_call)
+        executed = []
+        model.fit(xs, ys, batch_size=BATCH, epochs=2, shuffle=False, verbose=0,
+                  callbacks=[hvd.callbacks.LearningRateWarmupCallback(base_lr * n, warmup_epochs=2),
+                             _Recorder.make(keras, executed)])
+        c.close(f"warmup with steps_per_execution={per_call} halfway after epoch 0", executed[0]["learning_rate"],
+                base_lr * ((n - 1) / 2 + 1))
+        c.close(f"warmup with steps_per_execution={per_call} ends at initial_lr",
+                float(model.optimizer.learning_rate.numpy()), base_lr * n)
     # Ranks that log different metrics (or none) are told so, on every rank, instead of pairing
     # their values with the wrong ones or leaving the others waiting.
     average = hvd.callbacks.MetricAverageCallback()

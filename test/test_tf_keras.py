@@ -422,6 +422,23 @@ def check_resume_on_rank_0_only(c, hvd, keras, tf):
         model.fit(xs, ys, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
                   callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
         agree("resumed on rank 0 only, the optimizer named", model)
+
+        # DistributedOptimizer(LossScaleOptimizer(opt)): Keras loads the file's optimizer the other
+        # way round, whose reductions the building ranks never submit. load_model keeps the nesting.
+        def scaled(optimizer):
+            return hvd.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(optimizer, initial_scale=64.0))
+
+        if r == 0:
+            build(520, wrap=scaled).save(path)
+        hvd.allreduce(tf.zeros([1]), name="resume.saved.scaled")
+        model = hvd.load_model(path) if r == 0 else build(620 + r, wrap=scaled)
+        c.same("load_model keeps DistributedOptimizer(LossScaleOptimizer(opt))",
+               (isinstance(model.optimizer, hvd._DistributedMixin),
+                isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer),
+                isinstance(model.optimizer.inner_optimizer, hvd._DistributedMixin)), (True, True, False))
+        model.fit(xs, ys, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+                  callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+        agree("resumed on rank 0 only, the loss scaling inside", model)
     finally:
         if r == 0:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -6,6 +6,8 @@ below take NumPy arrays, numbers or tensors and, as Horovod's Keras functions do
 eagerly, return a tensor (``.numpy()`` gives the array; NumPy takes the tensor as it is).
 """
 import inspect
+import json
+import zipfile
 
 import keras
 import numpy as np
@@ -138,6 +140,17 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
         return model
     if str(filepath).endswith((".h5", ".hdf5")):
         optimizer = model.optimizer = _rebuilt_from_h5(optimizer, model, filepath, objects)
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) and _saved_distributed_loss_scaling(filepath):
+        # DistributedOptimizer(LossScaleOptimizer(opt)) was saved, which Keras loads the other way
+        # round. Its reductions are named, and its finiteness agreed, differently: a rank that
+        # restored it would wait for ever on ranks that build theirs as the file says.
+        inner = optimizer.inner_optimizer
+        config = optimizer.get_config()
+        del config["inner_optimizer"]
+        plain = _plain_class(type(optimizer))(_plain_class(type(inner)).from_config(inner.get_config()), **config)
+        model.optimizer = _with_state_of(DistributedOptimizer(plain, compression=compression, **options), optimizer,
+                                         model)
+        return model
     distributed = isinstance(optimizer, _DistributedMixin) or (
         isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
         and isinstance(optimizer.inner_optimizer, _DistributedMixin))
@@ -155,6 +168,23 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
             fresh = _distributed_copy(optimizer, objects, compression, options)
         model.optimizer = _with_state_of(fresh, optimizer, model)
     return model
+
+
+def _saved_distributed_loss_scaling(filepath):
+    """Whether the .keras file at filepath holds a LossScaleOptimizer that DistributedOptimizer
+    wrapped. Keras records the registered name of the class it saves ("LossScaleOptimizer" for
+    Horo's subclass of it, none for the built-in class)."""
+    try:
+        with zipfile.ZipFile(filepath) as archive:
+            saved = json.loads(archive.read("config.json"))["compile_config"]["optimizer"]
+        return saved.get("class_name") == "LossScaleOptimizer" and saved.get("registered_name") == "LossScaleOptimizer"
+    except (OSError, KeyError, TypeError, ValueError, zipfile.BadZipFile):  # not a .keras file, or no optimizer
+        return False
+
+
+def _plain_class(cls):
+    """The Keras optimizer class under a DistributedOptimizer's subclass (cls itself if plain)."""
+    return next(c for c in cls.__mro__ if not issubclass(c, _DistributedMixin))
 
 
 def _distributed_copy(optimizer, objects, compression, options):

@@ -223,7 +223,10 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
             # and the rate set holds for all of its batches: it is the one of its last batch, so
             # that a ramp still ends where it would batch by batch (the warmup at initial_lr).
             per_call = max(1, int(getattr(self.model, "steps_per_execution", 1) or 1))
-            last = min(batch + per_call - 1, self.steps_per_epoch - 1)
+            last = batch + per_call - 1
+            steps = (self.params or {}).get("steps")
+            if steps:  # the epoch's last execution may be shorter
+                last = min(last, steps - 1)
             self._adjust_learning_rate(self.current_epoch + float(last) / self.steps_per_epoch)
 
     def on_train_batch_end(self, batch, logs=None):

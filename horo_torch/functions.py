@@ -236,10 +236,12 @@ def _describe_root_state(optimizer):
     for param_id, entries in state_dict["state"].items():
         described = {}
         for key, value in entries.items():
-            if isinstance(value, torch.Tensor):
+            if isinstance(value, torch.Tensor) and value.layout == torch.strided:
                 described[key] = _TensorSlot(tuple(value.shape), value.dtype)
                 tensors.append(value)
             else:
+                # Sparse state (SGD's momentum for a sparse embedding) travels pickled with the rest:
+                # an in-place broadcast needs a dense buffer.
                 described[key] = value
         state[param_id] = described
     structure = {
@@ -395,11 +397,18 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
             raise ValueError(f"sparse_allreduce_async('{name}'): every rank must pass the same dense shape: "
                              + ", ".join(f"rank {r} has {s}" for r, s in zip(process_set.ranks, shapes)))
         indices = indices[~shape_rows]
-        if op == Average:
+        integer = op == Average and not values.is_floating_point() and not values.is_complex() \
+            and values.dtype != torch.bool
+        if op == Average and not integer:
             values = values / process_set.size()
         # Check that the received indices lie inside the tensor before anything indexes with them.
-        return torch.sparse_coo_tensor(indices.t(), values, tensor.shape, dtype=tensor.dtype, device=tensor.device,
-                                       check_invariants=True)
+        reduced = torch.sparse_coo_tensor(indices.t(), values, tensor.shape, dtype=tensor.dtype, device=tensor.device,
+                                          check_invariants=True)
+        if integer:  # the ranks' entries add up before the truncating division, as in a dense Average
+            reduced = reduced.coalesce()
+            reduced = torch.sparse_coo_tensor(reduced.indices(), torch.div(reduced.values(), process_set.size(),
+                                                                           rounding_mode="trunc"), tensor.shape)
+        return reduced
 
     wait.handles = (indices_handle, values_handle)  # for whoever must abandon the wait (mpi_ops.abandon)
     return wait

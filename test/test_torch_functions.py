@@ -219,6 +219,16 @@ def check_optimizer_state(hvd, rank):
         hvd.broadcast_optimizer_state(opt, root_rank=0)
         report[f"state of an optimizer {kind}"] = len(opt.state)
 
+    # SGD's momentum for a sparse embedding is a sparse tensor: it arrives as one.
+    embedding = torch.nn.Embedding(6, 2, sparse=True)
+    opt = torch.optim.SGD(embedding.parameters(), lr=0.1, momentum=0.9)
+    embedding(torch.tensor([1, 3 + rank % 3])).sum().backward()
+    opt.step()
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    buffer = opt.state[embedding.weight]["momentum_buffer"]
+    report["sparse momentum"] = (buffer.layout == torch.sparse_coo, buffer.coalesce().indices().tolist(),
+                                 buffer.to_dense().tolist())
+
     # Different parameter layouts fail on every rank, naming the odd rank.
     model = torch.nn.Linear(4, 3 if rank == 2 else 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -291,6 +301,11 @@ def check_sparse(hvd, rank):
     for op in ("Sum", "Average"):
         reduced = hvd.sparse_allreduce_async(sparse, f"sparse.{op}", getattr(hvd, op))()
         report[op] = (reduced.layout == torch.sparse_coo, reduced.to_dense().tolist())
+    # Integers: the ranks' entries add up before the truncating division, as in a dense Average:
+    # 3, 4 and 5 at one index average to 4, where dividing each first gave 1 + 1 + 1.
+    integers = torch.sparse_coo_tensor([[1]], torch.tensor([3 + rank]), (4,))
+    reduced = hvd.sparse_allreduce_async(integers, "sparse.int", hvd.Average)()
+    report["integer Average"] = (reduced.dtype, reduced.to_dense().tolist())
     report["Max"] = capture(lambda: hvd.sparse_allreduce_async(sparse, "sparse.max", hvd.Max))
     report["dense input"] = capture(lambda: hvd.sparse_allreduce_async(dense, "sparse.dense", hvd.Sum))
     # Dense shapes that differ between ranks (an embedding of another size on rank 2): every rank
@@ -378,6 +393,9 @@ def test_broadcast_optimizer_state(reports):
         assert o["plateau"] == (True, True, 0.05), f"rank {rank}"
         assert o["step lr"] == (0.05, 4), f"rank {rank}"
         assert o["through the wrapped optimizer"] == (True, 4), f"rank {rank}"
+        # Root's rows 1 and 3, each the gradient of a sum: ones.
+        assert o["sparse momentum"] == (True, [[1, 3]], [[0.0, 0.0], [1.0, 1.0], [0.0, 0.0], [1.0, 1.0], [0.0, 0.0],
+                                                         [0.0, 0.0]]), f"rank {rank}: {o['sparse momentum']}"
         assert (o["state of an optimizer forwarding"], o["state of an optimizer loading in place"]) == (4, 4), \
             f"rank {rank}"
         kind, message = o["layout mismatch"]
@@ -462,6 +480,7 @@ def test_sparse_allreduce(reports):
         s = report["sparse"]
         assert s["Sum"] == (True, rows)
         assert s["Average"] == (True, (torch.tensor(rows) / 3).tolist())
+        assert s["integer Average"] == (torch.int64, [0, 4, 0, 0]), s["integer Average"]  # (3 + 4 + 5) / 3
         assert s["Max"][0] == "ValueError" and "only be reduced with Average or Sum" in s["Max"][1]
         assert s["dense input"][0] == "ValueError" and "want a sparse COO tensor" in s["dense input"][1]
         assert s["shapes differ"] == (

@@ -260,10 +260,10 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None):
     does not change the training trajectory: a freshly created optimizer stays fresh (Adam's step
     counter stays at zero), and only the hyper-parameters (lr, betas, ...) travel. When the root
     has state, its structure and every non-tensor value (Python step counters, None entries, ...)
-    travel through broadcast_object (cloudpickle), and every state tensor through an in-place
-    broadcast; the non-root ranks then install the result with ``optimizer.load_state_dict``, keeping
-    their own param_groups list and dicts and state dict (root's values are written into them), as
-    Horovod does.
+    travel through broadcast_object (cloudpickle), sparse state tensors with them, and every dense
+    state tensor through an in-place broadcast; the non-root ranks then install the result with
+    ``optimizer.load_state_dict``, keeping their own param_groups list and dicts and state dict
+    (root's values are written into them), as Horovod does.
 
     Args:
         optimizer: a torch optimizer, or one returned by DistributedOptimizer, with the same
@@ -357,7 +357,8 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     """Starts reducing a sparse COO tensor across ranks by allgathering its indices and values.
 
     The result holds every rank's entries side by side (entries at the same index add up when the
-    tensor is used or coalesced); for Average the values are divided by the set size.
+    tensor is used or coalesced); for Average the values are divided by the set size (integer values
+    after they add up, with truncation, as in a dense Average; the result is then coalesced).
 
     Args:
         tensor: a sparse COO tensor of the same dense shape on every rank.

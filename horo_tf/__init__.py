@@ -22,6 +22,7 @@ from horo_core.errors import (HoroError, HoroInternalError, HoroInvalidArgument,
 from horo_core.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from horo_tf.compression import Compression
 from horo_tf.functions import allgather_object, broadcast_object, broadcast_object_fn, broadcast_variables
+from horo_tf.gradient_aggregation import LocalGradientAggregationHelper, LocalGradientAggregationHelperEager
 from horo_tf.gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
 from horo_tf.legacy_optimizer import BroadcastGlobalVariablesHook
 from horo_tf.mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allreduce, alltoall, broadcast,

@@ -170,13 +170,21 @@ def reduce_gradients_keeping_local(grads: Sequence, options: ReductionOptions, v
     Returns:
         A list of gradients in grads' order.
     """
+    return keep_local_gradients(grads, variables, local_ids, scale_local_gradients, options.process_set,
+                                lambda shared, their_variables: reduce_gradients(shared, options, their_variables))
+
+
+def keep_local_gradients(grads: Sequence, variables: Sequence, local_ids, scale_local_gradients: bool,
+                         process_set: ProcessSet, reduce) -> list:
+    """reduce_gradients_keeping_local with the reduction given: ``reduce(grads, variables)`` gets
+    the gradients of the variables that are not local and returns them reduced, in their order."""
     grads, variables = list(grads), list(variables)
     is_local = [id(v) in local_ids for v in variables]
     shared = [i for i, local in enumerate(is_local) if not local]
     out = list(grads)
-    for i, g in zip(shared, reduce_gradients([grads[i] for i in shared], options, [variables[i] for i in shared])):
+    for i, g in zip(shared, reduce([grads[i] for i in shared], [variables[i] for i in shared])):
         out[i] = g
-    ps = options.process_set
+    ps = process_set
     if scale_local_gradients and any(is_local) and ps.included() and ps.size() > 1:
         for i, local in enumerate(is_local):
             if local and out[i] is not None:

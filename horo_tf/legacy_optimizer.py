@@ -19,58 +19,13 @@ runs) initializes it, and checkpoints neither hold nor need it.
 """
 import dataclasses
 import hashlib
-import weakref
 
 import tensorflow as tf
 
 from horo_core.errors import HoroInvalidArgument
 from horo_tf import _chain, mpi_ops
-from horo_tf.gradient_reduction import reduce_gradients_keeping_local
-
-
-def _state_graph():
-    """The graph that state variables are made in: the TF1 graph, or None when they are made eagerly
-    (also while a tf.function traces, which may trace again: the state must outlive the trace)."""
-    with tf.init_scope():
-        return None if tf.executing_eagerly() else weakref.ref(tf.compat.v1.get_default_graph())
-
-
-def _local_variable(initial_value, name, use_resource=True):
-    """A variable of the optimizer's own state: untrainable and local (initialized by
-    ``local_variables_initializer()``, which MonitoredTrainingSession runs; neither saved in
-    checkpoints nor broadcast), as Horovod keeps its aggregation state. A resource variable unless
-    told otherwise: a TF1 reference variable's read shares its buffer, which a later assignment
-    (clearing the sums) would change under the reader."""
-    return tf.compat.v1.Variable(initial_value, trainable=False, name=name, use_resource=use_resource,
-                                 collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
-
-
-class _State:
-    """What an optimizer keeps for one set of variables, in one graph (or made eagerly)."""
-
-    def __init__(self, variables):
-        self.graph = _state_graph()
-        self.variables = {id(v) for v in variables}
-
-
-def _find_state(states, variables, exact=True):
-    """The last of states made in the current graph (or eagerly) for exactly variables, or (not
-    exact) for variables among others: apply_gradients may get the pairs without their Nones."""
-    graph = _state_graph()
-    ids = {id(v) for v in variables}
-    return next((a for a in reversed(states)
-                 if a.graph == graph and (ids == a.variables if exact else ids <= a.variables)), None)
-
-
-class _Aggregation(_State):
-    """The local gradient sums and the pass count of one set of variables."""
-
-    def __init__(self, grads, variables, name):
-        super().__init__(variables)
-        with tf.init_scope():
-            self.count = _local_variable(tf.constant(0, tf.int64), f"{name}_passes")
-            self.sums = [None if g is None else _local_variable(tf.zeros(v.shape, g.dtype), f"{name}_sum_{i}")
-                         for i, (g, v) in enumerate(zip(grads, variables))]
+from horo_tf.gradient_aggregation import LocalGradientAggregationHelper, State, control_inputs, find_state, local_variable
+from horo_tf.gradient_reduction import reduce_gradients, reduce_gradients_keeping_local
 
 
 class _WrappingOptimizer(tf.compat.v1.train.Optimizer):
@@ -100,11 +55,14 @@ class _DistributedOptimizer(_WrappingOptimizer):
     def __init__(self, optimizer, name, use_locking, options, backward_passes_per_step,
                  average_aggregated_gradients, scale_local_gradients):
         super().__init__(optimizer, name, use_locking, options)
-        self._passes_per_step = backward_passes_per_step
-        self._average_aggregated = average_aggregated_gradients
         self._scale_local_gradients = scale_local_gradients
         self._local_vars = {}
-        self._aggregations = []
+        self._aggregation = None
+        if backward_passes_per_step > 1:
+            self._aggregation = LocalGradientAggregationHelper(
+                backward_passes_per_step, self._reduce, options.sparse_as_dense, average_aggregated_gradients,
+                rank=None, optimizer_type=LocalGradientAggregationHelper._OPTIMIZER_TYPE_LEGACY,
+                process_set=options.process_set, scale_local_gradients=scale_local_gradients, name=self.get_name())
 
     def register_local_var(self, var):
         """Marks a variable whose gradient stays this rank's own: not reduced, and divided by the
@@ -114,6 +72,11 @@ class _DistributedOptimizer(_WrappingOptimizer):
             var: a variable this optimizer updates.
         """
         self._local_vars[id(var)] = var
+        if self._aggregation is not None:
+            self._aggregation.register_local_var(var)
+
+    def _reduce(self, grads, variables):
+        return reduce_gradients(grads, _named(self._options, variables), variables)
 
     def compute_gradients(self, *args, **kwargs):
         """The wrapped optimizer's compute_gradients, reduced across the ranks (with
@@ -130,58 +93,12 @@ class _DistributedOptimizer(_WrappingOptimizer):
         pairs = self._optimizer.compute_gradients(*args, **kwargs)
         grads = [g for g, _ in pairs]
         variables = [v for _, v in pairs]
+        if self._aggregation is not None:
+            return list(zip(self._aggregation.compute_gradients(grads, variables), variables))
         with _chain.traced_together():
-            if self._passes_per_step == 1:
-                reduced = self._reduce(grads, variables)
-            else:
-                reduced = self._aggregate(grads, variables)
+            reduced = reduce_gradients_keeping_local(grads, _named(self._options, variables), variables,
+                                                     self._local_vars, self._scale_local_gradients)
         return list(zip(reduced, variables))
-
-    def _reduce(self, grads, variables):
-        return reduce_gradients_keeping_local(grads, _named(self._options, variables), variables, self._local_vars,
-                                              self._scale_local_gradients)
-
-    def _aggregate(self, grads, variables):
-        if self._options.sparse_as_dense:
-            grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
-        if any(isinstance(g, tf.IndexedSlices) for g in grads):
-            raise HoroInvalidArgument("IndexedSlices are not supported when `backward_passes_per_step` > 1 and "
-                                      "`sparse_as_dense` is False.")
-        present = [i for i, g in enumerate(grads) if g is not None]
-        if not present:
-            return grads
-        state = _find_state(self._aggregations, variables)
-        if state is None:
-            state = _Aggregation(grads, variables, self.get_name())
-            self._aggregations.append(state)
-        added = [total.assign_add(g) for total, g in zip(state.sums, grads) if g is not None]
-        # (Made outside the control dependencies: TF1 adds those only to new ops without new inputs.)
-        one, zero = tf.constant(1, tf.int64), tf.constant(0, tf.int64)
-        with tf.control_dependencies(added):
-            passes = state.count.assign_add(one)
-        steps = self._passes_per_step
-
-        def communicate():
-            summed = [None if total is None else total.read_value() for total in state.sums]
-            if self._average_aggregated:
-                summed = [None if s is None else s / tf.cast(steps, s.dtype) for s in summed]
-            reduced = self._reduce(summed, variables)
-            done = [r for r in reduced if r is not None]
-            with tf.control_dependencies(done):
-                cleared = [total.assign(tf.zeros_like(total)) for total in state.sums if total is not None]
-                cleared.append(state.count.assign(zero))
-            with tf.control_dependencies(cleared):
-                return [None if r is None else tf.identity(r) for r in reduced]
-
-        def keep():
-            return [None if total is None else total.read_value() for total in state.sums]
-
-        chosen = tf.cond(tf.equal(passes, steps), lambda: _at(communicate(), present),
-                         lambda: _at(keep(), present))
-        out = [None] * len(grads)
-        for i, g in zip(present, chosen if isinstance(chosen, (list, tuple)) else [chosen]):
-            out[i] = g
-        return out
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
         """The wrapped optimizer's apply_gradients; with backward_passes_per_step=N only on the passes
@@ -193,38 +110,22 @@ class _DistributedOptimizer(_WrappingOptimizer):
             The operation that applies the gradients.
         """
         grads_and_vars = list(grads_and_vars)
-        if self._passes_per_step == 1:
+        if self._aggregation is None:
             return self._optimizer.apply_gradients(grads_and_vars, global_step=global_step, name=name)
-        state = _find_state(self._aggregations, [v for _, v in grads_and_vars], exact=False)
-        if state is None:
-            raise HoroInvalidArgument("with backward_passes_per_step > 1, apply_gradients takes the gradients that "
-                                      "this optimizer's compute_gradients returned, for the same variables")
-        grads = [g for g, _ in grads_and_vars if g is not None]
+        return self._aggregation.apply_gradients(
+            lambda: self._optimizer.apply_gradients(grads_and_vars, global_step=global_step, name=name),
+            self._optimizer, grads_and_vars, global_step=global_step)
 
-        def apply():
-            with tf.control_dependencies(_as_ops(self._optimizer.apply_gradients(grads_and_vars,
-                                                                                  global_step=global_step,
-                                                                                  name=name))):
-                return tf.constant(True)
-
-        def skip():
-            with tf.control_dependencies(_as_ops(global_step.assign_add(1) if global_step is not None else None)):
-                return tf.constant(False)
-
-        with tf.control_dependencies(grads):
-            applied = tf.cond(tf.equal(state.count.read_value(), 0), apply, skip)
-        return None if tf.executing_eagerly() else tf.group(applied)
-
-class _DeltaState(_State):
+class _DeltaState(State):
     """Adasum's start points (where the variables were at the last combination) and pass count."""
 
     def __init__(self, variables, name):
         super().__init__(variables)
         with tf.init_scope():
-            self.count = _local_variable(tf.constant(0, tf.int64), f"{name}_passes")
+            self.count = local_variable(tf.constant(0, tf.int64), f"{name}_passes")
             # Each start is of its variable's kind: a resource variable assigned a TF1 reference
             # variable's value keeps that variable's buffer (and so moves with it) instead of a copy.
-            self.starts = [_local_variable(tf.zeros(v.shape, v.dtype.base_dtype), f"{name}_start_{i}",
+            self.starts = [local_variable(tf.zeros(v.shape, v.dtype.base_dtype), f"{name}_start_{i}",
                                            use_resource=hasattr(v, "handle")) for i, v in enumerate(variables)]
 
 
@@ -260,7 +161,7 @@ class _DistributedAdasumOptimizer(_WrappingOptimizer):
         if not process_set.included() or process_set.size() == 1:
             return self._optimizer.apply_gradients(grads_and_vars, global_step=global_step, name=name)
         variables = [v for g, v in grads_and_vars if g is not None]
-        state = _find_state(self._states, variables)
+        state = find_state(self._states, variables)
         if state is None:
             state = _DeltaState(variables, self.get_name())
             self._states.append(state)
@@ -277,7 +178,7 @@ class _DistributedAdasumOptimizer(_WrappingOptimizer):
         update = self._optimizer.apply_gradients(gated, global_step=global_step, name=name)
 
         def combine():
-            with tf.control_dependencies(_as_ops(update)), _chain.traced_together():
+            with tf.control_dependencies(control_inputs(update)), _chain.traced_together():
                 moves = [_read(v) - s.read_value() for v, s in zip(variables, state.starts)]
                 options = _named(self._options, variables)
                 combined = mpi_ops.grouped_allreduce(moves, op=mpi_ops.Adasum, compression=options.compression,
@@ -290,7 +191,7 @@ class _DistributedAdasumOptimizer(_WrappingOptimizer):
             with tf.control_dependencies(assigned):
                 return tf.constant(True)
 
-        with tf.control_dependencies(_as_ops(update)):
+        with tf.control_dependencies(control_inputs(update)):
             combining = tf.equal(state.count.read_value() % self._passes_per_step, self._passes_per_step - 1)
         combined = tf.cond(combining, combine, lambda: tf.constant(False))
         one = tf.constant(1, tf.int64)
@@ -311,15 +212,6 @@ def _read(variable):
     """variable's value, read where this is called: a TF1 reference variable converted to a tensor
     is a snapshot that control dependencies do not order."""
     return variable.read_value() if hasattr(variable, "read_value") else tf.convert_to_tensor(variable)
-
-
-def _at(values, positions):
-    return [values[i] for i in positions]
-
-
-def _as_ops(result):
-    """Control inputs for what an apply returned (an op or a tensor in a graph, None eagerly)."""
-    return [] if result is None or tf.executing_eagerly() else [result]
 
 
 def _named(options, variables):

@@ -319,9 +319,37 @@ def check_broadcast_global_variables(c, hvd, tf, env):
                 c.same("rank_op run on rank 0 alone", int(session.run(rank_op)), 0)
 
 
+def check_aggregation_helper(c, hvd, tf, env):
+    """Horovod's LocalGradientAggregationHelper used directly in a TF1 graph, around a TF1 optimizer:
+    the sum of 2 passes, summed over the ranks by the user's allreduce_func, applied every second
+    pass; the global_step given as a keyword counts every pass."""
+    v1 = tf.compat.v1
+    r, n = hvd.rank(), hvd.size()
+    with tf.Graph().as_default():
+        x = v1.placeholder(tf.float32, [])
+        w = v1.get_variable("w", initializer=tf.constant(10.0))
+        global_step = v1.train.get_or_create_global_step()
+        helper = hvd.LocalGradientAggregationHelper(
+            2, lambda grads, variables: [hvd.allreduce(g, op=hvd.Sum) for g in grads], False, False, r,
+            hvd.LocalGradientAggregationHelper._OPTIMIZER_TYPE_LEGACY, name="helper")
+        opt = v1.train.GradientDescentOptimizer(1.0)
+        pairs = list(zip(helper.compute_gradients([tf.gradients(w * x, w)[0]], [w]), [w]))
+        train = helper.apply_gradients(lambda: opt.apply_gradients(pairs, global_step=global_step), opt, pairs,
+                                       global_step=global_step)
+        with v1.Session() as session:
+            session.run([v1.global_variables_initializer(), v1.local_variables_initializer()])
+            seen = []
+            for k in (1.0, 2.0, 1.0):
+                session.run(train, {x: k * (r + 1)})
+                seen.append(session.run([w, global_step]))
+    moved = 10.0 - 3.0 * n * (n + 1) / 2.0  # both passes of every rank, summed
+    c.close("w after each pass", [s[0] for s in seen], [10.0, moved, moved])
+    c.same("global_step after each pass", [int(s[1]) for s in seen], [1, 2, 3])
+
+
 GROUPS = [check_hook_and_optimizer, check_groups_and_hook, check_backward_passes, check_adasum, check_local_variable,
           check_own_process_set, check_control_flow, check_collectives_fetched_together, check_object_helpers,
-          check_broadcast_global_variables]
+          check_broadcast_global_variables, check_aggregation_helper]
 
 
 def run_tf1_checks(mode):

@@ -765,10 +765,57 @@ def check_tf1_optimizer_eagerly(c, hvd, tf, env):
             c.close(f"TF1 optimizer in a tf.function {kwargs}, call {i + 1}", w.numpy(), values)
 
 
+def check_aggregation_helper(c, hvd, tf, env):
+    """Horovod's LocalGradientAggregationHelper (and its Eager form) used directly, with a user's
+    allreduce_func and a Keras optimizer, eagerly and in a tf.function: with 2 passes and
+    average_aggregated_gradients, nothing moves after the first pass, then the mean of the two
+    passes' sums, averaged over the ranks, is applied; the optimizer's iterations count both passes; a
+    local variable keeps its own mean, divided by the size; a None gradient stays None and unused."""
+    import keras
+    n, r = hvd.size(), hvd.rank()
+    sent = []
+
+    def allreduce_func(grads, variables):
+        sent.append([id(v) for v in variables])
+        return [hvd.allreduce(g, op=hvd.Average, name=f"aggregated.{i}") for i, g in enumerate(grads)]
+
+    helpers = {"eager helper": lambda: hvd.LocalGradientAggregationHelperEager(2, allreduce_func, False, True),
+               "graph helper": lambda: hvd.LocalGradientAggregationHelper(
+                   2, allreduce_func, False, True, r, hvd.LocalGradientAggregationHelper._OPTIMIZER_TYPE_KERAS)}
+    for kind, make in helpers.items():
+        for traced in (False, True):
+            w, b, unused = tf.Variable([1.0, 1.0]), tf.Variable(1.0), tf.Variable(3.0)
+            helper = make()
+            helper.register_local_var(b)
+            opt = keras.optimizers.SGD(0.5)
+            opt.build([w, b])
+
+            def step(k):
+                grads = helper.compute_gradients([tf.fill([2], k * (r + 1)), k * (r + 1), None], [w, b, unused])
+                pairs = [(g, v) for g, v in zip(grads, [w, b, unused]) if g is not None]
+                helper.apply_gradients(lambda: opt.apply_gradients(pairs), opt, pairs)
+
+            run = tf.function(step) if traced else step
+            what = f"{kind}{' in a tf.function' if traced else ''}"
+            del sent[:]
+            run(tf.constant(1.0))
+            c.close(f"{what}: nothing applied after one pass", [*w.numpy(), b.numpy()], [1.0, 1.0, 1.0])
+            run(tf.constant(2.0))
+            mean = 1.5 * (r + 1)  # this rank's two passes, 1 and 2 times (r + 1), averaged
+            c.close(f"{what}: w after two passes", w.numpy(), np.full(2, 1.0 - 0.5 * 1.5 * (n + 1) / 2.0))
+            c.close(f"{what}: the local b", b.numpy(), 1.0 - 0.5 * mean / n)
+            c.close(f"{what}: the unused variable", unused.numpy(), 3.0)
+            c.same(f"{what}: iterations", int(opt.iterations.numpy()), 2)
+            if not traced:
+                c.same(f"{what}: what allreduce_func got", sent, [[id(w)]])
+    c.raises("the helper refuses 0 passes", [ValueError], "backward_passes_per_step must be at least 1",
+             lambda: hvd.LocalGradientAggregationHelperEager(0, allreduce_func, False, True))
+
+
 GROUPS = [check_topology, check_allreduce, check_indexed_slices, check_allgather_broadcast,
           check_alltoall_reducescatter, check_repeated_sized_calls, check_gradients, check_tape, check_errors,
           check_join, check_join_uneven_steps, check_sync_batch_norm, check_process_sets, check_torch_beside,
-          check_tf1_optimizer_eagerly]
+          check_tf1_optimizer_eagerly, check_aggregation_helper]
 
 
 def run_all_checks():

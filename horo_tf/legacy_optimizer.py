@@ -24,7 +24,8 @@ import tensorflow as tf
 
 from horo_core.errors import HoroInvalidArgument
 from horo_tf import _chain, mpi_ops
-from horo_tf.gradient_aggregation import LocalGradientAggregationHelper, State, control_inputs, find_state, local_variable
+from horo_tf.gradient_aggregation import (LocalGradientAggregationHelper, State, control_inputs, find_state,
+                                          local_variable)
 from horo_tf.gradient_reduction import reduce_gradients, reduce_gradients_keeping_local
 
 

@@ -16,6 +16,7 @@ from horo_torch import device
 from horo_torch._calls import (_caller, _copy_back, _dtype_code, _enqueue, _host_output, _is_host_contiguous,
                                _is_host_dense, _last_description, _now, _op_name, _records_graph,
                                _refuse_unless_dense, _remember, _run_host, _run_host_described)
+from horo_torch._compile import eager_under_compile
 from horo_torch._handles import _register, synchronize
 from horo_torch.compression import Compression
 
@@ -95,6 +96,7 @@ def _allreduce_on_device(tensors, output_tensors, name, op, prescale_factor, pos
                     prescale_factor=prescale_factor, postscale_factor=postscale_factor)
 
 
+@eager_under_compile
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                     process_set=global_process_set):
     """Starts an allreduce of tensor into a new tensor (the input is not modified).
@@ -123,6 +125,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
 _last_async = {}
 
 
+@eager_under_compile
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                      process_set=global_process_set):
     """In-place form of allreduce_async: the result overwrites tensor. Returns a handle."""
@@ -186,6 +189,7 @@ class HorovodAllreduce(torch.autograd.Function):
         return grad, None, None, None, None, None
 
 
+@eager_under_compile
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None, prescale_factor=1.0,
               postscale_factor=1.0, process_set=global_process_set):
     """Reduces tensor across ranks and returns the result in a new tensor; differentiable.
@@ -227,6 +231,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     return compression.decompress(reduced, ctx)
 
 
+@eager_under_compile
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                process_set=global_process_set):
     """In-place allreduce; returns tensor."""
@@ -243,6 +248,7 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, po
     return _now(allreduce_async_, tensor, average, name, op, prescale_factor, postscale_factor, process_set)
 
 
+@eager_under_compile
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                             process_set=global_process_set):
     """Starts an allreduce of a list of tensors negotiated and fused as one group. Returns a handle
@@ -255,6 +261,7 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
                             "grouped_allreduce")
 
 
+@eager_under_compile
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set):
     """In-place form of grouped_allreduce_async."""
@@ -280,6 +287,7 @@ class HorovodGroupedAllreduce(torch.autograd.Function):
         return (None, None, None, None, None, *grads)
 
 
+@eager_under_compile
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
                       prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """Allreduces a list of tensors as one atomic, fused group; differentiable. Returns a list."""
@@ -296,6 +304,7 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
     return [compression.decompress(r, p[1]) for r, p in zip(reduced, pairs)]
 
 
+@eager_under_compile
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                        process_set=global_process_set):
     """In-place grouped allreduce; returns the list of tensors."""

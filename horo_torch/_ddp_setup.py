@@ -131,17 +131,3 @@ class _Sink(torch.autograd.Function):
             with owner._lock:
                 owner._queue_finish()
         return (None, *grads)
-
-
-def keep_forward_helpers_out_of_compile(cls):
-    """Makes torch.compile run cls's forward helpers eagerly, once per process.
-
-    torch.compiler.disable imports torch._dynamo, which costs about 2 s of CPU: as a decorator it
-    made every ``import horo_torch`` pay that, DDP or not. A wrapper must exist before
-    torch.compile can trace it, so its construction (or unpickling) applies it instead.
-    """
-    if cls.__dict__.get("_helpers_out_of_compile"):
-        return
-    for name in ("_pre_forward", "_post_forward"):
-        setattr(cls, name, torch.compiler.disable(cls.__dict__[name]))
-    cls._helpers_out_of_compile = True

@@ -7,6 +7,8 @@ import collections
 import itertools
 import threading
 
+from horo_torch._compile import eager_under_compile
+
 
 class _Pending:
     """What synchronize() needs: the core handles, the tensors (and CUDA event) to keep alive, how
@@ -87,6 +89,7 @@ def _register(runtime, core_handles, keep, finish, staging=None, needs_result=Tr
     return handle
 
 
+@eager_under_compile
 def poll(handle):
     """Returns True once the operation behind handle has completed (synchronize will not block).
 
@@ -104,6 +107,7 @@ def poll(handle):
     return all(pending.runtime.poll(h, driving=True) for h in pending.core_handles)
 
 
+@eager_under_compile
 def synchronize(handle):
     """Waits (GIL released; a brief spin, then asleep) for an asynchronous operation and returns its result.
 

@@ -15,6 +15,7 @@ from horo_core.runtime import prepare_run
 from horo_torch import _sized_runs, device
 from horo_torch._calls import (_PREPARED_RUNS_LIMIT, _dtype_code, _enqueue, _from_result, _now, _op_name,
                                _records_graph, _refuse_unless_dense)
+from horo_torch._compile import eager_under_compile
 from horo_torch._handles import synchronize
 from horo_torch.compression import Compression
 from horo_torch._allreduce_ops import allreduce, grouped_allreduce
@@ -64,6 +65,7 @@ def _allgather_async(tensors, name, process_set, kind):
     return _enqueue(lib.HORO_ALLGATHER, kind, name, srcs, guesses, process_set, finish, staging, needs_result=True)
 
 
+@eager_under_compile
 def allgather_async(tensor, name=None, process_set=global_process_set):
     """Starts concatenating tensor from every rank along dimension 0 (dimension 0 may differ per
     rank, the others must agree). Returns a handle."""
@@ -93,6 +95,7 @@ def _own_rows(gathered, my_dims, process_set):
     return [g.narrow(0, offset, dim) for g, offset, dim in zip(gathered, offsets, my_dims)]
 
 
+@eager_under_compile
 def allgather(tensor, name=None, process_set=global_process_set):
     """Concatenates tensor from every rank of process_set along dimension 0; differentiable.
 
@@ -127,6 +130,7 @@ def _allgather_now(tensor, name, process_set):
     return _now(allgather_async, tensor, name, process_set) if got is None else got[0]
 
 
+@eager_under_compile
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     """Starts allgathers of a list of tensors negotiated as one group. Returns a handle."""
     return _allgather_async(list(tensors), name, process_set, "grouped_allgather")
@@ -148,6 +152,7 @@ class HorovodGroupedAllgather(torch.autograd.Function):
         return (None, None, *_own_rows(grads, ctx.dims, ctx.process_set))
 
 
+@eager_under_compile
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
     """Allgathers a list of tensors as one group; differentiable.
 
@@ -176,6 +181,7 @@ def _splits_list(splits):
     return splits.reshape(-1).tolist() if isinstance(splits, torch.Tensor) else list(splits)
 
 
+@eager_under_compile
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
     """Starts an alltoall: rows splits[j] of tensor go to rank j of the set (equal parts if splits is
     None). Returns a handle whose synchronize() gives (output, received_splits)."""
@@ -209,6 +215,7 @@ class HorovodAlltoall(torch.autograd.Function):
         return grad, None, None, None
 
 
+@eager_under_compile
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """Scatters rows of tensor to the ranks of process_set and gathers what they send; differentiable.
 
@@ -258,6 +265,7 @@ def _reducescatter_async(tensors, name, op, process_set, prescale_factor, postsc
                     reduce_op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor)
 
 
+@eager_under_compile
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set, prescale_factor=1.0,
                         postscale_factor=1.0):
     """Starts a reduction of tensor across ranks whose result is split along dimension 0; rank i of
@@ -293,6 +301,7 @@ class HorovodReducescatter(torch.autograd.Function):
         return grad, None, None, None, None, None
 
 
+@eager_under_compile
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average, process_set=global_process_set,
                   prescale_factor=1.0, postscale_factor=1.0):
     """Reduces tensor across ranks and returns this rank's part of the result along dimension 0;
@@ -331,6 +340,7 @@ def _reducescatter_now(tensor, name, op, process_set, prescale_factor, postscale
     return got[0]
 
 
+@eager_under_compile
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0):
     """Starts reducescatters of a list of tensors negotiated as one group. Returns a handle."""
@@ -357,6 +367,7 @@ class HorovodGroupedReducescatter(torch.autograd.Function):
         return (None, None, None, None, None, *grads)
 
 
+@eager_under_compile
 def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
                           process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
     """Reducescatters a list of tensors as one group; differentiable.

@@ -5,16 +5,24 @@ import weakref
 
 import torch
 
+from horo_torch._compile import eager_under_compile
+
 
 def weak_hook(owner, method, *args):
     """A hook that calls owner.<method>(*args) while owner lives, and does nothing after."""
     owner_ref = weakref.ref(owner)
 
     def hook(*unused):
-        live = owner_ref()
-        if live is not None:
-            getattr(live, method)(*args)
+        _call_if_live(owner_ref, method, args)
     return hook
+
+
+@eager_under_compile
+def _call_if_live(owner_ref, method, args):
+    # A backward that compiled code starts runs its hooks under torch.compile too: they run eagerly.
+    live = owner_ref()
+    if live is not None:
+        getattr(live, method)(*args)
 
 
 def hook_gradients_ready(owner, params, method):

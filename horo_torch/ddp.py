@@ -56,11 +56,12 @@ from horo_core import basics
 from horo_core.errors import HoroInvalidArgument
 from horo_core.process_sets import global_process_set
 from horo_torch import mpi_ops
+from horo_torch._compile import eager_under_compile
 from horo_torch._ddp_gradients import (flat_gradients, launch_sparse, on_the_wire, raise_if_late, raise_if_unused,
                                        wait_all, write_back)
 from horo_torch._ddp_join import JoinMixin
 from horo_torch._ddp_setup import (_adopt_torch_sync_batch_norms, _check_devices, _horo_hook_for, _Sink, _to_device,
-                                   keep_forward_helpers_out_of_compile, root_rank)
+                                   root_rank)
 from horo_torch._weak_hooks import remove_when_collected, weak_hook
 from horo_torch.functions import _gather_if_different
 from horo_torch.comm_hooks import GradBucket, allreduce_hook, fp16_compress_hook
@@ -125,7 +126,6 @@ class DistributedDataParallel(JoinMixin, torch.nn.Module):
                  skip_all_reduce_unused_params=False, bucket_cap_mb_list=None, batched_grad_copy=False,
                  forward_sync_buffers=None, process_set=global_process_set):
         super().__init__()
-        keep_forward_helpers_out_of_compile(DistributedDataParallel)
         if bucket_cap_mb is None:
             bucket_cap_mb = 25
         if not bucket_cap_mb >= 0:  # 0, as torch allows: one parameter per bucket
@@ -336,7 +336,6 @@ class DistributedDataParallel(JoinMixin, torch.nn.Module):
         return state
 
     def __setstate__(self, state):
-        keep_forward_helpers_out_of_compile(DistributedDataParallel)
         super().__setstate__(state)
         self._lock = threading.Lock()
         # A name of its own, so that the copy and the original may both reduce in one backward
@@ -349,7 +348,7 @@ class DistributedDataParallel(JoinMixin, torch.nn.Module):
         remove_when_collected(self, self._hook_handles)
 
     # Forward helpers (run eagerly when torch.compile traces the wrapper: they talk to Horo; see
-    # keep_forward_helpers_out_of_compile) ----------------------------------------------------
+    # horo_torch/_compile.py) -----------------------------------------------------------------
 
     @staticmethod
     def _in_backward():
@@ -357,6 +356,7 @@ class DistributedDataParallel(JoinMixin, torch.nn.Module):
         (activation checkpointing), which must leave the iteration's state alone."""
         return torch._C._current_graph_task_id() != -1
 
+    @eager_under_compile
     def _pre_forward(self):
         if self._in_backward():
             return
@@ -369,6 +369,7 @@ class DistributedDataParallel(JoinMixin, torch.nn.Module):
         elif self.will_sync_module_buffers():
             self._broadcast_buffers()
 
+    @eager_under_compile
     def _post_forward(self, output):
         if self._in_backward():
             return output
@@ -390,6 +391,7 @@ class DistributedDataParallel(JoinMixin, torch.nn.Module):
             leaves[i] = t
         return tree_unflatten(leaves, spec)
 
+    @eager_under_compile
     def _queue_finish(self):
         if not self._callback_queued and self._armed:
             self._reset_iteration()
@@ -524,6 +526,7 @@ class DistributedDataParallel(JoinMixin, torch.nn.Module):
             self._futures[k] = self._comm_hook(self._comm_state, grad_bucket)
             self._next_launch += 1
 
+    @eager_under_compile
     def _finish_backward(self):
         """Runs once at the end of a backward pass: completes and waits for the communication."""
         if not self._observed:

@@ -15,6 +15,7 @@ import torch
 
 from horo_core import basics, object_bytes
 from horo_core.process_sets import global_process_set
+from horo_torch._compile import eager_under_compile
 from horo_torch.mpi_ops import (Average, Sum, allgather_async, broadcast_async_, synchronize)
 
 
@@ -31,6 +32,7 @@ def _helper_name(kind, name, process_set):
     return name if name is not None else basics.auto_name(kind, process_set.process_set_id)
 
 
+@eager_under_compile
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
     """Sends a picklable Python object from root_rank to every rank of process_set.
 
@@ -64,6 +66,7 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
                                          root_rank, error)
 
 
+@eager_under_compile
 def allgather_object(obj, name=None, process_set=global_process_set):
     """Gathers a picklable Python object from every rank of process_set.
 
@@ -95,6 +98,7 @@ def allgather_object(obj, name=None, process_set=global_process_set):
 
 # Model parameters --------------------------------------------------------------------------------
 
+@eager_under_compile
 def broadcast_parameters(params, root_rank, prefix="Parameter.", process_set=global_process_set):
     """Overwrites, in place, every rank's tensors with root_rank's.
 
@@ -253,6 +257,7 @@ def _describe_root_state(optimizer):
     return structure, tensors
 
 
+@eager_under_compile
 def broadcast_optimizer_state(optimizer, root_rank, model=None):
     """Makes every rank's optimizer state and hyper-parameters identical to root_rank's.
 
@@ -353,6 +358,7 @@ def _load_keeping_groups(optimizer, state_dict):
 
 # Sparse gradients --------------------------------------------------------------------------------
 
+@eager_under_compile
 def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     """Starts reducing a sparse COO tensor across ranks by allgathering its indices and values.
 

@@ -32,6 +32,7 @@ from horo_torch._allreduce_ops import (HorovodAllreduce, HorovodGroupedAllreduce
                                        handle_average_backwards_compatibility)
 from horo_torch._calls import (_copy_back, _enqueue, _host_output, _is_host_contiguous, _is_host_dense, _now,
                                _process_set_id, _records_graph, _refuse_unless_dense, _run_host)
+from horo_torch._compile import eager_under_compile
 from horo_torch._handles import _register, abandon, poll, synchronize  # noqa: F401 (abandon, poll re-exported)
 from horo_torch._sized_ops import (HorovodAllgather, HorovodAlltoall, HorovodGroupedAllgather,  # noqa: F401
                                    HorovodGroupedReducescatter, HorovodReducescatter, allgather, allgather_async,
@@ -57,6 +58,7 @@ def _broadcast_async(tensor, output, root_rank, name, process_set):
                     lambda rt, results: _copy_back(output, out, staging), staging, root_rank=root_rank)
 
 
+@eager_under_compile
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
     """Starts copying root_rank's tensor to every rank into a new tensor. root_rank is a global rank.
     Returns a handle."""
@@ -65,6 +67,7 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
     return _broadcast_async(tensor, output, root_rank, name, process_set)
 
 
+@eager_under_compile
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
     """In-place form of broadcast_async. Returns a handle."""
     return _broadcast_async(tensor, tensor, root_rank, name, process_set)
@@ -95,6 +98,7 @@ class HorovodBroadcast(torch.autograd.Function):
         return grad, None, None, None
 
 
+@eager_under_compile
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     """Returns root_rank's tensor on every rank (a new tensor); differentiable.
 
@@ -114,6 +118,7 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     return _broadcast_now(tensor, root_rank, name, process_set)
 
 
+@eager_under_compile
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     """In-place broadcast; returns tensor."""
     _refuse_unless_dense(lib.HORO_BROADCAST, "broadcast", name, [tensor], process_set)
@@ -124,6 +129,7 @@ def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
 
 # Join and barrier --------------------------------------------------------------------------------
 
+@eager_under_compile
 def join(device=-1):
     """Declares that this rank has no more data. Until every rank has joined, the ranks that have
     joined take part in other ranks' allreduces with neutral values, which no prescale factor
@@ -146,6 +152,7 @@ def join_set(process_set):
     return synchronize(handle)
 
 
+@eager_under_compile
 def barrier(process_set=global_process_set):
     """Blocks until every rank of process_set has called barrier."""
     runtime = basics.runtime()

@@ -19,6 +19,7 @@ import weakref
 import torch
 
 from horo_core.process_sets import global_process_set
+from horo_torch._compile import eager_under_compile
 from horo_torch._weak_hooks import hook_gradients_ready
 from horo_torch.adasum_optimizer import _DistributedAdasumOptimizer
 from horo_torch.compression import Compression
@@ -239,6 +240,7 @@ class _DistributedOptimizer:
         values = torch.empty((0, *p.shape[sparse_dim:]), dtype=p.dtype, device=p.device)
         return torch.sparse_coo_tensor(indices, values, p.shape)
 
+    @eager_under_compile
     def synchronize(self):
         """Finishes the reduction of every gradient; afterwards ``p.grad`` holds the reduced values.
 
@@ -307,6 +309,7 @@ class _DistributedOptimizer:
         finally:
             self._should_synchronize = True
 
+    @eager_under_compile
     def step(self, closure=None):
         """Synchronizes the gradients (unless inside skip_synchronize()), then runs the wrapped step.
 

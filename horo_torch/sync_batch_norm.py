@@ -26,6 +26,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from horo_core.process_sets import global_process_set
 from horo_torch import mpi_ops
+from horo_torch._compile import eager_under_compile
 
 
 def _reduce_dims(x):
@@ -149,6 +150,10 @@ class SyncBatchNorm(_BatchNorm):
         use_batch_stats = self.training or not self.track_running_stats
         if not use_batch_stats:
             return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0, self.eps)
+        return self._normalise_globally(x)
+
+    @eager_under_compile
+    def _normalise_globally(self, x):
         mean, var, count = global_batch_stats(x, self.process_set)
         if count <= 1 and self.training:
             raise ValueError(f"Expected more than 1 value per channel when training, got input size {tuple(x.shape)} "

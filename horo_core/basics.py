@@ -50,6 +50,7 @@ class _State:
         self.names = {}
         self.generation = itertools.count()
         self.atexit_registered = False
+        self.forked_from = None  # in a process forked from an initialized rank: that rank (see _forget_in_child)
 
 
 _state = _State()
@@ -59,13 +60,23 @@ _inherited = []
 
 
 def _forget_in_child():
-    """A process forked from a rank (a worker of a pool, a plain os.fork()) is not part of the job.
-    Its exit must not shut the rank's runtime down: that would close the shared-memory rings the
-    rank still uses, failing the job, and join threads the child does not have. So the child
-    starts uninitialized; what it inherited stays referenced and untouched."""
-    _inherited.extend(x for x in (_state.runtime, _state.kv_server, _state.hub, _state.hosted_rendezvous)
-                      if x is not None)
-    _state.runtime = _state.kv_server = _state.hub = _state.hosted_rendezvous = None
+    """A process forked from a rank (a DataLoader worker, a pool's, a plain os.fork()) is not part of
+    the job. As in Horovod, it keeps the rank's place: rank(), size() and the other queries answer
+    as in the rank (a worker may shard its data by them), is_initialized() is True and init() does
+    nothing. But it cannot take part in the rank's collectives: the core's threads stayed in the
+    rank, and driving its shared-memory rings from the child would corrupt the rank's job. So every
+    collective, and every handle the child inherited, raises a HoroShutdownError that says so. Its
+    exit (atexit's shutdown) frees nothing the rank still uses; what it inherited stays referenced
+    and untouched."""
+    rt = _state.runtime
+    if rt is not None:
+        _state.forked_from = _state.rank
+        rt.forsake_in_forked_child(
+            f"Horo: this process (pid {os.getpid()}) was forked from rank {_state.rank} (pid {os.getppid()}) "
+            "after init(). It may read the rank's topology (rank(), size(), ...), but collectives belong "
+            "to the rank's process: a forked child cannot take part in them")
+    _inherited.extend(x for x in (rt, _state.kv_server, _state.hub, _state.hosted_rendezvous) if x is not None)
+    _state.kv_server = _state.hub = _state.hosted_rendezvous = None
     _state.lock = threading.RLock()  # another thread may have held it at the fork
 
 
@@ -169,7 +180,8 @@ def _rendezvous(info, mpi_comm, members, start_timeout):
 
 
 def init(comm=None, process_sets=None):
-    """Initializes Horo on this process; a no-op if already initialized.
+    """Initializes Horo on this process; a no-op if already initialized, and in a process forked
+    from an initialized rank (see _forget_in_child).
 
     Args:
         comm: None (every launched process), a list of global ranks that form the job (the others
@@ -182,7 +194,7 @@ def init(comm=None, process_sets=None):
         HorovodInternalError: the ranks could not connect within the start timeout.
     """
     with _state.lock:
-        if _state.runtime is not None:
+        if _state.runtime is not None or _state.forked_from is not None:  # (a forked child: not a rank)
             return
         info = launch_env.detect()
         rank, size = info.rank, info.size

@@ -180,7 +180,7 @@ class _CallGuard:
         with owner._calls_lock:
             rt = owner._rt
             if rt is None:
-                check(lib.HORO_ERR_SHUT_DOWN, _SHUT_DOWN)
+                check(lib.HORO_ERR_SHUT_DOWN, owner._gone)
             owner._calls += 1
         return rt
 
@@ -299,6 +299,7 @@ class Runtime:
         self.rank, self.size = rank, size
         # Calls in progress, so that destroy() never frees the runtime under another thread.
         self._calls = 0
+        self._gone = _SHUT_DOWN  # why a call finds no C runtime (see forsake_in_forked_child)
         # _CallGuard takes the lock itself (a C-level context manager, cheaper per call than the
         # Condition's Python-level one); destroy() waits on the Condition over the same lock.
         self._calls_lock = threading.Lock()
@@ -339,6 +340,16 @@ class Runtime:
         with self._use() as rt:
             check(lib.horo_runtime_stats(rt, out))
         return Stats(*(getattr(out, f.name) for f in dataclasses.fields(Stats)))
+
+    def forsake_in_forked_child(self, reason):
+        """In a process forked from this rank: every later call raises a HoroShutdownError with
+        reason instead of reaching the rank's core, which the child must not drive (the core's
+        threads stayed in the rank, and its shared-memory rings are the rank's). Nothing is freed."""
+        self._rt, self._gone = None, reason
+        self._calls = 0
+        self._calls_lock = threading.Lock()  # another thread may have held it at the fork
+        self._calls_done = threading.Condition(self._calls_lock)
+        self._active = []
 
     def destroy(self):
         """Shuts down (failing outstanding handles), waits for other threads' calls to return, frees."""
@@ -474,7 +485,7 @@ class Runtime:
         try:
             rt = self._rt
             if rt is None:
-                check(lib.HORO_ERR_SHUT_DOWN, _SHUT_DOWN)
+                check(lib.HORO_ERR_SHUT_DOWN, self._gone)
             status = lib.horo_run_at(rt, prepared.op_type, prepared.tensor, input_ptr, output_ptr, prepared.options)
             if status != lib.HORO_OK:
                 check(status, last_error())
@@ -500,7 +511,7 @@ class Runtime:
         try:
             rt = self._rt
             if rt is None:
-                check(lib.HORO_ERR_SHUT_DOWN, _SHUT_DOWN)
+                check(lib.HORO_ERR_SHUT_DOWN, self._gone)
             status = lib.horo_run_result_at(rt, prepared.op_type, prepared.tensor, input_ptr, output_ptr, output_bytes,
                                             prepared.options, out, handle)
             if status != lib.HORO_OK:
@@ -529,7 +540,7 @@ class Runtime:
         try:
             rt = self._rt
             if rt is None:
-                check(lib.HORO_ERR_SHUT_DOWN, _SHUT_DOWN)
+                check(lib.HORO_ERR_SHUT_DOWN, self._gone)
             status = lib.horo_enqueue_at(rt, prepared.op_type, prepared.tensor, input_ptr, output_ptr,
                                          prepared.options, out)
             if status != lib.HORO_OK:

@@ -5,6 +5,7 @@ build the result, staging buffers to give back), and the handles nobody will syn
 """
 import collections
 import itertools
+import os
 import threading
 
 from horo_torch._compile import eager_under_compile
@@ -26,6 +27,16 @@ class _Pending:
 _handle_map = {}
 _handle_ids = itertools.count(1)
 _handle_lock = threading.Lock()
+
+
+def _new_lock_in_child():
+    # Another thread may have held the lock at the fork; a forked child's synchronize() must raise
+    # (horo_core/basics.py: _forget_in_child), not wait for ever.
+    global _handle_lock
+    _handle_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock_in_child)
 # Handles that nobody will synchronize (their owner was collected; see abandon), discarded by a later
 # _register or synchronize once their operations complete. A deque: appending takes no lock, so a
 # finalizer may do it while this thread holds _handle_lock.

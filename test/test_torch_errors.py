@@ -404,26 +404,42 @@ FORKING_WORKER = REPORT + """
     rank = hvd.rank()
     report("before", lambda: hvd.allreduce(torch.ones(4), op=hvd.Sum, name="before"))
     if rank == 1:
+        pending = hvd.allreduce_async(torch.ones(4), op=hvd.Sum, name="pending")
         child = os.fork()
-        if child == 0:  # exits the normal way: atexit handlers, hvd.shutdown() among them, run
-            sys.exit(0 if not hvd.is_initialized() else 3)
+        if child == 0:  # one bit per wrong outcome; exits the normal way (atexit's hvd.shutdown() runs)
+            def refused(call):
+                try:
+                    call()
+                except hvd.HoroShutdownError as exc:
+                    return "forked from rank 1" in str(exc)
+                return False
+            wrong = (hvd.rank(), hvd.size(), hvd.is_initialized()) != (1, 3, True)
+            wrong |= (not refused(lambda: hvd.synchronize(pending))) << 1
+            wrong |= (not refused(lambda: hvd.allreduce(torch.ones(1), name="in_child"))) << 2
+            hvd.init()  # does nothing in a forked child
+            sys.exit(int(wrong))
         report("child", lambda: torch.tensor([os.waitpid(child, 0)[1]]))
+        report("pending", lambda: hvd.synchronize(pending))
+    else:
+        report("pending", lambda: hvd.allreduce(torch.ones(4), op=hvd.Sum, name="pending"))
     report("after", lambda: hvd.allreduce(torch.ones(1 << 16), op=hvd.Sum, name="after")[:4])
 """
 
 
-def test_a_forked_child_that_exits_leaves_the_job_running(tmp_path):
-    # A child forked from a rank is not part of the job: it starts uninitialized, and its exit
-    # (atexit's shutdown) must not close the shared-memory rings its parent still uses.
+def test_a_forked_child_keeps_the_rank_s_topology_and_leaves_the_job_running(tmp_path):
+    # A child forked from a rank is not part of the job. As in Horovod it keeps the rank's topology
+    # (a DataLoader worker may shard by hvd.rank()) and init() does nothing; its collectives, and the
+    # handles it inherited, raise at once instead of driving the rank's runtime; its exit (atexit's
+    # shutdown) must not close the shared-memory rings its parent still uses.
     script = write_script(tmp_path, FORKING_WORKER)
     outcomes = [finish(p) for p in spawn_ranks(script, N)]
     for rank, (code, out, err) in enumerate(outcomes):
         assert code == 0, err
         got = {g["what"]: g for g in reports(out)}
-        assert got["before"].get("value") == [3.0] * 4, (rank, got)
-        assert got["after"].get("value") == [3.0] * 4, (rank, got)
+        for what in ("before", "pending", "after"):
+            assert got[what].get("value") == [3.0] * 4, (rank, what, got)
         if rank == 1:
-            assert got["child"].get("value") == [0], got  # exit status 0: uninitialized in the child
+            assert got["child"].get("value") == [0], got  # exit status 0: every check in the child held
 
 
 def test_frozen_rank_fails_every_other_rank(tmp_path):

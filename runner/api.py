@@ -90,7 +90,9 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mappi
         NotImplementedError: an elastic argument other than None.
     """
     if np is not None:
-        warnings.warn("run(np=...) is deprecated, use num_proc", DeprecationWarning, stacklevel=2)
+        # Horovod's words, charged to this module as Horovod's are: Python's default filters show
+        # a DeprecationWarning only when charged to __main__, so a script passing np= prints nothing.
+        warnings.warn("np is deprecated, use num_proc instead", DeprecationWarning)
         if num_proc == 1:
             num_proc = np
     if horovod_arguments.get("use_gloo") and horovod_arguments.get("use_mpi"):

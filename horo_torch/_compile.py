@@ -8,14 +8,14 @@ torch calls back (gradient hooks, a wrapper's forward helpers) the same: a backw
 code starts runs its hooks with Dynamo watching, which would otherwise compile Horo's bookkeeping
 frame by frame.
 
-A call costs two checks outside of compilation, about 80 ns in all. While Dynamo traces the call, or while it watches
-the frames that run (inside a compiled function, around a graph break), the call goes through
-``torch._disable_dynamo``'s wrapper instead: Dynamo neither inlines nor compiles that wrapper, and
-it runs the function, and everything it calls, with Dynamo off (``torch.compiler.disable``). That
-wrapper imports torch._dynamo (about 2 s of CPU) at its first call, not when it is made, so that a
-process that never compiles never pays for it; ``torch.compiler.disable`` itself would import it
-at once, and made at the first traced call instead, the call that makes it would be a graph break
-in the middle of Horo's code.
+A call costs two checks outside of compilation, about 80 ns in all. While Dynamo traces the call, or
+while it watches the frames that run (inside a compiled function, around a graph break), the call
+goes through ``torch._disable_dynamo``'s wrapper instead: Dynamo neither inlines nor compiles that
+wrapper, and it runs the function, and everything it calls, with Dynamo off
+(``torch.compiler.disable``). That wrapper imports torch._dynamo (about 2 s of CPU) at its first
+call, not when it is made, so that a process that never compiles never pays for it;
+``torch.compiler.disable`` itself would import it at once, and made at the first traced call
+instead, the call that makes it would be a graph break in the middle of Horo's code.
 """
 import functools
 import inspect

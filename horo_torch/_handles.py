@@ -28,6 +28,11 @@ _handle_map = {}
 _handle_ids = itertools.count(1)
 _handle_lock = threading.Lock()
 
+# Handles that nobody will synchronize (their owner was collected; see abandon), discarded by a later
+# _register or synchronize once their operations complete. A deque: appending takes no lock, so a
+# finalizer may do it while this thread holds _handle_lock.
+_abandoned = collections.deque()
+
 
 def _new_lock_in_child():
     # Another thread may have held the lock at the fork; a forked child's synchronize() must raise
@@ -37,10 +42,6 @@ def _new_lock_in_child():
 
 
 os.register_at_fork(after_in_child=_new_lock_in_child)
-# Handles that nobody will synchronize (their owner was collected; see abandon), discarded by a later
-# _register or synchronize once their operations complete. A deque: appending takes no lock, so a
-# finalizer may do it while this thread holds _handle_lock.
-_abandoned = collections.deque()
 
 
 def abandon(handles):

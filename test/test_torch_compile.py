@@ -11,19 +11,9 @@ import copy
 import torch
 
 import horo_runner
-import rank_checks
+from test_torch_ddp import problems_in, run_groups
 
 ROWS = 4  # per rank
-
-
-class Checks(rank_checks.Checks):
-    """rank_checks.Checks plus comparison of torch tensors within a tolerance."""
-
-    def close(self, what, got, want, tol=1e-6):
-        self.count += 1
-        if got.shape != want.shape or not torch.allclose(got, want, rtol=tol, atol=tol):
-            diff = (got - want).abs().max().item() if got.shape == want.shape else "shape"
-            self.fail(f"{what}: max difference {diff} > {tol}")
 
 
 def compiled(fn):
@@ -100,29 +90,16 @@ def check_training_compiled_whole(c, hvd):
 
 
 def run_checks():
-    import traceback
-
     import horo_torch as hvd
     hvd.init()
     torch.set_num_threads(1)
-    report = {}
-    for group in (check_collectives, check_training_compiled_whole):
-        c = Checks()
-        try:
-            group(c, hvd)
-        except Exception:  # noqa: BLE001 - reported; the next group runs
-            c.fail(f"raised:\n{traceback.format_exc()}")
-        report[group.__name__] = (c.count, c.failures)
+    report = run_groups({group.__name__: lambda c, group=group: group(c, hvd)
+                         for group in (check_collectives, check_training_compiled_whole)})
     hvd.shutdown()
     return report
 
 
 def test_collectives_and_training_under_torch_compile():
     reports = horo_runner.run(run_checks, num_proc=2, env={"HORO_PEER_TIMEOUT_SECONDS": "120"})
-    problems = []
-    for rank, report in enumerate(reports):
-        for group, (count, failures) in report.items():
-            problems += [f"rank {rank} {group}: {f}" for f in failures]
-            if count == 0:
-                problems.append(f"rank {rank} {group}: no check ran")
+    problems = problems_in(reports)
     assert len(reports) == 2 and not problems, "\n".join(problems[:40])

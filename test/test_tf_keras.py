@@ -220,6 +220,14 @@ def check_callbacks(c, hvd, keras, tf):
     for epoch in range(2):
         c.close(f"schedule per batch: epoch {epoch}", seen[epoch]["learning_rate"],
                 0.2 * 0.5 ** (epoch + (steps - 1) / steps))
+    # Horovod's callbacks act in on_batch_begin and on_batch_end, which a custom loop may call itself.
+    warmup = hvd.callbacks.LearningRateWarmupCallback(0.2 * n, warmup_epochs=1, steps_per_epoch=4)
+    warmup.set_model(model)
+    warmup.on_train_begin()
+    warmup.on_epoch_begin(0)
+    warmup.on_batch_begin(1)
+    c.close("warmup through on_batch_begin, batch 1 of 4", float(model.optimizer.learning_rate.numpy()),
+            0.2 * (0.5 * (n - 1) + 1))
 
 
 def check_broadcast_of_models_built_by_their_first_step(c, hvd, keras, tf):

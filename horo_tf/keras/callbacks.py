@@ -68,7 +68,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
             broadcast_variables(variables, root_rank=self.root_rank)
         self._first_batch = True
 
-    def on_train_batch_end(self, batch, logs=None):
+    def on_batch_end(self, batch, logs=None):
         if not self._first_batch:
             return
         self._first_batch = False
@@ -85,6 +85,8 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
                                  f"and optimizer")
         if created:
             broadcast_variables(created, root_rank=self.root_rank)
+
+    on_train_batch_end = on_batch_end  # (see LearningRateScheduleCallback)
 
 
 def _first_difference(layout, root):
@@ -212,7 +214,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         self.current_epoch = epoch
 
-    def on_train_batch_begin(self, batch, logs=None):
+    def on_batch_begin(self, batch, logs=None):
         if self.current_epoch < self.start_epoch or (self.end_epoch is not None
                                                      and self.current_epoch >= self.end_epoch):
             return
@@ -229,10 +231,15 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
                 last = min(last, steps - 1)
             self._adjust_learning_rate(self.current_epoch + float(last) / self.steps_per_epoch)
 
-    def on_train_batch_end(self, batch, logs=None):
+    def on_batch_end(self, batch, logs=None):
         if self._restore_momentum is not None:
             self.model.optimizer.momentum.assign(self._restore_momentum)
             self._restore_momentum = None
+
+    # Horovod's callbacks act in on_batch_begin/on_batch_end, which a custom loop may call itself;
+    # Keras 3 calls the train_ forms, and looks for them overridden before it calls batch hooks.
+    on_train_batch_begin = on_batch_begin
+    on_train_batch_end = on_batch_end
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None:

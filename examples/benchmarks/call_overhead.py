@@ -4,10 +4,12 @@
     python examples/benchmarks/call_overhead.py --bytes 4096 --calls 100000
     hororun -np 4 python examples/benchmarks/call_overhead.py --calls 3000 --repeats 20
 
-Times four loops over the same prepared 4-byte (or --bytes) allreduce (op Max, so that the tensor
+Times five loops over the same prepared 4-byte (or --bytes) allreduce (op Max, so that the tensor
 keeps its value however many calls run):
 
 * ``hvd.allreduce_(t, op=Max, name=...)``: what a user pays (the adapter's checks included);
+* ``hvd.allreduce_.__wrapped__``: the same without the wrapper that looks for torch.compile
+  (horo_torch/_compile.py);
 * ``Runtime.run_prepared``: the core call through the Python wrapper that guards against shutdown;
 * ``lib.horo_run_at`` plus the five reads of the tensor that the adapter makes per call (dtype,
   shape, device, layout, address), without the rest of the adapter;
@@ -63,6 +65,12 @@ def main():
         for _ in range(n):
             hvd.allreduce_(t, op=hvd.Max, name=name)
 
+    bare = hvd.allreduce_.__wrapped__
+
+    def unwrapped(n):
+        for _ in range(n):
+            bare(t, op=hvd.Max, name=name)
+
     def wrapper(n):
         for _ in range(n):
             runtime.run_prepared(prepared, address, address)
@@ -80,7 +88,7 @@ def main():
             if run_at(rt, op_type, tensor, address, address, options) != lib.HORO_OK:
                 raise SystemExit("horo_run_at failed")
 
-    rows = [("hvd.allreduce_", adapter), ("Runtime.run_prepared", wrapper),
+    rows = [("hvd.allreduce_", adapter), ("hvd.allreduce_ unwrapped", unwrapped), ("Runtime.run_prepared", wrapper),
             ("lib.horo_run_at + reads", core_and_reads), ("lib.horo_run_at (cffi)", core)]
     for _, loop in rows:
         loop(min(args.calls, 20000))  # warm-up

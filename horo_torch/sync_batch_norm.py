@@ -58,7 +58,10 @@ def global_batch_stats(x, process_set):
             m2 = torch.zeros_like(mean)
         packed = torch.cat([torch.tensor([float(count)], dtype=torch.float64, device=x.device), mean, m2])
         if process_set.size() > 1:
-            packed = mpi_ops.allgather(packed.unsqueeze(0), process_set=process_set)
+            # Named, as Horovod's are, so that the user's unnamed collectives cannot shift these
+            # (an auto name counts calls); by the channel count, so that layers alike share one.
+            packed = mpi_ops.allgather(packed.unsqueeze(0), name=f"sync_batch_norm.stats.{channels}",
+                                       process_set=process_set)
         else:
             packed = packed.unsqueeze(0)
         counts, means, m2s = packed[:, :1], packed[:, 1:1 + channels], packed[:, 1 + channels:]
@@ -95,7 +98,8 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         # Every rank reduces, whatever it needs, so that the collectives match across ranks.
         packed = torch.cat([sum_dy, sum_dy_xhat])
         if ctx.process_set.size() > 1:
-            packed = mpi_ops.allreduce(packed, op=mpi_ops.Sum, process_set=ctx.process_set)
+            packed = mpi_ops.allreduce(packed, op=mpi_ops.Sum, name=f"sync_batch_norm.grads.{channels}",
+                                       process_set=ctx.process_set)
         global_dy, global_dy_xhat = packed[:channels], packed[channels:]
         grad_x = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:

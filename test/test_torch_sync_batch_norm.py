@@ -177,6 +177,16 @@ def check_process_set(hvd, c, pair):
         c.raises("the rank of a non-member", ValueError, "is not part of process set", pair.rank)
 
 
+def check_after_unnamed_calls_that_differ(hvd, c):
+    """The layer's collectives are named, so the user's unnamed ones, whose count may differ from rank
+    to rank (here rank 0 reduces once more while the others have joined), do not shift them. Run
+    last: the ranks' unnamed allreduces stay out of step after it."""
+    if hvd.rank() == 0:
+        hvd.allreduce(torch.ones(1))
+    hvd.join()
+    compare_steps(hvd, c, "after unnamed calls that differ", torch.nn.BatchNorm1d, (3,), affine=False, steps=2)
+
+
 def run_checks(size):
     import horo_torch as hvd
 
@@ -189,6 +199,7 @@ def run_checks(size):
         "convert": lambda c: check_convert(hvd, c),
         "with_ddp": lambda c: check_with_ddp(hvd, c),
         "process_set": lambda c: check_process_set(hvd, c, pair),
+        "after_unnamed_calls_that_differ": lambda c: check_after_unnamed_calls_that_differ(hvd, c),
     })
     hvd.barrier()
     hvd.shutdown()

@@ -77,8 +77,10 @@ class LocalGradientAggregationHelper:
 
     Args:
         backward_passes_per_step: N, the passes summed before a reduction (at least 1).
-        allreduce_func: ``f(grads, vars)`` returning the reduced grads, a list in their order; it
-            gets neither the gradients of local variables (register_local_var) nor None ones.
+        allreduce_func: ``f(grads, vars)`` returning the reduced grads, a list in their order. It
+            gets the variables that are not local (register_local_var) and their sums, None where a
+            variable has no gradient, as Horovod's eager helper passes them: reducing a None as the
+            other ranks' gradient keeps ranks whose missing gradients differ in step.
         sparse_as_dense: densify IndexedSlices; without it an IndexedSlices is refused, as in
             Horovod, since sums of sparse gradients are not kept.
         average_aggregated_gradients: divide the sums by N before reducing them.
@@ -165,7 +167,7 @@ class LocalGradientAggregationHelper:
             if self.average_aggregated_gradients:
                 summed = [None if s is None else s / tf.cast(steps, s.dtype) for s in summed]
             reduced = keep_local_gradients(summed, variables, self._local_vars, self.scale_local_gradients,
-                                           self.process_set, self._reduce_present)
+                                           self.process_set, self._allreduce_grads)
             done = [r for r in reduced if r is not None]
             with tf.control_dependencies(done):
                 cleared = [total.assign(tf.zeros_like(total)) for total in state.sums if total is not None]
@@ -177,13 +179,6 @@ class LocalGradientAggregationHelper:
             return [state.sums[i].read_value() for i in present]
 
         return tf.cond(tf.equal(passes, steps), communicate, keep)
-
-    def _reduce_present(self, grads, variables):
-        present = [i for i, g in enumerate(grads) if g is not None]
-        out = list(grads)
-        for i, g in zip(present, self._allreduce_grads([grads[i] for i in present], [variables[i] for i in present])):
-            out[i] = g
-        return out
 
     def apply_gradients(self, apply_grads_closure, optimizer, *args, **kwargs):
         """Runs apply_grads_closure on the passes that reduced; on the others advances

@@ -770,14 +770,16 @@ def check_aggregation_helper(c, hvd, tf, env):
     allreduce_func and a Keras optimizer, eagerly and in a tf.function: with 2 passes and
     average_aggregated_gradients, nothing moves after the first pass, then the mean of the two
     passes' sums, averaged over the ranks, is applied; the optimizer's iterations count both passes; a
-    local variable keeps its own mean, divided by the size; a None gradient stays None and unused."""
+    local variable keeps its own mean, divided by the size (allreduce_func never sees it); a None
+    gradient reaches allreduce_func as None, as in Horovod's eager helper, and stays None."""
     import keras
     n, r = hvd.size(), hvd.rank()
     sent = []
 
     def allreduce_func(grads, variables):
-        sent.append([id(v) for v in variables])
-        return [hvd.allreduce(g, op=hvd.Average, name=f"aggregated.{i}") for i, g in enumerate(grads)]
+        sent.append([(id(v), g is None) for g, v in zip(grads, variables)])
+        return [None if g is None else hvd.allreduce(g, op=hvd.Average, name=f"aggregated.{i}")
+                for i, g in enumerate(grads)]
 
     helpers = {"eager helper": lambda: hvd.LocalGradientAggregationHelperEager(2, allreduce_func, False, True),
                "graph helper": lambda: hvd.LocalGradientAggregationHelper(
@@ -807,7 +809,7 @@ def check_aggregation_helper(c, hvd, tf, env):
             c.close(f"{what}: the unused variable", unused.numpy(), 3.0)
             c.same(f"{what}: iterations", int(opt.iterations.numpy()), 2)
             if not traced:
-                c.same(f"{what}: what allreduce_func got", sent, [[id(w)]])
+                c.same(f"{what}: what allreduce_func got", sent, [[(id(w), False), (id(unused), True)]])
     c.raises("the helper refuses 0 passes", [ValueError], "backward_passes_per_step must be at least 1",
              lambda: hvd.LocalGradientAggregationHelperEager(0, allreduce_func, False, True))
 

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import numpy as np
@@ -588,6 +589,88 @@ def test_hororun_exits_nonzero_naming_the_killed_rank(tmp_path):
     # Output of the ranks carries their prefix; the warm-up completed everywhere before the kill.
     for rank in range(N):
         assert f'[{rank}]<stdout>:REPORT {{"what": "warmup", "value": [3.0, 3.0, 3.0, 3.0]}}\n' in proc.stdout
+
+
+# A control frame that no rank sent ------------------------------------------------------------------
+
+FORGED_FRAME_WORKER = REPORT + """
+    import struct
+
+    def socket_with_port(port, field):
+        # The descriptor of this process's TCP socket whose local (field 1) or remote (field 2) port
+        # is port, from /proc: no psutil here.
+        inodes = set()
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            with open(table) as f:
+                for line in f.readlines()[1:]:
+                    fields = line.split()
+                    if int(fields[field].rsplit(":", 1)[1], 16) == port:
+                        inodes.add(fields[9])
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                target = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:[") and target[8:-1] in inodes:
+                return int(fd)
+        raise SystemExit(f"no socket on port {port}")
+
+    hvd.init()
+    report("before", lambda: hvd.allreduce(torch.ones(4), op=hvd.Sum, name="before"))
+    if hvd.rank() == int(sys.argv[1]):
+        # As someone on the path would: a well-formed frame (length, payload, 32 bytes where the MAC
+        # goes) written into the control connection between ranks 0 and 1. Rank 0 logged rank 1's
+        # port of it, which is rank 0's remote port (rank 0's own port is that of the data one too).
+        fd = socket_with_port(int(sys.stdin.readline()), 2 if hvd.rank() == 0 else 1)
+        os.write(fd, struct.pack("<Q", 4) + b"evil" + bytes(32))
+    report("after", lambda: hvd.allreduce(torch.ones(4), op=hvd.Sum, name="after"))
+"""
+
+
+@pytest.mark.parametrize("writer", [1, 0], ids=["towards-rank-0", "towards-rank-1"])
+def test_a_forged_control_frame_fails_every_rank_naming_the_cause(tmp_path, writer):
+    # Over TCP (no shared memory), bytes that no rank sent appear in an authenticated control
+    # connection: the receiver refuses the frame, and every rank raises, naming the cause, instead
+    # of acting on it or hanging.
+    script = write_script(tmp_path, FORGED_FRAME_WORKER)
+    procs = spawn_ranks(script, 2, (writer,), HORO_SHM_DISABLE=1, HORO_LOG_LEVEL="DEBUG", HORO_PEER_TIMEOUT_SECONDS=3)
+    port_found = threading.Event()
+    lines = []
+
+    def read_rank0_log():
+        for line in procs[0].stderr:
+            lines.append(line)
+            found = re.search(r"authenticated control connection with rank 1 at 127\.0\.0\.1:(\d+)", line)
+            if found and not port_found.is_set():
+                procs[writer].stdin.write(found.group(1) + "\n")
+                procs[writer].stdin.flush()
+                port_found.set()
+
+    reader = threading.Thread(target=read_rank0_log, daemon=True)
+    reader.start()
+    try:
+        port_found.wait(timeout=CHILD_TIMEOUT)  # before finish(), which closes the writer's stdin
+        code1, out1, err1 = finish(procs[1])
+        out0 = procs[0].stdout.read()
+        code0 = procs[0].wait(timeout=CHILD_TIMEOUT)
+    finally:
+        for proc in procs:
+            proc.kill()
+    reader.join(timeout=CHILD_TIMEOUT)
+    err0 = "".join(lines)
+    assert port_found.is_set(), err0
+    assert (code0, code1) == (0, 0), (err0, err1)
+    reader, other = (0, 1) if writer == 1 else (1, 0)
+    cause = (rf"rank {reader} stopped reading its control connection with rank {other} \(127\.0\.0\.1:\d+\): a control "
+             r"frame failed authentication \(forged, altered, replayed or out of order\)")
+    for rank, out in enumerate((out0, out1)):
+        got = reports(out)
+        assert [g["what"] for g in got] == ["before", "after"], out
+        assert got[0]["value"] == [2.0] * 4
+        assert "HoroPeerLostError" in got[1].get("error", []) and INTERNAL <= set(got[1]["error"]), (rank, got)
+        # Every rank gives the cause: rank 1's connection is closed for reading only, so rank 0
+        # can still tell it why the job stops.
+        assert re.search(cause, got[1]["message"]), (rank, got[1]["message"])
 
 
 REINIT_WORKER = REPORT + """

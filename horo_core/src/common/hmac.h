@@ -1,5 +1,6 @@
-// Message authentication primitives for transport handshakes: HMAC-SHA256 (RFC 2104), a
-// constant-time comparison of MACs, and cryptographically secure random bytes for nonces.
+// Message authentication primitives for transport handshakes and TCP control frames: HMAC-SHA256
+// (RFC 2104), a constant-time comparison of MACs, and cryptographically secure random bytes for
+// nonces.
 #pragma once
 
 #include <cstddef>
@@ -16,6 +17,10 @@ namespace horo {
 class HmacSha256 {
  public:
   explicit HmacSha256(const std::string& key);
+  // A copy continues from the same state: a copy of a keyed, not yet updated object MACs one
+  // message without hashing the key's pad again (the TCP control frames).
+  HmacSha256(const HmacSha256&) = default;
+  HmacSha256& operator=(const HmacSha256&) = default;
   ~HmacSha256();
 
   void Update(const void* data, size_t len);

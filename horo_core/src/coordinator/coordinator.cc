@@ -40,8 +40,9 @@ void Coordinator::AddRequests(int rank, const RequestList& list) {
   }
 }
 
-void Coordinator::PeerLost(int rank) {
+void Coordinator::PeerLost(int rank, const std::string& reason) {
   lost_.push_back(rank);
+  if (!reason.empty()) cut_off_.emplace(rank, reason);
   changed_ = true;
 }
 
@@ -58,7 +59,10 @@ std::string Coordinator::DescribeUnexpectedLosses() const {
   for (int32_t r : lost_) {
     if (shutdown_requested_.count(r)) continue;
     auto f = failures_.find(r);
-    if (f == failures_.end()) {
+    auto cut = cut_off_.find(r);
+    if (cut != cut_off_.end()) {
+      failed << (failed.tellp() > 0 ? "; " : "") << cut->second;
+    } else if (f == failures_.end()) {
       dead << (dead.tellp() > 0 ? " " : "rank ") << r;
     } else {
       failed << (failed.tellp() > 0 ? "; " : "") << "rank " << r << " failed: " << f->second;

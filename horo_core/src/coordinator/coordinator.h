@@ -32,10 +32,12 @@ class Coordinator {
 
   // Records the requests of one rank (rank 0's own included).
   void AddRequests(int rank, const RequestList& list);
-  // A rank whose control connection closed.
-  void PeerLost(int rank);
+  // A rank whose control connection closed, or (reason not empty) that this rank stopped reading
+  // (Transport::LostReason).
+  void PeerLost(int rank, const std::string& reason = "");
   // Describes the ranks lost without shutting down: those that died ("exited or lost its
-  // connection"), then those that reported a failure. Empty if there are none.
+  // connection"), then those cut off (their reason) or that reported a failure. Empty if there
+  // are none.
   std::string DescribeUnexpectedLosses() const;
   bool HasDeadRank() const;
 
@@ -98,6 +100,7 @@ class Coordinator {
   std::vector<std::pair<int32_t, std::string>> ready_;  // readiness order
   std::set<int32_t> shutdown_requested_;
   std::map<int32_t, std::string> failures_;  // ranks that reported their own failure
+  std::map<int32_t, std::string> cut_off_;   // ranks lost with a reason (PeerLost)
   std::vector<int32_t> lost_;
   bool stall_shutdown_ = false;
   std::string stall_message_;

@@ -191,7 +191,7 @@ std::string Runtime::DiagnoseOnCoordinator(const Status& local) {
       if (IsRoundMessage(m.payload) || !ParseRequestList(m.payload, &list).ok()) continue;
       coordinator_->AddRequests(m.peer, list);
     }
-    for (int r : lost) coordinator_->PeerLost(r);
+    for (int r : lost) coordinator_->PeerLost(r, transport_->LostReason(r));
   }
   const std::string cause = coordinator_->DescribeUnexpectedLosses();
   return cause.empty() ? local.message() : cause + " (rank 0 saw: " + local.message() + ")";

@@ -79,7 +79,7 @@ bool Runtime::Pass(int poll_ms, bool* progress, const std::atomic<bool>* caller_
       }
       coordinator_->AddRequests(m.peer, list);
     }
-    for (int r : lost) coordinator_->PeerLost(r);
+    for (int r : lost) coordinator_->PeerLost(r, transport_->LostReason(r));
     // Stalls are warned about after seconds: looking every few milliseconds is enough, and spares
     // a loop of small collectives building the list of waiting tensors on every pass.
     const int64_t now_ns = CoarseNanos();
@@ -100,7 +100,12 @@ bool Runtime::Pass(int poll_ms, bool* progress, const std::atomic<bool>* caller_
     // Only the coordinator's loss matters here (some transports also report other ranks; their
     // failures reach this rank through the coordinator or the data plane).
     if (std::find(lost.begin(), lost.end(), 0) != lost.end()) {
-      StopAfterCoordinatorLoss("it exited or crashed");
+      const std::string reason = transport_->LostReason(0);
+      if (reason.empty()) {
+        StopAfterCoordinatorLoss("it exited or crashed");
+      } else {  // cut off for reading only: rank 0 can still be told, and tell the others
+        ReportAndStop(Status::PeerLost(reason));
+      }
       return false;
     }
     if (agreement_) {

@@ -110,6 +110,12 @@ class Transport {
   virtual bool ControlToEveryPeer() const { return false; }
   // Thread-safe: closes every connection; blocked calls return an error. Idempotent.
   virtual void Close() = 0;
+  // Why PollControl reported peer lost when the peer did not go away (it sent a control frame
+  // that failed authentication), for the error that every rank sees; "" otherwise.
+  virtual std::string LostReason(int peer) const {
+    (void)peer;
+    return "";
+  }
 
   // Which host every rank runs on, for algorithms that treat same-host peers differently:
   // host_ids[r] == host_ids[s] exactly when ranks r and s share a host, and every rank gets the same

@@ -43,6 +43,7 @@ class CountingTransport : public Transport {
   void Wake() override { inner_->Wake(); }
   void Close() override { inner_->Close(); }
   std::vector<int> HostIds() const override { return inner_->HostIds(); }
+  std::string LostReason(int peer) const override { return inner_->LostReason(peer); }
 
  private:
   void Count(int peer, size_t len);

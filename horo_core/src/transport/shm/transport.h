@@ -83,6 +83,7 @@ class ShmTransport : public Transport {
   void Close() override;
   // From the host digests exchanged while connecting (link_builder.h).
   std::vector<int> HostIds() const override;
+  std::string LostReason(int peer) const override { return tcp_->LostReason(peer); }
 
  private:
   using Clock = std::chrono::steady_clock;

@@ -88,8 +88,18 @@ const char* ChannelName(ChannelKind kind) {
   return kind == ChannelKind::kControl ? "control" : "data";
 }
 
-Connection::Connection(int fd, int peer, ChannelKind kind, std::string peer_address)
-    : fd_(fd), peer_(peer), kind_(kind), peer_address_(std::move(peer_address)) {
+const char* Connection::FrameFault(int error) {
+  return error == kForgedFrame ? "a control frame failed authentication (forged, altered, replayed or out of order)"
+                               : "it sent a corrupt frame header";
+}
+
+Connection::Connection(int fd, int peer, ChannelKind kind, std::string peer_address, const FrameKeys& keys)
+    : fd_(fd),
+      peer_(peer),
+      kind_(kind),
+      peer_address_(std::move(peer_address)),
+      send_mac_(keys.send),
+      receive_mac_(keys.receive) {
   if (fd_ >= 0) Track(fd_);
 }
 
@@ -110,6 +120,10 @@ void Connection::TuneEstablished(int fd) {
 
 void Connection::Shutdown() {
   if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
+}
+
+void Connection::ShutdownRead() {
+  if (fd_ >= 0) ::shutdown(fd_, SHUT_RD);
 }
 
 Connection::Io Connection::SendSome(const char* data, size_t len, size_t* moved, int* error) {
@@ -150,23 +164,42 @@ Connection::Io Connection::RecvSome(char* data, size_t len, size_t* moved, int* 
   return Io::kOk;
 }
 
-Connection::Io Connection::SendFrameSome(const uint8_t* header, const std::string& payload,
+void Connection::FrameMac(HmacSha256 key, uint64_t sequence, const char* header, const char* payload,
+                          size_t length, uint8_t* mac) {
+  uint8_t counter[8];
+  for (size_t i = 0; i < sizeof(counter); ++i) counter[i] = static_cast<uint8_t>(sequence >> (8 * i));
+  key.Update(counter, sizeof(counter));
+  key.Update(header, kControlHeaderSize);
+  key.Update(payload, length);
+  const Sha256Digest digest = key.Final();
+  std::memcpy(mac, digest.data(), kControlMacSize);
+}
+
+void Connection::Seal(const uint8_t* header, const std::string& payload, uint8_t* mac) {
+  FrameMac(send_mac_, send_sequence_++, reinterpret_cast<const char*>(header), payload.data(), payload.size(), mac);
+}
+
+Connection::Io Connection::SendFrameSome(const uint8_t* header, const std::string& payload, const uint8_t* mac,
                                          size_t* offset, int* error) {
-  const size_t total = kControlHeaderSize + payload.size();
+  const iovec pieces[3] = {{const_cast<uint8_t*>(header), kControlHeaderSize},
+                           {const_cast<char*>(payload.data()), payload.size()},
+                           {const_cast<uint8_t*>(mac), kControlMacSize}};
+  const size_t total = kControlHeaderSize + payload.size() + kControlMacSize;
   while (*offset < total) {
-    iovec iov[2];
+    // The rest of the frame from *offset: the pieces not yet sent, the first one partly.
+    iovec iov[3];
     int count = 0;
-    if (*offset < kControlHeaderSize) {
-      iov[count].iov_base = const_cast<uint8_t*>(header + *offset);
-      iov[count].iov_len = kControlHeaderSize - *offset;
-      ++count;
-    }
-    size_t payload_offset = *offset < kControlHeaderSize ? 0 : *offset - kControlHeaderSize;
-    if (payload_offset < payload.size()) {
-      size_t chunk = payload.size() - payload_offset;
-      iov[count].iov_base = const_cast<char*>(payload.data() + payload_offset);
-      iov[count].iov_len = chunk < kMaxChunk ? chunk : kMaxChunk;
-      ++count;
+    size_t start = 0;
+    for (const iovec& piece : pieces) {
+      const size_t end = start + piece.iov_len;
+      if (*offset < end) {
+        const size_t skip = *offset > start ? *offset - start : 0;
+        const size_t left = piece.iov_len - skip;
+        iov[count].iov_base = static_cast<char*>(piece.iov_base) + skip;
+        iov[count].iov_len = left < kMaxChunk ? left : kMaxChunk;
+        ++count;
+      }
+      start = end;
     }
     msghdr message{};
     message.msg_iov = iov;
@@ -184,19 +217,25 @@ Connection::Io Connection::SendFrameSome(const uint8_t* header, const std::strin
   return Io::kOk;
 }
 
-bool Connection::ExtractFrames(std::vector<ControlMessage>* messages) {
+int Connection::ExtractFrames(std::vector<ControlMessage>* messages) {
   while (rx_end_ - rx_begin_ >= kControlHeaderSize) {
-    uint64_t length = LoadLittleEndian64(rx_.data() + rx_begin_);
-    if (length > kMaxControlFrame) return false;
-    if (rx_end_ - rx_begin_ - kControlHeaderSize < length) break;  // incomplete: keep for later
+    const char* header = rx_.data() + rx_begin_;
+    uint64_t length = LoadLittleEndian64(header);
+    if (length > kMaxControlFrame) return kCorruptLength;
+    if (rx_end_ - rx_begin_ - kControlHeaderSize < length + kControlMacSize) break;  // incomplete: keep for later
+    const char* payload = header + kControlHeaderSize;
+    uint8_t expected[kControlMacSize];
+    FrameMac(receive_mac_, receive_sequence_, header, payload, static_cast<size_t>(length), expected);
+    if (!ConstantTimeEqual(expected, payload + length, kControlMacSize)) return kForgedFrame;
+    ++receive_sequence_;
     ControlMessage message;
     message.peer = peer_;
-    message.payload.assign(rx_.data() + rx_begin_ + kControlHeaderSize, static_cast<size_t>(length));
+    message.payload.assign(payload, static_cast<size_t>(length));
     messages->push_back(std::move(message));
-    rx_begin_ += kControlHeaderSize + static_cast<size_t>(length);
+    rx_begin_ += kControlHeaderSize + static_cast<size_t>(length) + kControlMacSize;
   }
   if (rx_begin_ == rx_end_) rx_begin_ = rx_end_ = 0;
-  return true;
+  return 0;
 }
 
 Connection::Io Connection::ReadFrames(std::vector<ControlMessage>* messages, int* error) {
@@ -214,8 +253,9 @@ Connection::Io Connection::ReadFrames(std::vector<ControlMessage>* messages, int
     ssize_t n = ::recv(fd_, rx_.data() + rx_end_, rx_.size() - rx_end_, 0);
     if (n > 0) {
       rx_end_ += static_cast<size_t>(n);
-      if (!ExtractFrames(messages)) {
-        *error = 0;
+      const int fault = ExtractFrames(messages);
+      if (fault != 0) {
+        *error = fault;
         return Io::kError;
       }
       continue;

@@ -16,6 +16,8 @@ namespace {
 constexpr char kMagic[8] = {'H', 'O', 'R', 'O', 'T', 'C', 'P', '1'};
 constexpr char kConnectorLabel[] = "horo-tcp-v1/connector";
 constexpr char kAcceptorLabel[] = "horo-tcp-v1/acceptor";
+constexpr char kConnectorFramesLabel[] = "horo-tcp-v1/frames-from-connector";
+constexpr char kAcceptorFramesLabel[] = "horo-tcp-v1/frames-from-acceptor";
 
 void StoreBigEndian32(uint32_t v, uint8_t* p) {
   p[0] = static_cast<uint8_t>(v >> 24);
@@ -141,6 +143,16 @@ void Handshake::ComputeMac(const char* label, const uint8_t* header, uint8_t* ma
   hmac.Update(nonce_connector_, kNonceSize);
   Sha256Digest digest = hmac.Final();
   std::memcpy(mac, digest.data(), kMacSize);
+}
+
+tcp::FrameKeys Handshake::frame_keys() const {
+  uint8_t from_connector[kMacSize], from_acceptor[kMacSize];
+  ComputeMac(kConnectorFramesLabel, header_, from_connector);
+  ComputeMac(kAcceptorFramesLabel, header_, from_acceptor);
+  std::string connector_key(reinterpret_cast<const char*>(from_connector), kMacSize);
+  std::string acceptor_key(reinterpret_cast<const char*>(from_acceptor), kMacSize);
+  if (acceptor_) return {std::move(acceptor_key), std::move(connector_key)};
+  return {std::move(connector_key), std::move(acceptor_key)};
 }
 
 Handshake::Outcome Handshake::OnGreeting() {

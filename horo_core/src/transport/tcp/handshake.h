@@ -13,7 +13,8 @@
 //
 // Each side's MAC covers the other side's fresh random nonce (no replay) and a direction label (no
 // reflection); the header binds the ranks, the channel and the world size. MACs are compared in
-// constant time. The acceptor checks the MAC before looking at any header field.
+// constant time. The acceptor checks the MAC before looking at any header field. The keys of the
+// connection's control frames come from the same inputs under two more labels.
 #pragma once
 
 #include <cstddef>
@@ -69,6 +70,9 @@ class Handshake {
   const std::string& peer_address() const { return peer_address_; }
   bool admitted() const { return admitted_; }
   const Status& failure() const { return failure_; }
+  // After kDone: this end's keys of the connection's control frames (connection.h), MACs of both
+  // nonces and the header under the secret, one label per sending side.
+  tcp::FrameKeys frame_keys() const;
 
   static constexpr size_t kNonceSize = 32;
   static constexpr size_t kMacSize = 32;

@@ -222,7 +222,7 @@ Status MeshBuilder::AdvanceDial(Dial* dial) {
     case Handshake::Outcome::kInProgress:
       return Status::OK();
     case Handshake::Outcome::kDone:
-      Install(dial->handshake->ReleaseFd(), dial->peer, dial->channel, dial->handshake->peer_address());
+      Install(*dial->handshake, dial->handshake->ReleaseFd(), dial->peer, dial->channel);
       dial->handshake.reset();
       dial->done = true;
       return Status::OK();
@@ -295,7 +295,7 @@ void MeshBuilder::AdvanceAccepted(std::unique_ptr<Handshake>* handshake) {
       return;
     case Handshake::Outcome::kDone:
       Slot(h.peer_rank(), h.channel()) = SlotState::kDone;
-      Install(h.ReleaseFd(), h.peer_rank(), h.channel(), h.peer_address());
+      Install(h, h.ReleaseFd(), h.peer_rank(), h.channel());
       break;
     case Handshake::Outcome::kRetry:
     case Handshake::Outcome::kFailed:
@@ -311,9 +311,11 @@ void MeshBuilder::AdvanceAccepted(std::unique_ptr<Handshake>* handshake) {
   handshake->reset();
 }
 
-void MeshBuilder::Install(int fd, int peer, tcp::ChannelKind channel, const std::string& peer_address) {
+void MeshBuilder::Install(const Handshake& done, int fd, int peer, tcp::ChannelKind channel) {
   tcp::Connection::TuneEstablished(fd);
-  auto connection = std::make_unique<tcp::Connection>(fd, peer, channel, peer_address);
+  const std::string& peer_address = done.peer_address();
+  auto connection = std::make_unique<tcp::Connection>(
+      fd, peer, channel, peer_address, channel == tcp::ChannelKind::kControl ? done.frame_keys() : tcp::FrameKeys{});
   HORO_LOG(kDebug, options_.rank) << "authenticated " << ChannelName(channel) << " connection with rank " << peer
                                   << " at " << peer_address;
   if (channel == tcp::ChannelKind::kData) {

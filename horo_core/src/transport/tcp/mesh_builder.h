@@ -66,7 +66,7 @@ class MeshBuilder {
   Status AcceptNew();
   void AdvanceAccepted(std::unique_ptr<Handshake>* handshake);
   std::string Admit(int peer, tcp::ChannelKind channel);
-  void Install(int fd, int peer, tcp::ChannelKind channel, const std::string& peer_address);
+  void Install(const Handshake& done, int fd, int peer, tcp::ChannelKind channel);
   bool Complete() const;
   Status DeadlineFailure() const;
   SlotState& Slot(int peer, tcp::ChannelKind channel);

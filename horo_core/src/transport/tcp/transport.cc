@@ -302,14 +302,16 @@ Status TcpTransport::SendControl(int peer, const std::string& payload) {
   uint8_t header[tcp::Connection::kControlHeaderSize];
   uint64_t length = payload.size();
   for (size_t i = 0; i < sizeof(header); ++i) header[i] = static_cast<uint8_t>(length >> (8 * i));
-  const size_t total = sizeof(header) + payload.size();
+  uint8_t mac[tcp::Connection::kControlMacSize];
+  conn->Seal(header, payload, mac);
+  const size_t total = sizeof(header) + payload.size() + sizeof(mac);
   const auto timeout = std::chrono::microseconds(static_cast<int64_t>(options_.data_timeout_seconds * 1e6));
   size_t offset = 0;
   Clock::time_point last_progress = Clock::now();
   while (true) {
     size_t before = offset;
     int error = 0;
-    tcp::Connection::Io io = conn->SendFrameSome(header, payload, &offset, &error);
+    tcp::Connection::Io io = conn->SendFrameSome(header, payload, mac, &offset, &error);
     if (io != tcp::Connection::Io::kOk) {
       if (closed_) return Status::ShutDown(Who() + ": transport closed while sending a control message");
       std::string reason = io == tcp::Connection::Io::kClosed ? "peer closed the connection" : std::strerror(error);
@@ -366,13 +368,32 @@ void TcpTransport::ReadControl(int peer, std::vector<ControlMessage>* messages, 
   int error = 0;
   tcp::Connection::Io io = control_[peer]->ReadFrames(messages, &error);
   if (io == tcp::Connection::Io::kOk) return;
+  if (io == tcp::Connection::Io::kError && error == tcp::Connection::kForgedFrame) {
+    // Not a peer that went away: someone else wrote into the connection, or it was altered on the
+    // way. Nothing more it brings can be trusted, so it is lost to this rank, which stops the job
+    // as it would for a lost peer, but says why.
+    std::string reason = Who() + " stopped reading its control connection with rank " + std::to_string(peer) + " (" +
+                         control_[peer]->peer_address() + "): " + tcp::Connection::FrameFault(error);
+    HORO_LOG(kDebug, options_.rank) << reason;  // the runtime's error says it
+    lost_reasons_[peer] = std::move(reason);
+    control_[peer]->ShutdownRead();
+    control_lost_[peer] = true;
+    lost_peers->push_back(peer);
+    return;
+  }
   std::string reason = io == tcp::Connection::Io::kClosed ? "peer closed the connection"
-                       : error == 0                  ? "it sent a corrupt frame header"
+                       : error < 0                   ? tcp::Connection::FrameFault(error)
                                                      : std::strerror(error);
   HORO_LOG(kDebug, options_.rank) << "control connection to rank " << peer << " lost: " << reason;
   control_[peer]->Shutdown();
   control_lost_[peer] = true;
   lost_peers->push_back(peer);
+}
+
+std::string TcpTransport::LostReason(int peer) const {
+  std::lock_guard<std::mutex> lock(inbound_mutex_);
+  auto it = lost_reasons_.find(peer);
+  return it == lost_reasons_.end() ? "" : it->second;
 }
 
 bool TcpTransport::TakePending(std::vector<ControlMessage>* messages, std::vector<int>* lost_peers) {

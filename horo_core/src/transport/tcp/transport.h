@@ -21,6 +21,7 @@
 #include <poll.h>
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -73,6 +74,7 @@ class TcpTransport : public Transport {
   Status PollControl(int timeout_ms, std::vector<ControlMessage>* messages, std::vector<int>* lost_peers) override;
   void Wake() override;
   void Close() override;
+  std::string LostReason(int peer) const override;
 
  private:
   explicit TcpTransport(const TcpOptions& options);
@@ -92,7 +94,8 @@ class TcpTransport : public Transport {
   // buffered something).
   Status WaitControlSpace(tcp::Connection* conn, int wait_ms);
   // Reads what control_[peer] has into *messages; a closed or corrupt connection is shut down,
-  // marked lost and appended to *lost_peers. Caller holds inbound_mutex_.
+  // marked lost and appended to *lost_peers (one with a forged frame only for reading, so that
+  // rank 0 can still tell that peer why the job stops). Caller holds inbound_mutex_.
   void ReadControl(int peer, std::vector<ControlMessage>* messages, std::vector<int>* lost_peers);
   // Moves the pending queue to the caller's vectors; false if it was empty. Caller holds inbound_mutex_.
   bool TakePending(std::vector<ControlMessage>* messages, std::vector<int>* lost_peers);
@@ -119,10 +122,11 @@ class TcpTransport : public Transport {
 
   // Reading control connections, from PollControl or from a waiting SendControl, happens under
   // inbound_mutex_, which also guards the three members below.
-  std::mutex inbound_mutex_;
+  mutable std::mutex inbound_mutex_;
   std::vector<bool> control_lost_;               // reported (or queued to be reported) in lost_peers
   std::vector<ControlMessage> pending_control_;  // read by a waiting SendControl, not yet returned
   std::vector<int> pending_lost_;                // control connections found closed meanwhile
+  std::map<int, std::string> lost_reasons_;      // LostReason's, by peer
 };
 
 }  // namespace horo

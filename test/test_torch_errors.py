@@ -510,6 +510,46 @@ def test_a_rank_frozen_in_a_loop_is_the_one_named(tmp_path):
             in outcomes[1][2]), outcomes[1][2]
 
 
+FROZEN_BETWEEN_TWO_WORKER = REPORT + """
+    import time
+    hvd.init()
+    victim = int(sys.argv[1])
+
+    def loop():
+        for step in range(10 ** 9):  # until the stall shutdown
+            if hvd.rank() == victim and step == 50:
+                os.kill(os.getpid(), signal.SIGSTOP)
+            first = hvd.allreduce_async(torch.ones(4), op=hvd.Sum, name="first")
+            if step >= 50:
+                time.sleep(0.05)  # "first" is announced, and its round open, before "second" comes
+            second = hvd.allreduce_async(torch.ones(4), op=hvd.Sum, name="second")
+            out = hvd.synchronize(first) + hvd.synchronize(second)
+        return out
+
+    report("loop", loop)
+"""
+
+
+def test_every_tensor_waiting_for_a_frozen_rank_is_named(tmp_path):
+    # A tensor submitted while the round of an earlier one is open waits in this rank's next
+    # message, unsent; the stall report left it out and named only the earlier tensor.
+    victim = 2
+    script = write_script(tmp_path, FROZEN_BETWEEN_TWO_WORKER)
+    procs = spawn_ranks(script, N, (victim,), HORO_PEER_TIMEOUT_SECONDS=60, HORO_STALL_CHECK_TIME_SECONDS=1,
+                        HORO_STALL_SHUTDOWN_TIME_SECONDS=3)
+    try:
+        outcomes = {rank: finish(procs[rank]) for rank in range(N) if rank != victim}
+    finally:
+        procs[victim].kill()
+        procs[victim].communicate()
+    for rank, (code, out, err) in outcomes.items():
+        assert code == 0, err
+        (got,) = reports(out)
+        assert INTERNAL <= set(got.get("error", [])), (rank, got)
+        assert re.search(r"Missing ranks: rank 2: \[allreduce\.first, allreduce\.second\]$", got["message"]), \
+            (rank, got)
+
+
 def outcomes_beside_a_frozen_rank_0(procs, before=lambda: None):
     """finish() of every rank but rank 0, after before(); rank 0, stopped, is killed afterwards."""
     try:

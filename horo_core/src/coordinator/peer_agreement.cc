@@ -442,7 +442,11 @@ std::vector<StalledTensor> PeerAgreement::Waiting() const {
       }
     }
   }
-  std::set<int64_t> ids;
+  // This rank's announcements that wait for the open round to complete before they are sent
+  // (the tensors it submitted after sending its message) wait for the same ranks.
+  std::set<int64_t> unsent;
+  if (!owed.empty()) unsent.insert(next_.hits.begin(), next_.hits.end());
+  std::set<int64_t> ids(unsent);
   for (const auto& a : announced_) ids.insert(a.first);
   for (const auto& o : in_open) ids.insert(o.first);
   for (int64_t id : ids) {
@@ -458,7 +462,7 @@ std::vector<StalledTensor> PeerAgreement::Waiting() const {
       for (int32_t m : members) {
         const size_t i = static_cast<size_t>(m);
         const bool before = a != announced_.end() && !a->second.ranks.empty() && a->second.ranks[i];
-        missing[i] = !before && !(o != in_open.end() && o->second[i]);
+        missing[i] = !before && !(o != in_open.end() && o->second[i]) && !(m == rank_ && unsent.count(id));
       }
     }
     StalledTensor t;

@@ -407,6 +407,18 @@ class _Job:
                 return event[1]
         return first
 
+    def ended_early_note(self, blamed: int) -> str:
+        """When the blamed rank failed because another rank ended the job and the ranks that ended
+        before it all exited with code 0 (a script that finished, or called shutdown(), early),
+        names those: they are the cause the user looks for. "" otherwise."""
+        if not self._noted_consequence(blamed):
+            return ""
+        early = sorted(r for r, code in self.returncodes.items() if r != blamed and code == 0)
+        if not early or any(code != 0 for r, code in self.returncodes.items() if r != blamed):
+            return ""
+        who = f"rank {early[0]}" if len(early) == 1 else "ranks " + ", ".join(map(str, early))
+        return f", after {who} had exited with code 0 while the others were running"
+
     def signal_groups(self, ranks, signum: int, groups: bool = True) -> None:
         """Signals the process groups of the given ranks' workers (with groups False, the workers
         alone), except where the worker's pid now names a later process: then its group is gone and
@@ -511,6 +523,7 @@ def execute(workers: Sequence[Worker], options: ExecOptions = ExecOptions(),
                 if event[0] == "exit" and event[2] != 0:
                     failed_rank = job.blamed_rank(event[1])
                     exit_code, message = _describe_exit(failed_rank, job.returncodes[failed_rank])
+                    message += job.ended_early_note(failed_rank)
                     break
                 if event[0] == "monitor":
                     exit_code, message = 1, event[1]

@@ -223,6 +223,27 @@ def test_the_rank_that_failed_is_named_not_the_one_that_failed_because_of_it(chi
     assert "hororun: rank 1 exited with code 1\n" in err, err
 
 
+ENDS_EARLY_ON_RANK_ONE = """
+    import os, sys
+    import torch
+    import horo_torch as hvd
+    hvd.init()
+    hvd.allreduce(torch.ones(1), name="warm")
+    if hvd.rank() == 1:
+        sys.exit(0)  # a script that ends early: Horo shuts down at exit
+    hvd.allreduce(torch.ones(1), name="never")
+"""
+
+
+def test_a_rank_that_ended_early_with_code_0_is_named_beside_the_one_that_failed(child_env):
+    proc = hororun(child_env, "-np", "2", *worker(ENDS_EARLY_ON_RANK_ONE))
+    err = proc.stderr.decode()
+    assert "[0]<stderr>:horo_core.errors.HoroShutdownError" in err
+    assert proc.returncode == 1
+    assert ("hororun: rank 0 exited with code 1, after rank 1 had exited with code 0 while the others were "
+            "running\n") in err, err
+
+
 def test_rank_killed_by_signal(child_env):
     # Killed while its shared-memory segment still had a name (horo_core's transport unlinks it
     # once the peers have mapped it): hororun removes what the rank left in /dev/shm.

@@ -12,6 +12,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import socket
 import sys
 import threading
@@ -525,16 +526,30 @@ def _note_exits_for_launcher():
 
 
 def note_exit_for_launcher(exc):
-    """Notes for hororun that this rank is exiting on exc: a ``consequence`` of another rank ending
-    the job, or its ``cause`` (horo_runner.run's workers call it for the exception they catch)."""
+    """Notes for hororun that this rank is exiting on exc: the job's stall shutdown (``stalled``
+    and the ranks it waited for), a ``consequence`` of another rank ending the job, or its
+    ``cause`` (horo_runner.run's workers call it for the exception they catch)."""
     directory, rank = os.environ.get("HORO_EXIT_NOTES"), os.environ.get("HORO_RANK")
     if not directory or not rank:
         return
+    stalled = _stalled_ranks(exc)
     try:
         with open(os.path.join(directory, rank), "w") as f:
-            f.write("consequence" if _ended_by_another_rank(exc) else "cause")
+            if stalled:
+                f.write("stalled " + " ".join(map(str, stalled)))
+            else:
+                f.write("consequence" if _ended_by_another_rank(exc) else "cause")
     except OSError:
         pass
+
+
+def _stalled_ranks(exc):
+    """The ranks that the stall shutdown behind exc waited for (its message lists them, as the
+    core's stall inspector writes it: "Missing ranks: rank 1: [...]; rank 2: [...]"); [] when exc
+    is not that shutdown."""
+    message = str(exc) if isinstance(exc, HoroShutdownError) else ""
+    found = re.search(r"shutting down after tensors stalled for .*?Missing ranks: (rank \d+: \[.*)$", message)
+    return sorted({int(r) for r in re.findall(r"(?:^|; )rank (\d+): \[", found.group(1))}) if found else []
 
 
 def _ended_by_another_rank(exc):

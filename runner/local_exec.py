@@ -62,7 +62,8 @@ _LEFTOVER_GRACE_S = 2.0  # a worker's leftover processes: SIGTERM, then SIGKILL 
 _CAUSE_WAIT_S = 5.0  # how long a failure that a worker blames on another rank waits for that rank
 EXIT_NOTES_ENV = "HORO_EXIT_NOTES"
 """Directory where a rank notes why it is exiting on an exception (horo_core.basics): a file named
-after its rank holding ``consequence`` (another rank ended the job) or ``cause``."""
+after its rank holding ``consequence`` (another rank ended the job), ``stalled`` and the ranks
+that a stall shutdown waited for, or ``cause``."""
 
 # Where a rank's shared-memory segment lives while ranks set up their links (horo_core's
 # transport/shm/segment.h: "/horo-<pid>-<random>"). The rank unlinks it once its peers have mapped
@@ -377,15 +378,27 @@ class _Job:
             self.running.discard(rank)
             self.returncodes[rank] = code
 
-    def _noted_consequence(self, rank: int) -> bool:
+    def _note(self, rank: int) -> str:
         directory = self.options.exit_notes_dir
         if directory is None:
-            return False
+            return ""
         try:
             with open(os.path.join(directory, str(rank))) as f:
-                return f.read().strip() == "consequence"
+                return f.read().strip()
         except OSError:
-            return False
+            return ""
+
+    def _noted_consequence(self, rank: int) -> bool:
+        return self._note(rank) == "consequence"
+
+    def stall_note(self, blamed: int) -> str:
+        """When the blamed rank failed in the job's stall shutdown, names the ranks the stalled
+        tensors waited for (a rank stopped or stuck outside Horo never fails by itself). "" otherwise."""
+        note = self._note(blamed).split()
+        if not note or note[0] != "stalled" or len(note) < 2:
+            return ""
+        who = f"rank {note[1]}" if len(note) == 2 else "ranks " + ", ".join(note[1:])
+        return f", in the stall shutdown: the job's tensors waited for {who}"
 
     def blamed_rank(self, first: int) -> int:
         """The rank to blame for the job's end, the first failing worker being first: itself,
@@ -523,7 +536,7 @@ def execute(workers: Sequence[Worker], options: ExecOptions = ExecOptions(),
                 if event[0] == "exit" and event[2] != 0:
                     failed_rank = job.blamed_rank(event[1])
                     exit_code, message = _describe_exit(failed_rank, job.returncodes[failed_rank])
-                    message += job.ended_early_note(failed_rank)
+                    message += job.ended_early_note(failed_rank) or job.stall_note(failed_rank)
                     break
                 if event[0] == "monitor":
                     exit_code, message = 1, event[1]

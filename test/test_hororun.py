@@ -244,6 +244,28 @@ def test_a_rank_that_ended_early_with_code_0_is_named_beside_the_one_that_failed
             "running\n") in err, err
 
 
+SLEEPS_ON_RANK_ONE = """
+    import time
+    import torch
+    import horo_torch as hvd
+    hvd.init()
+    hvd.allreduce(torch.ones(1), name="warm")
+    if hvd.rank() == 1:
+        time.sleep(600)  # stuck outside Horo: it never fails by itself
+    hvd.allreduce(torch.ones(1), name="never")
+"""
+
+
+def test_a_stall_shutdown_names_the_rank_waited_for(child_env):
+    proc = hororun(child_env, "--stall-check-warning-time-seconds", "1", "--stall-check-shutdown-time-seconds", "2",
+                   "-np", "2", *worker(SLEEPS_ON_RANK_ONE))
+    err = proc.stderr.decode()
+    assert "Missing ranks: rank 1: [allreduce.never]" in err, err
+    assert proc.returncode == 1
+    assert ("hororun: rank 0 exited with code 1, in the stall shutdown: the job's tensors waited for rank 1; "
+            "terminated the remaining 1 rank\n") in err, err
+
+
 def test_rank_killed_by_signal(child_env):
     # Killed while its shared-memory segment still had a name (horo_core's transport unlinks it
     # once the peers have mapped it): hororun removes what the rank left in /dev/shm.

@@ -88,8 +88,8 @@ Connection::Io Read(Connection* to, std::vector<ControlMessage>* received, int* 
 
 void ExpectPayloads(const std::vector<ControlMessage>& received, const std::vector<std::string>& expected,
                     const std::string& tag) {
-  Check(received.size() == expected.size(),
-        tag + ": " + std::to_string(received.size()) + " frames delivered, expected " + std::to_string(expected.size()));
+  Check(received.size() == expected.size(), tag + ": " + std::to_string(received.size()) +
+                                                " frames delivered, expected " + std::to_string(expected.size()));
   for (size_t i = 0; i < expected.size(); ++i) {
     Check(received[i].payload == expected[i], tag + ": frame " + std::to_string(i) + " differs");
   }

@@ -5,7 +5,7 @@ inside ``tf.function``, one ``tf.numpy_function`` per collective; nothing here i
 TensorFlow, so one install works with every TensorFlow 2.x. XLA-compiled functions
 (``jit_compile=True``) cannot contain these collectives and are rejected with a clear error; Keras's
 ``compile(jit_compile="auto")``, which picks XLA where a GPU is visible, resolves to False for a
-model trained by a Horo optimizer (horo_tf.keras).
+model whose compiled steps may run a collective (horo_tf/_xla_auto.py).
 """
 from horo_core import require_framework as _require_framework
 
@@ -30,6 +30,9 @@ from horo_tf.mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather,
                              grouped_reducescatter, handle_average_backwards_compatibility, join, local_rank_op,
                              local_size_op, process_set_included_op, rank_op, reducescatter, size_op)
 from horo_tf.sync_batch_norm import SyncBatchNormalization
+from horo_tf._xla_auto import resolve_auto_xla_off_for_horo as _resolve_auto_xla_off_for_horo
+
+_resolve_auto_xla_off_for_horo()
 
 
 def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="", device_sparse="",

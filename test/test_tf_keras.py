@@ -484,6 +484,28 @@ def check_names_alike_whatever_else_a_rank_built(c, hvd, keras, tf):
     c.same("horo_tf.keras exports Adasum, as horovod.keras does", hvd.Adasum, horo_tf.Adasum)
 
 
+def TapeStepModel(keras, tf, horo_tf):
+    """A model whose own train_step reduces its gradients with DistributedGradientTape."""
+
+    class TapeStep(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(1)
+
+        def call(self, x):
+            return self.dense(x)
+
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                loss = self.compute_loss(x=x, y=y, y_pred=self(x, training=True))
+            grads = horo_tf.DistributedGradientTape(tape).gradient(loss, self.trainable_variables)
+            self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+            return {"loss": loss}
+
+    return TapeStep()
+
+
 def check_xla_and_functions(c, hvd, keras, tf):
     n, r = hvd.size(), hvd.rank()
     (xs, ys), _, _ = shard_and_global(n, r)
@@ -493,8 +515,9 @@ def check_xla_and_functions(c, hvd, keras, tf):
              lambda: model.fit(xs, ys, batch_size=BATCH, epochs=1, verbose=0))
 
     # Keras 3 resolves jit_compile="auto" to XLA when TensorFlow sees a GPU; with a Horo optimizer
-    # (also inside a LossScaleOptimizer) it must resolve to False, so that Horovod's compile() call
-    # trains on a GPU machine. A GPU is made visible to the resolution only.
+    # (also inside a LossScaleOptimizer), or a train_step of the model's own (Horovod's TF2 pattern
+    # runs a DistributedGradientTape there), it must resolve to False, so that Horovod's compile()
+    # call trains on a GPU machine. A GPU is made visible to the resolution only.
     real = tf.config.list_physical_devices
     tf.config.list_physical_devices = lambda *a: real(*a) + [tf.config.PhysicalDevice("/physical_device:GPU:0", "GPU")]
     try:
@@ -512,10 +535,16 @@ def check_xla_and_functions(c, hvd, keras, tf):
                                       keras.layers.Dense(1)])
         candidate.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
         resolved["plain, SyncBatchNormalization"] = candidate.jit_compile
+        candidate = TapeStepModel(keras, tf, horo_tf)
+        candidate.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+        resolved["plain, own train_step"] = candidate.jit_compile
     finally:
         tf.config.list_physical_devices = real
     c.same("jit_compile='auto' with a visible GPU: XLA for a plain optimizer, not for Horo's", resolved,
-           {"plain": True, "horo": False, "loss-scaled horo": False, "plain, SyncBatchNormalization": False})
+           {"plain": True, "horo": False, "loss-scaled horo": False, "plain, SyncBatchNormalization": False,
+            "plain, own train_step": False})
+    # And that model trains with "auto" (no GPU here: XLA stays off anyway, so this checks the step).
+    candidate.fit(xs, ys, batch_size=BATCH, epochs=1, verbose=0)
     model = make_model(keras, 100 + r)
     model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
     model.fit(xs, ys, batch_size=BATCH, epochs=1, verbose=0,

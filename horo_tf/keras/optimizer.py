@@ -388,32 +388,3 @@ def _uses_horo(optimizer):
         if optimizer is None:
             return False
     return False
-
-
-def _resolve_auto_xla_off_for_horo():
-    """Makes ``compile(jit_compile="auto")`` resolve to False for a model trained by a Horo optimizer.
-
-    Keras 3 turns XLA on for "auto" when a GPU is visible (``Trainer._resolve_auto_jit_compile``),
-    and XLA cannot compile the tf.numpy_function that carries Horo's collectives, so every Horovod
-    Keras script would fail on a GPU machine. An explicit ``jit_compile=True`` is left alone (and
-    refused with a message when traced). If Keras moves the method, nothing is patched and that
-    message is what a user sees.
-    """
-    try:
-        from keras.src.trainers import trainer
-    except ImportError:  # pragma: no cover - a Keras without that module
-        return
-    resolve = getattr(trainer.Trainer, "_resolve_auto_jit_compile", None)
-    if resolve is None or getattr(resolve, "_horo_wrapped", False):
-        return
-
-    def resolve_auto_jit_compile(self):
-        if _uses_horo(getattr(self, "optimizer", None)):
-            return False
-        return resolve(self)
-
-    resolve_auto_jit_compile._horo_wrapped = True
-    trainer.Trainer._resolve_auto_jit_compile = resolve_auto_jit_compile
-
-
-_resolve_auto_xla_off_for_horo()

@@ -384,7 +384,7 @@ def check_resume_on_rank_0_only(c, hvd, keras, tf):
 
     import horo_tf
     n, r = hvd.size(), hvd.rank()
-    (xs, ys), _, _ = shard_and_global(n, r)
+    (xs, ys), (xg, yg), global_batch = shard_and_global(n, r)
 
     def build(seed, wrap=hvd.DistributedOptimizer):
         keras.utils.set_random_seed(seed)
@@ -416,6 +416,13 @@ def check_resume_on_rank_0_only(c, hvd, keras, tf):
         model.fit(xs, ys, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
                   callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
         agree("resumed on rank 0 only", model)
+        # And it is the run that one process resuming from the checkpoint makes on the global batch:
+        # the model's weights are broadcast before the first step (the optimizers, which differ,
+        # after it), so the first step's gradients are taken at the checkpoint's weights everywhere.
+        reference = keras.models.load_model(path)
+        reference.fit(xg, yg, batch_size=global_batch, epochs=1, shuffle=False, verbose=0)
+        for i, (a, b) in enumerate(zip(model.get_weights(), reference.get_weights())):
+            c.close(f"resumed on rank 0 only: weight {i} as one process resuming", a, b)
 
         # The same with an optimizer named in DistributedOptimizer(name=...): the name is saved with
         # the model, and the restored optimizer's reductions carry it as the built ones' do. Options

@@ -26,7 +26,11 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     without an ``Input`` or a subclassed model, which Keras builds on its first batch; an optimizer
     not built yet) are broadcast after the first batch, as Horovod broadcasts everything then. So is
     everything when the ranks start at different build states (rank 0 restored a checkpoint with
-    ``load_model``, or built the model to print its summary, while the others did not).
+    ``load_model``, or built the model to print its summary, while the others did not); where only
+    the optimizers differ (rank 0's restored, the others' not built yet), the model's variables are
+    broadcast before the first step as well, so that its gradients, which every rank takes at rank
+    0's weights, are the ones training on from the checkpoint would give, and rank 0's first update
+    is that of the checkpoint's optimizer state.
 
     Args:
         root_rank: the global rank whose values every rank takes.
@@ -47,25 +51,35 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self._first_batch = False
         self._done = set()  # ids of the variables broadcast at on_train_begin
 
-    def _variables(self):
+    def _model_and_optimizer_variables(self):
         optimizer = getattr(self.model, "optimizer", None)
-        variables = list(self.model.variables)
-        if optimizer is not None and optimizer.built:
-            variables += list(optimizer.variables)
-        return [v for v in variables if id(v) not in self._local and not _is_seed_state(v)]
+        optimizer_variables = list(optimizer.variables) if optimizer is not None and optimizer.built else []
+        return [[v for v in variables if id(v) not in self._local and not _is_seed_state(v)]
+                for variables in (self.model.variables, optimizer_variables)]
+
+    def _variables(self):
+        model_variables, optimizer_variables = self._model_and_optimizer_variables()
+        return model_variables + optimizer_variables
 
     def _layouts(self, variables, when):
-        """Every rank's (shape, dtype) list of its variables, in rank order (a collective)."""
-        layout = [(tuple(v.shape), str(v.dtype)) for v in variables]
+        """Every rank's (shape, dtype) list of its variables, in rank order (a collective); a None
+        in variables stays None (a separator)."""
+        layout = [None if v is None else (tuple(v.shape), str(v.dtype)) for v in variables]
         return allgather_object(layout, name=f"BroadcastGlobalVariablesCallback.{when}")
 
     def on_train_begin(self, logs=None):
-        variables = self._variables()
-        layouts = self._layouts(variables, "train_begin")
+        model_variables, optimizer_variables = self._model_and_optimizer_variables()
+        # One collective: each rank's layout of its model's variables, then of its optimizer's.
+        layouts = self._layouts(model_variables + [None] + optimizer_variables, "train_begin")
+        models = layouts[0].index(None) + 1  # rank 0's model part, separator included: alike on every rank
         self._done = set()
-        if all(layout == layouts[0] for layout in layouts):
-            self._done = {id(v) for v in variables}
-            broadcast_variables(variables, root_rank=self.root_rank)
+        if all(layout[:models] == layouts[0][:models] for layout in layouts):
+            same_optimizers = all(layout == layouts[0] for layout in layouts)
+            now = model_variables + (optimizer_variables if same_optimizers else [])
+            broadcast_variables(now, root_rank=self.root_rank)
+            # Where the optimizers differ, the first step's updates differ too: everything is
+            # broadcast again after it.
+            self._done = {id(v) for v in now} if same_optimizers else set()
         self._first_batch = True
 
     def on_batch_end(self, batch, logs=None):

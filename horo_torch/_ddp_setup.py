@@ -4,6 +4,8 @@ default communication hooks, which would go through torch.distributed (not initi
 the set's first rank, the identity node on the outputs that queues the end-of-backward callback,
 and keeping the forward helpers out of torch.compile.
 """
+import os
+
 import torch
 
 from horo_core.process_sets import ProcessSet
@@ -64,6 +66,35 @@ def _adopt_torch_sync_batch_norms(module, process_set):
             if isinstance(child, torch.nn.SyncBatchNorm):
                 setattr(parent, name, adopt(child))
     return module
+
+
+def run_comm_hook(hook, state, bucket):
+    """hook(state, bucket), with an error that says what to do where the hook called into
+    torch.distributed, which Horo does not initialise (a user's hook calling torch's
+    default_hooks.allreduce_hook, say: only a hook registered itself is replaced by Horo's)."""
+    try:
+        return hook(state, bucket)
+    except Exception as exc:
+        where = _torch_distributed_frame(exc.__traceback__)
+        if where is None or torch.distributed.is_available() and torch.distributed.is_initialized():
+            raise
+        name = getattr(hook, "__qualname__", repr(hook))
+        raise RuntimeError(f"the DDP communication hook {name} called torch.distributed ({where}), which Horo does "
+                           f"not initialise ({type(exc).__name__}: {exc}); inside a hook, call horo_torch.comm_hooks' "
+                           f"allreduce_hook, fp16_compress_hook or bf16_compress_hook instead of torch's "
+                           f"default_hooks") from exc
+
+
+def _torch_distributed_frame(tb):
+    """"file:line" of the first frame of traceback tb in torch.distributed's code, or None."""
+    marker = os.path.join("torch", "distributed", "")
+    while tb is not None:
+        filename = tb.tb_frame.f_code.co_filename
+        at = filename.rfind(marker)
+        if at >= 0:
+            return f"{filename[at:]}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return None
 
 
 def _horo_hook_for(hook, state):

@@ -61,7 +61,7 @@ from horo_torch._ddp_gradients import (flat_gradients, launch_sparse, on_the_wir
                                        wait_all, write_back)
 from horo_torch._ddp_join import JoinMixin
 from horo_torch._ddp_setup import (_adopt_torch_sync_batch_norms, _check_devices, _horo_hook_for, _Sink, _to_device,
-                                   root_rank)
+                                   root_rank, run_comm_hook)
 from horo_torch._weak_hooks import remove_when_collected, weak_hook
 from horo_torch.functions import _gather_if_different
 from horo_torch.comm_hooks import GradBucket, allreduce_hook, fp16_compress_hook
@@ -175,6 +175,8 @@ class DistributedDataParallel(JoinMixin, torch.nn.Module):
         # Parameters and buffers left alone (torch's _ddp_params_and_buffers_to_ignore): neither
         # broadcast nor reduced.
         self._ignored = set(getattr(module, "_ddp_params_and_buffers_to_ignore", ()))
+        self.parameters_to_ignore = self._ignored  # torch DDP's attributes of these two, which wrappers read
+        self.bucket_bytes_cap = int(bucket_cap_mb * MIB)
         self._join = None  # the options of the join() context this rank is in, or None
         self._grad_scale = 1.0  # join(divide_by_initial_world_size=False): size / ranks still training
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad and n not in self._ignored]
@@ -523,7 +525,7 @@ class DistributedDataParallel(JoinMixin, torch.nn.Module):
                 continue
             grad_bucket = GradBucket(k, bucket.name, flat_gradients(bucket), bucket.params, k == len(self._buckets) - 1,
                                      self.process_set)
-            self._futures[k] = self._comm_hook(self._comm_state, grad_bucket)
+            self._futures[k] = run_comm_hook(self._comm_hook, self._comm_state, grad_bucket)
             self._next_launch += 1
 
     @eager_under_compile

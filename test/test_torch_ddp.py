@@ -513,6 +513,11 @@ def check_hook_api(hvd, c):
     c.raises("bucket_cap_mb", ValueError, "negative", lambda: DistributedDataParallel(Mlp(), bucket_cap_mb=-1))
     c.same("bucket_cap_mb=0 (torch takes it): one parameter per bucket",
            len(DistributedDataParallel(Mlp(), bucket_cap_mb=0).buckets), 4)
+    ignoring = Mlp()
+    ignoring._ddp_params_and_buffers_to_ignore = ["fc1.bias"]
+    c.same("torch DDP's bucket_bytes_cap and parameters_to_ignore",
+           [DistributedDataParallel(Mlp()).bucket_bytes_cap, DistributedDataParallel(ignoring).parameters_to_ignore],
+           [25 * 1024 * 1024, {"fc1.bias"}])
     # done() tells whether the collective completed, as torch's Future.done does (polled, not waited).
     future = comm_hooks.HandleFuture(hvd.allreduce_async(torch.ones(3), name="hook_api.done", op=hvd.Sum))
     for _ in range(10 ** 7):
@@ -787,6 +792,19 @@ def check_torch_ddp_behaviour(hvd, c, size):
                       tol=2e-3, dtype=torch.float32)
     c.raises("torch's PowerSGD hook", NotImplementedError, "PowerSGD",
              lambda: DistributedDataParallel(Mlp()).register_comm_hook(None, powerSGD_hook.powerSGD_hook))
+
+    # A hook of the user's that calls torch's default hook is not replaced: the error says what to
+    # call instead (it was an AttributeError deep in torch.distributed).
+    def logging_hook(state, bucket):
+        return default_hooks.allreduce_hook(state, bucket)
+
+    inside = DistributedDataParallel(Mlp().double())
+    inside.register_comm_hook(None, logging_hook)
+    c.raises("torch's default hook inside a hook of the user's", RuntimeError,
+             "called torch.distributed (torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py:",
+             lambda: local_loss(inside, *mine, rank).backward())
+    c.raises("... and the error names Horo's hooks", RuntimeError, "call horo_torch.comm_hooks' allreduce_hook",
+             lambda: local_loss(inside, *mine, rank).backward())
     torch.manual_seed(0)
     model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(Normed().double())
     ddp = DistributedDataParallel(model)

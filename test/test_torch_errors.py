@@ -470,55 +470,17 @@ def test_frozen_rank_fails_every_other_rank(tmp_path):
 
 
 FROZEN_IN_A_LOOP_WORKER = REPORT + """
-    hvd.init()
-    victim = int(sys.argv[1])
-
-    def loop():
-        for step in range(10 ** 9):  # until the stall shutdown
-            if hvd.rank() == victim and step == 50:
-                os.kill(os.getpid(), signal.SIGSTOP)
-            out = hvd.allreduce(torch.ones(4), op=hvd.Sum, name="steady")
-        return out
-
-    report("loop", loop)
-"""
-
-
-def test_a_rank_frozen_in_a_loop_is_the_one_named(tmp_path):
-    # In a loop of one repeated collective the ranks agree among themselves, a round of messages
-    # per step. A rank stopped between two steps leaves the others' round open for ever; the stall
-    # report looked only at completed rounds, so it named live ranks (rank 0, which answers a round
-    # late, most often) or none, and the workers' warning blamed rank 0.
-    victim = 2
-    script = write_script(tmp_path, FROZEN_IN_A_LOOP_WORKER)
-    procs = spawn_ranks(script, N, (victim,), HORO_PEER_TIMEOUT_SECONDS=60, HORO_STALL_CHECK_TIME_SECONDS=1,
-                        HORO_STALL_SHUTDOWN_TIME_SECONDS=3)
-    try:
-        outcomes = {rank: finish(procs[rank]) for rank in range(N) if rank != victim}
-    finally:
-        procs[victim].kill()
-        procs[victim].communicate()
-    for rank, (code, out, err) in outcomes.items():
-        assert code == 0, err
-        (got,) = reports(out)
-        assert INTERNAL <= set(got.get("error", [])), (rank, got)
-        assert re.search(r"stalled for [\d.]+ seconds \(HORO_STALL_SHUTDOWN_TIME_SECONDS=3\)\. "
-                         r"Missing ranks: rank 2: \[allreduce\.steady\]$", got["message"]), (rank, got)
-    assert "Missing ranks: rank 2: [allreduce.steady]" in outcomes[0][2], outcomes[0][2]
-    assert "rank 0: [" not in outcomes[0][2], outcomes[0][2]
-    assert ("the ranks' round of agreement waits for the message of rank 2 (rank 0's is in)"
-            in outcomes[1][2]), outcomes[1][2]
-
-
-FROZEN_BETWEEN_TWO_WORKER = REPORT + """
     import time
     hvd.init()
-    victim = int(sys.argv[1])
+    victim, tensors = int(sys.argv[1]), sys.argv[2]
 
     def loop():
         for step in range(10 ** 9):  # until the stall shutdown
             if hvd.rank() == victim and step == 50:
                 os.kill(os.getpid(), signal.SIGSTOP)
+            if tensors == "one":
+                out = hvd.allreduce(torch.ones(4), op=hvd.Sum, name="steady")
+                continue
             first = hvd.allreduce_async(torch.ones(4), op=hvd.Sum, name="first")
             if step >= 50:
                 time.sleep(0.05)  # "first" is announced, and its round open, before "second" comes
@@ -530,24 +492,47 @@ FROZEN_BETWEEN_TWO_WORKER = REPORT + """
 """
 
 
-def test_every_tensor_waiting_for_a_frozen_rank_is_named(tmp_path):
-    # A tensor submitted while the round of an earlier one is open waits in this rank's next
-    # message, unsent; the stall report left it out and named only the earlier tensor.
-    victim = 2
-    script = write_script(tmp_path, FROZEN_BETWEEN_TWO_WORKER)
-    procs = spawn_ranks(script, N, (victim,), HORO_PEER_TIMEOUT_SECONDS=60, HORO_STALL_CHECK_TIME_SECONDS=1,
+def stall_shutdowns_beside_a_frozen_rank(tmp_path, victim, tensors):
+    """Runs FROZEN_IN_A_LOOP_WORKER on N ranks, victim stopping itself; returns {rank: (its one
+    report, stderr)} of the others, each of which must have failed in the stall shutdown (3 s)."""
+    script = write_script(tmp_path, FROZEN_IN_A_LOOP_WORKER)
+    procs = spawn_ranks(script, N, (victim, tensors), HORO_PEER_TIMEOUT_SECONDS=60, HORO_STALL_CHECK_TIME_SECONDS=1,
                         HORO_STALL_SHUTDOWN_TIME_SECONDS=3)
     try:
         outcomes = {rank: finish(procs[rank]) for rank in range(N) if rank != victim}
     finally:
         procs[victim].kill()
         procs[victim].communicate()
+    failures = {}
     for rank, (code, out, err) in outcomes.items():
         assert code == 0, err
         (got,) = reports(out)
         assert INTERNAL <= set(got.get("error", [])), (rank, got)
-        assert re.search(r"Missing ranks: rank 2: \[allreduce\.first, allreduce\.second\]$", got["message"]), \
+        assert re.search(r"stalled for [\d.]+ seconds \(HORO_STALL_SHUTDOWN_TIME_SECONDS=3\)\. ", got["message"]), \
             (rank, got)
+        failures[rank] = (got, err)
+    return failures
+
+
+def test_a_rank_frozen_in_a_loop_is_the_one_named(tmp_path):
+    # In a loop of one repeated collective the ranks agree among themselves, a round of messages
+    # per step. A rank stopped between two steps leaves the others' round open for ever; the stall
+    # report looked only at completed rounds, so it named live ranks (rank 0, which answers a round
+    # late, most often) or none, and the workers' warning blamed rank 0.
+    outcomes = stall_shutdowns_beside_a_frozen_rank(tmp_path, victim=2, tensors="one")
+    for rank, (got, _) in outcomes.items():
+        assert got["message"].endswith("Missing ranks: rank 2: [allreduce.steady]"), (rank, got)
+    assert "Missing ranks: rank 2: [allreduce.steady]" in outcomes[0][1], outcomes[0][1]
+    assert "rank 0: [" not in outcomes[0][1], outcomes[0][1]
+    assert ("the ranks' round of agreement waits for the message of rank 2 (rank 0's is in)"
+            in outcomes[1][1]), outcomes[1][1]
+
+
+def test_every_tensor_waiting_for_a_frozen_rank_is_named(tmp_path):
+    # A tensor submitted while the round of an earlier one is open waits in this rank's next
+    # message, unsent; the stall report left it out and named only the earlier tensor.
+    for rank, (got, _) in stall_shutdowns_beside_a_frozen_rank(tmp_path, victim=2, tensors="two").items():
+        assert got["message"].endswith("Missing ranks: rank 2: [allreduce.first, allreduce.second]"), (rank, got)
 
 
 def outcomes_beside_a_frozen_rank_0(procs, before=lambda: None):

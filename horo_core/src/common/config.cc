@@ -59,7 +59,13 @@ bool ParseBool(const std::string& text, bool* out) {
     *out = false;
     return true;
   }
-  return false;
+  // Any other integer: Horovod reads these settings with strtol(...) != 0, so "2" means on.
+  char* end = nullptr;
+  errno = 0;
+  const long long number = std::strtoll(t.c_str(), &end, 10);
+  if (end == t.c_str() || *end != '\0' || errno == ERANGE) return false;
+  *out = number != 0;
+  return true;
 }
 
 // "auto" (or empty) leaves the choice to the core; otherwise a boolean forces it.

@@ -207,6 +207,9 @@ class DistributedDataParallel(JoinMixin, torch.nn.Module):
         # static_graph: how often each parameter's gradient is accumulated in one backward, as the
         # first synchronised backward counted (None until then).
         self._expected_hits = None
+        # How often each gradient arrived in the first synchronised backward, and whether every one
+        # since matched it (_get_ddp_logging_data's can_set_static_graph).
+        self._first_hits, self._graph_static = None, True
         self._callback_queued = False
         self._lock = threading.Lock()  # hooks of parameters on different devices run on different threads
         self._reset_iteration()
@@ -324,6 +327,30 @@ class DistributedDataParallel(JoinMixin, torch.nn.Module):
     def buckets_rebuilt(self):
         """Whether the buckets were rebuilt from the observed gradient order."""
         return self._rebuilt
+
+    def _get_ddp_logging_data(self):
+        """torch DDP's private summary of the wrapper, the keys Horo can answer (integers for
+        flags, as torch's). ``can_set_static_graph`` appears after the first synchronised
+        backward: 1 while every such backward has accumulated each parameter's gradient as often
+        as the first did (the same parameters used, each as many times), so that
+        ``static_graph=True`` would do (torch's test of the same name); 1 under static_graph."""
+        data = {
+            "backend_name": "horo",
+            "module_name": type(self.module).__name__,
+            "world_size": self.process_set.size(),
+            "rank": self.process_set.rank(),
+            "device_ids": "" if self.device_ids is None else ", ".join(map(str, self.device_ids)),
+            "output_device": -1 if self.output_device is None else str(self.output_device),
+            "broadcast_buffers": int(self.forward_sync_buffers),
+            "bucket_cap_bytes": self.bucket_bytes_cap,
+            "find_unused_parameters": int(self.find_unused_parameters),
+            "gradient_as_bucket_view": int(self.gradient_as_bucket_view),
+            "static_graph": int(self.static_graph),
+            "has_rebuilt_buckets": int(self._rebuilt),
+        }
+        if self._first_hits is not None:
+            data["can_set_static_graph"] = int(self.static_graph or self._graph_static)
+        return data
 
     # Copies (copy.deepcopy, pickle, torch.save) -----------------------------------------------------
 
@@ -496,9 +523,9 @@ class DistributedDataParallel(JoinMixin, torch.nn.Module):
             if not self._armed:
                 return  # no forward of this wrapper since the last backward: accumulate locally
             self._queue_finish()
-        if self.static_graph and self._sync_this_backward:
+        if self._sync_this_backward:
             self._hits[index] += 1
-            if self._expected_hits is not None and self._hits[index] < self._expected_hits[index]:
+            if self.static_graph and self._expected_hits is not None and self._hits[index] < self._expected_hits[index]:
                 return  # more of this parameter's gradient is still to come in this backward
         if self._ready[index]:
             # A second accumulation in one backward (reentrant checkpointing runs one backward per
@@ -544,6 +571,10 @@ class DistributedDataParallel(JoinMixin, torch.nn.Module):
             self._armed = False
 
     def _synchronize_gradients(self):
+        if self._first_hits is None:
+            self._first_hits = list(self._hits)
+        elif self._hits != self._first_hits:
+            self._graph_static = False
         if self.static_graph and self._expected_hits is None:
             self._expected_hits = list(self._hits)
         missing = [i for i, ready in enumerate(self._ready) if not ready]

@@ -805,6 +805,23 @@ def check_torch_ddp_behaviour(hvd, c, size):
              lambda: local_loss(inside, *mine, rank).backward())
     c.raises("... and the error names Horo's hooks", RuntimeError, "call horo_torch.comm_hooks' allreduce_hook",
              lambda: local_loss(inside, *mine, rank).backward())
+
+    # torch DDP's _get_ddp_logging_data()["can_set_static_graph"], the check its docs give for
+    # static_graph: there once a backward has run, 0 when the parameters used change between them.
+    torch.manual_seed(0)
+    steady = DistributedDataParallel(Branchy().double(), find_unused_parameters=True)
+    changing = DistributedDataParallel(Branchy().double(), find_unused_parameters=True)
+    c.same("no can_set_static_graph before a backward", "can_set_static_graph" in steady._get_ddp_logging_data(),
+           False)
+    for step in range(3):
+        local_loss(steady, *mine, rank).backward()
+        local_loss(changing, *mine, step % 2).backward()  # the route, so the parameters used, changes
+    c.same("can_set_static_graph: the same parameters in every backward, or not",
+           [d._get_ddp_logging_data()["can_set_static_graph"] for d in (steady, changing)], [1, 0])
+    logged = steady._get_ddp_logging_data()
+    c.same("logging data of the constructor's arguments",
+           [logged["find_unused_parameters"], logged["static_graph"], logged["bucket_cap_bytes"]],
+           [1, 0, 25 * 1024 * 1024])
     torch.manual_seed(0)
     model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(Normed().double())
     ddp = DistributedDataParallel(model)

@@ -248,6 +248,12 @@ def _plural(n: int) -> str:
     return f"{n} rank" if n == 1 else f"{n} ranks"
 
 
+def _name_ranks(ranks) -> str:
+    """Names ranks as in "rank 1" or "ranks 1, 2"."""
+    ranks = list(ranks)
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+
+
 def _describe_exit(rank: int, code: int) -> tuple[int, str]:
     if code < 0:
         return 128 - code, f"rank {rank} was killed by signal {-code} ({_signal_name(-code)})"
@@ -397,8 +403,7 @@ class _Job:
         note = self._note(blamed).split()
         if not note or note[0] != "stalled" or len(note) < 2:
             return ""
-        who = f"rank {note[1]}" if len(note) == 2 else "ranks " + ", ".join(note[1:])
-        return f", in the stall shutdown: the job's tensors waited for {who}"
+        return f", in the stall shutdown: the job's tensors waited for {_name_ranks(note[1:])}"
 
     def blamed_rank(self, first: int) -> int:
         """The rank to blame for the job's end, the first failing worker being first: itself,
@@ -429,8 +434,7 @@ class _Job:
         early = sorted(r for r, code in self.returncodes.items() if r != blamed and code == 0)
         if not early or any(code != 0 for r, code in self.returncodes.items() if r != blamed):
             return ""
-        who = f"rank {early[0]}" if len(early) == 1 else "ranks " + ", ".join(map(str, early))
-        return f", after {who} had exited with code 0 while the others were running"
+        return f", after {_name_ranks(early)} had exited with code 0 while the others were running"
 
     def signal_groups(self, ranks, signum: int, groups: bool = True) -> None:
         """Signals the process groups of the given ranks' workers (with groups False, the workers

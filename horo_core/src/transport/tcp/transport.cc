@@ -368,24 +368,21 @@ void TcpTransport::ReadControl(int peer, std::vector<ControlMessage>* messages, 
   int error = 0;
   tcp::Connection::Io io = control_[peer]->ReadFrames(messages, &error);
   if (io == tcp::Connection::Io::kOk) return;
-  if (io == tcp::Connection::Io::kError && error == tcp::Connection::kForgedFrame) {
-    // Not a peer that went away: someone else wrote into the connection, or it was altered on the
-    // way. Nothing more it brings can be trusted, so it is lost to this rank, which stops the job
-    // as it would for a lost peer, but says why.
-    std::string reason = Who() + " stopped reading its control connection with rank " + std::to_string(peer) + " (" +
-                         control_[peer]->peer_address() + "): " + tcp::Connection::FrameFault(error);
-    HORO_LOG(kDebug, options_.rank) << reason;  // the runtime's error says it
-    lost_reasons_[peer] = std::move(reason);
-    control_[peer]->ShutdownRead();
-    control_lost_[peer] = true;
-    lost_peers->push_back(peer);
-    return;
-  }
   std::string reason = io == tcp::Connection::Io::kClosed ? "peer closed the connection"
                        : error < 0                   ? tcp::Connection::FrameFault(error)
                                                      : std::strerror(error);
   HORO_LOG(kDebug, options_.rank) << "control connection to rank " << peer << " lost: " << reason;
-  control_[peer]->Shutdown();
+  if (io == tcp::Connection::Io::kError && error == tcp::Connection::kForgedFrame) {
+    // Not a peer that went away: someone else wrote into the connection, or it was altered on the
+    // way. Nothing more it brings can be trusted, so it is lost to this rank, which stops the job
+    // as it would for a lost peer, but says why; it can still be written to, so that rank 0 can
+    // tell that peer why the job stops.
+    lost_reasons_[peer] = Who() + " stopped reading its control connection with rank " + std::to_string(peer) +
+                          " (" + control_[peer]->peer_address() + "): " + reason;
+    control_[peer]->ShutdownRead();
+  } else {
+    control_[peer]->Shutdown();
+  }
   control_lost_[peer] = true;
   lost_peers->push_back(peer);
 }

@@ -8,6 +8,8 @@ to float32 rounding.
 import contextlib
 import io
 import itertools
+import subprocess
+import sys
 
 import numpy as np
 
@@ -799,3 +801,14 @@ def run_all_checks():
 def test_tf_keras():
     reports = horo_runner.run(run_all_checks, num_proc=2, env=CHILD_ENV)
     assert_reports(reports, 2, GROUPS)
+
+
+def test_the_optimizer_refuses_a_keras_on_another_backend(child_env):
+    # Under KERAS_BACKEND=torch the optimizer's gradients are torch tensors; the TensorFlow
+    # reduction handed back TensorFlow tensors, and fit failed deep in torch (on 2 ranks only).
+    code = "import keras, horo_tf.keras as hvd; hvd.DistributedOptimizer(keras.optimizers.SGD(0.1))"
+    env = {**child_env, **CHILD_ENV, "KERAS_BACKEND": "torch"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr
+    assert ("HoroInvalidArgument: horo_tf.keras's DistributedOptimizer reduces gradients with TensorFlow, but Keras "
+            "runs on its 'torch' backend (KERAS_BACKEND); set KERAS_BACKEND=tensorflow") in done.stderr, done.stderr

@@ -292,7 +292,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     Returns:
         An optimizer of optimizer's class (a subclass of it).
     Raises:
-        ValueError: invalid options, or optimizer is not a Keras 3 optimizer.
+        ValueError: invalid options, optimizer is not a Keras 3 optimizer, or Keras runs on a
+            backend other than TensorFlow.
     """
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise HoroInvalidArgument(f"DistributedOptimizer wraps a keras.optimizers.Optimizer, got "
@@ -317,12 +318,19 @@ def distributed_class_of(optimizer_class, compression=None, sparse_as_dense=Fals
     validated.
 
     Raises:
-        ValueError: invalid options.
+        ValueError: invalid options, or Keras runs on a backend other than TensorFlow.
     """
     from horo_core.process_sets import global_process_set
     from horo_tf import mpi_ops
     from horo_tf.compression import Compression
 
+    backend = keras.backend.backend()
+    if backend != "tensorflow":
+        # Another backend's optimizer gets its gradients as that backend's tensors, which the
+        # TensorFlow collectives would hand back as TensorFlow tensors it cannot apply.
+        raise HoroInvalidArgument(f"horo_tf.keras's DistributedOptimizer reduces gradients with TensorFlow, but "
+                                  f"Keras runs on its {backend!r} backend (KERAS_BACKEND); set "
+                                  f"KERAS_BACKEND=tensorflow, or train in PyTorch with horo_torch")
     if int(backward_passes_per_step) < 1:
         raise HoroInvalidArgument(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
     op = mpi_ops.Average if op is None else op

@@ -229,6 +229,12 @@ class DistributedDataParallel(JoinMixin, torch.nn.Module):
         Returns:
             Whatever the module returns.
         """
+        if torch.autograd.profiler._is_profiler_enabled:
+            with torch.autograd.profiler.record_function("DistributedDataParallel.forward"):  # torch DDP's range
+                return self._forward(inputs, kwargs)
+        return self._forward(inputs, kwargs)
+
+    def _forward(self, inputs, kwargs):
         self._pre_forward()
         if self._input_device is not None:
             inputs, kwargs = _to_device(inputs, self._input_device), _to_device(kwargs, self._input_device)

@@ -1,7 +1,8 @@
 """horo_torch under torch.compile: a collective that compiled code calls runs eagerly (a graph break,
 as Horovod's C-extension ops), and so do the hooks of a backward that compiled code starts; training
 compiled whole (forward, backward and the optimizer's step in one compiled function) matches one
-process on the global batch.
+process on the global batch. The same wrapper puts each public collective in a range of the torch
+profiler.
 
 The compiled functions use the "eager" backend: what is checked is Dynamo's tracing, and the
 inductor's code generation would only add minutes.
@@ -89,12 +90,42 @@ def check_training_compiled_whole(c, hvd):
             c.close(f"{kind} compiled whole: parameter {i} after 3 steps", p.detach(), q.detach(), 1e-5)
 
 
+def check_profiler_ranges(c, hvd):
+    """Under the torch profiler, each public collective called runs in a horo::<name> range, and the
+    DDP wrapper's forward in torch DDP's DistributedDataParallel.forward; a call the profiler does
+    not record leaves nothing behind."""
+    from torch.profiler import ProfilerActivity, profile
+    model = torch.nn.Linear(4, 2)
+    ddp = hvd.DistributedDataParallel(copy.deepcopy(model))
+    t = torch.ones(4)
+    hvd.allgather(t, name="p.before")
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        hvd.allreduce(t, name="p.allreduce")
+        hvd.synchronize(hvd.allreduce_async_(t, name="p.async"))
+        ddp(torch.ones(2, 4)).sum().backward()
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.allgather(t, name="p.after")
+    counts = {}
+    for event in prof.events():
+        counts[event.name] = counts.get(event.name, 0) + 1
+    c.same("the ranges of the profiled calls", {k: v for k, v in counts.items() if k.startswith("horo::")},
+           {"horo::allreduce": 1,
+            # the call's own, and the DDP bucket's from the default comm hook
+            "horo::allreduce_async_": 2,
+            # the call's, DDP's wait at the end of backward, broadcast_parameters' for its digest and tensors
+            "horo::synchronize": 5,
+            "horo::broadcast_parameters": 1, "horo::allgather_async": 1, "horo::broadcast_async_": 2,
+            "horo::broadcast_": 1})
+    c.same("DDP's forward range", counts.get("DistributedDataParallel.forward"), 1)
+
+
 def run_checks():
     import horo_torch as hvd
     hvd.init()
     torch.set_num_threads(1)
     report = run_groups({group.__name__: lambda c, group=group: group(c, hvd)
-                         for group in (check_collectives, check_training_compiled_whole)})
+                         for group in (check_collectives, check_training_compiled_whole,
+                                                 check_profiler_ranges)})
     hvd.shutdown()
     return report
 

@@ -53,6 +53,7 @@ class JobSpec:
         start_timeout: seconds every rank has to register after the first one did.
         output_dir: tee each rank's output to ``<dir>/rank.<r>/{stdout,stderr}``.
         prefix_timestamp: precede each output prefix with a timestamp.
+        shown_ranks: if set, only these ranks' output is forwarded to the launcher's streams.
         verbose: describe the launch on stderr (never the secret).
         termination_grace_s: seconds between SIGTERM and SIGKILL on failure.
         bind_to: which CPUs each rank may use: ``auto``, ``core`` or ``none``
@@ -66,6 +67,7 @@ class JobSpec:
     start_timeout: float = 30.0
     output_dir: Optional[str] = None
     prefix_timestamp: bool = False
+    shown_ranks: Optional[frozenset[int]] = None
     verbose: bool = False
     termination_grace_s: float = 5.0
     bind_to: str = "auto"
@@ -169,6 +171,9 @@ def run_job(spec: JobSpec, stdout: Optional[IO[str]] = None,
     """
     if not spec.command:
         raise ValueError("no command to run")
+    beyond = sorted(r for r in spec.shown_ranks or () if r >= spec.num_proc)
+    if beyond:
+        raise ValueError(f"--rank-filter names rank {beyond[0]}, but the job has ranks 0 to {spec.num_proc - 1}")
     hosts = list(spec.hosts) if spec.hosts else [HostSlots("localhost", spec.num_proc)]
     remote = remote_hosts(hosts)
     if remote:
@@ -193,6 +198,7 @@ def run_job(spec: JobSpec, stdout: Optional[IO[str]] = None,
                 server.put(FINISHED_KEY.format(rank=rank), b"0")
 
         options = ExecOptions(output_dir=spec.output_dir, prefix_timestamp=spec.prefix_timestamp,
+                              shown_ranks=spec.shown_ranks,
                               termination_grace_s=spec.termination_grace_s, exit_notes_dir=notes,
                               on_exit=note_exit)
         return execute(workers, options, monitors=[_start_watch(server, spec.num_proc,

@@ -127,6 +127,7 @@ def _at_most(parse: Callable[[str], float], limit: float) -> Callable[[str], flo
 
 _MAX_DURATION = 1_000_000  # cycle time (ms) and stall times (s): config.cc's bound
 _MAX_FUSION_MB = (2 ** 63 - 1) // (1 << 20)  # the threshold in bytes must fit an int64
+_MAX_FILTERED_RANK = 1 << 20  # --rank-filter's ranges are expanded: a bound keeps "0-99999999999" small
 
 
 def _unit_interval(text: str) -> float:
@@ -264,6 +265,10 @@ def _build_parser() -> argparse.ArgumentParser:
     logging_group.add_argument("-prefix-timestamp", "--prefix-output-with-timestamp",
                                dest="prefix_timestamp", action="store_true",
                                help="precede each output line's prefix with a timestamp")
+    logging_group.add_argument("--rank-filter", type=_rank_list, metavar="RANKS",
+                               help="show only these ranks' output, e.g. 0 or 0,2-3 (--output-filename "
+                                    "still gets every rank's); a hidden rank that fails has its last "
+                                    "stderr lines shown")
 
     ignored = p.add_argument_group("Horovod flags accepted and ignored (with a warning)")
     for options, takes_value in _IGNORED_FLAGS:
@@ -283,6 +288,21 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs")
     config_file.record_order(p)
     return p
+
+
+def _rank_list(text: str) -> frozenset[int]:
+    """``--rank-filter``'s ranks: comma-separated ranks and ranges, e.g. ``0,2-3``."""
+    ranks = set()
+    for part in text.split(","):
+        first, dash, last = part.strip().partition("-")
+        try:
+            low, high = int(first), int(last if dash else first)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{part.strip()!r} is not a rank or a range of ranks (like 0,2-3)")
+        if low < 0 or high < low or high > _MAX_FILTERED_RANK:
+            raise argparse.ArgumentTypeError(f"{part.strip()!r} is not a rank or a range of ranks (like 0,2-3)")
+        ranks.update(range(low, high + 1))
+    return frozenset(ranks)
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -419,6 +439,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         spec = JobSpec(command=args.command, num_proc=args.num_proc, hosts=hosts,
                        settings_env=with_horovod_names(settings_env(args)), start_timeout=args.start_timeout,
                        output_dir=args.output_filename, prefix_timestamp=args.prefix_timestamp,
+                       shown_ranks=args.rank_filter,
                        verbose=args.verbose, bind_to=args.bind_to)
         result = run_job(spec)
     except (ValueError, OSError) as e:

@@ -171,6 +171,8 @@ class ExecOptions:
     Attributes:
         output_dir: also write each rank's output under ``<dir>/rank.<r>/``.
         prefix_timestamp: precede each output prefix with a timestamp.
+        shown_ranks: if set, only these ranks' output reaches the launcher's streams; a hidden rank
+            that ends the job has the last lines of its stderr shown.
         termination_grace_s: seconds between SIGTERM and SIGKILL.
         cwd: working directory of the workers (default: the launcher's).
         exit_notes_dir: where the workers note why they exit on an exception (``EXIT_NOTES_ENV``;
@@ -180,6 +182,7 @@ class ExecOptions:
 
     output_dir: Optional[str] = None
     prefix_timestamp: bool = False
+    shown_ranks: Optional[frozenset[int]] = None
     termination_grace_s: float = 5.0
     cwd: Optional[str] = None
     exit_notes_dir: Optional[str] = None
@@ -500,7 +503,7 @@ def execute(workers: Sequence[Worker], options: ExecOptions = ExecOptions(),
     if ranks != list(range(len(ranks))) or not ranks:
         raise ValueError(f"workers must have ranks 0..n-1, got {ranks}")
     sink = OutputSink(stdout or sys.stdout, stderr or sys.stderr, len(ranks),
-                      options.output_dir, options.prefix_timestamp)
+                      options.output_dir, options.prefix_timestamp, options.shown_ranks)
     job = _Job(workers, options, sink)
     previous_handlers = {}
 
@@ -560,6 +563,8 @@ def execute(workers: Sequence[Worker], options: ExecOptions = ExecOptions(),
         job.end_leftovers()
         job.release_watchdog()
         job.finish()
+        if failed_rank is not None:
+            sink.show_hidden_tail(failed_rank)
         sink.close()
     return JobResult(exit_code=exit_code, failed_rank=failed_rank, message=message,
                      returncodes=tuple(job.returncodes.get(r) for r in ranks))

@@ -6,9 +6,12 @@ hands whole lines to one shared :class:`OutputSink`, which writes every line wit
 write: lines from different ranks never interleave mid-line. A last line without a terminator is
 flushed, with a ``\\n`` added, when the pipe closes. With ``--output-filename`` the same lines are
 also written to ``<dir>/rank.<rank>/{stdout,stderr}`` (zero-padded rank, as Horovod does).
+``--rank-filter`` keeps the other ranks' lines off the launcher's streams (not out of the files);
+the sink keeps the last lines of their stderr, so that a hidden rank's error can still be shown.
 """
 from __future__ import annotations
 
+import collections
 import os
 import re
 import sys
@@ -19,6 +22,7 @@ from typing import IO, Optional
 __all__ = ["OutputSink", "forward_pipe", "split_lines", "rank_dir_name"]
 
 _READ_CHUNK = 65536
+_HIDDEN_TAIL_LINES = 40  # of a rank that --rank-filter hides: enough for a Python traceback
 
 
 def rank_dir_name(rank: int, size: int) -> str:
@@ -70,12 +74,17 @@ class OutputSink:
         size: number of ranks (for the zero padding of per-rank directories).
         output_dir: if set, also write each rank's lines to ``<dir>/rank.<r>/{stdout,stderr}``.
         prefix_timestamp: precede each prefix with ``time.asctime()``.
+        shown_ranks: if set, only these ranks' lines go to stdout and stderr (every rank's still go
+            to the files).
     """
 
     def __init__(self, stdout: IO[str], stderr: IO[str], size: int,
-                 output_dir: Optional[str] = None, prefix_timestamp: bool = False):
+                 output_dir: Optional[str] = None, prefix_timestamp: bool = False,
+                 shown_ranks: Optional[frozenset[int]] = None):
         self._streams = {"stdout": stdout, "stderr": stderr}
         self._prefix_timestamp = prefix_timestamp
+        self._shown_ranks = shown_ranks
+        self._hidden_tails: dict[int, collections.deque[bytes]] = {}
         self._lock = threading.Lock()
         self._files: dict[tuple[int, str], IO[bytes]] = {}
         if output_dir is not None:
@@ -100,6 +109,11 @@ class OutputSink:
         data = b"".join(prefix + line for line in lines)
         with self._lock:
             out = self._streams[stream]
+            if self._shown_ranks is not None and rank not in self._shown_ranks:
+                out = None
+                if stream == "stderr":
+                    tail = self._hidden_tails.setdefault(rank, collections.deque(maxlen=_HIDDEN_TAIL_LINES))
+                    tail.extend(prefix + line for line in lines)
             if out is not None:
                 try:
                     _write(out, data)
@@ -122,6 +136,20 @@ class OutputSink:
                     self._tell(f"hororun: cannot write {f.name} ({e}); rank {rank}'s {stream} lines "
                                f"are no longer written there")
 
+    def show_hidden_tail(self, rank: int) -> None:
+        """Writes the last stderr lines of a rank that the filter hid (the one that failed) to the
+        launcher's stderr, under a line that says what they are."""
+        with self._lock:
+            tail = self._hidden_tails.get(rank)
+            out = self._streams["stderr"]
+            if not tail or out is None:
+                return
+            note = f"hororun: the last {_plural_lines(len(tail))} of rank {rank}'s stderr, which --rank-filter hid:\n"
+            try:
+                _write(out, note.encode() + b"".join(tail))
+            except (OSError, ValueError):
+                pass
+
     def _tell(self, message: str) -> None:
         """Says once, on the launcher's stderr where it still works, why output is being dropped."""
         for out in (self._streams["stderr"], sys.__stderr__):
@@ -137,6 +165,10 @@ class OutputSink:
             for f in self._files.values():
                 f.close()
             self._files.clear()
+
+
+def _plural_lines(count: int) -> str:
+    return "line" if count == 1 else f"{count} lines"
 
 
 def _write(stream: IO[str], data: bytes) -> None:

@@ -154,6 +154,39 @@ def test_a_long_line_and_bytes_the_terminal_cannot_encode(child_env):
     assert proc.stdout == b"[0]<stdout>:caf\xc3\xa9 \xff\n[0]<stdout>:" + b"x" * 300000 + b"\n[0]<stdout>:after\n"
 
 
+def test_rank_filter_shows_those_ranks_and_a_hidden_failure(child_env, tmp_path):
+    code = """
+        import os, sys
+        r = int(os.environ["HORO_RANK"])
+        print(f"out {r}")
+        print(f"err {r}", file=sys.stderr)
+        if len(sys.argv) > 1:
+            sys.exit("rank 2 gave up") if r == 2 else __import__("time").sleep(60)
+    """
+    out_dir = tmp_path / "logs"
+    proc = hororun(child_env, "-np", "3", "--rank-filter", "0,2-2", "--output-filename", str(out_dir),
+                   *worker(code))
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.decode().splitlines()) == ["[0]<stdout>:out 0", "[2]<stdout>:out 2"]
+    assert sorted(proc.stderr.decode().splitlines()) == ["[0]<stderr>:err 0", "[2]<stderr>:err 2"]
+    assert (out_dir / "rank.1" / "stdout").read_text() == "[1]<stdout>:out 1\n"  # the files get every rank's
+
+    proc = hororun(child_env, "-np", "3", "--rank-filter", "1", *worker(code), "fail")
+    assert proc.returncode == 1
+    assert set(proc.stdout.decode().splitlines()) <= {"[1]<stdout>:out 1"}  # rank 1 may be ended before it prints
+    err = proc.stderr.decode()
+    assert err.endswith("hororun: the last 2 lines of rank 2's stderr, which --rank-filter hid:\n"
+                        "[2]<stderr>:err 2\n[2]<stderr>:rank 2 gave up\n"
+                        "hororun: rank 2 exited with code 1; terminated the remaining 2 ranks\n"), err
+    assert "err 0" not in err
+
+    for bad, says in (("0,3", "--rank-filter names rank 3, but the job has ranks 0 to 2"),
+                      ("1-0", "'1-0' is not a rank or a range of ranks (like 0,2-3)"),
+                      ("x", "'x' is not a rank or a range of ranks")):
+        proc = hororun(child_env, "-np", "3", "--rank-filter", bad, *worker("print('never')"))
+        assert proc.returncode == 2 and says in proc.stderr.decode() and not proc.stdout, proc.stderr
+
+
 def test_prefix_timestamp(child_env):
     proc = hororun(child_env, "-np", "1", "-prefix-timestamp", *worker("print('hi')"))
     assert proc.returncode == 0, proc.stderr
@@ -886,7 +919,7 @@ def test_version_and_help(child_env, runner_path):
                  "-cb", "--check-build", "-v", "--version", "--gloo", "--network-interfaces",
                  "--hierarchical-allreduce", "--no-hierarchical-allreduce",
                  "--hierarchical-allgather", "--no-hierarchical-allgather",
-                 "--timeline-filename", "--timeline-mark-cycles", "--tcp"):
+                 "--timeline-filename", "--timeline-mark-cycles", "--tcp", "--rank-filter"):
         assert re.search(rf"(^|[\s,\[]){re.escape(flag)}([\s,\]]|$)", help_text), flag
 
 

@@ -103,7 +103,7 @@ def _rendezvous(info, mpi_comm, members, start_timeout):
         except ImportError:
             raise HoroInvalidArgument(
                 f"launched by {info.family} without a rendezvous address; install mpi4py (pip install "
-                "'horo[mpi]') so that rank 0 can share one, or launch with hororun") from None
+                "mpi4py) so that rank 0 can share one, or launch with hororun") from None
         if not MPI.Is_initialized():  # mpi4py.rc.initialize = False: Horovod initializes MPI then
             MPI.Init_thread()
             atexit.register(lambda: MPI.Is_finalized() or MPI.Finalize())

@@ -5,7 +5,7 @@ of the training set; gradients are averaged by DistributedOptimizer; the test ac
 on every rank's shard of the test set and combined with hvd.allreduce. Rank 0 alone prints progress
 and writes the checkpoint.
 
-    pip install scikit-learn      # or: pip install 'horo[examples]'
+    pip install scikit-learn      # or, in a checkout of Horo: pip install -e '.[examples]'
     hororun -np 2 python examples/pytorch/pytorch_digits.py
 """
 import argparse

@@ -3,8 +3,8 @@
 An object travels as its cloudpickle bytes, announced first by their length. A rank that cannot
 pickle its object still takes part in both collectives, so that the ranks' later calls stay
 paired: it announces minus the length of its error's text and sends that text instead of an
-object. Every rank then raises: the one that failed its own exception, the others a
-HoroInvalidArgument that names the rank and quotes its error.
+object. Every rank then raises the same HoroInvalidArgument, which names the collective and the
+rank and quotes its error (on that rank, raised from pickling's own exception).
 """
 from typing import List, Optional, Sequence, Tuple
 
@@ -31,19 +31,16 @@ def objects(kind: str, name: str, lengths: Sequence[int], data: bytes, ranks: Se
     """Unpickles the objects gathered from ranks (global ranks, in the order of lengths).
 
     Raises:
-        own_error: this rank could not pickle its object.
-        HoroInvalidArgument: another rank could not pickle its object.
+        HoroInvalidArgument: a rank could not pickle its object (this one: from own_error).
     """
     pieces, offset = [], 0
     for length in lengths:
         pieces.append(data[offset:offset + abs(length)])
         offset += abs(length)
-    if own_error is not None:
-        raise own_error
     failed = [f"rank {rank} could not serialise its object ({piece.decode(errors='replace')})"
               for rank, length, piece in zip(ranks, lengths, pieces) if length < 0]
     if failed:
-        raise HoroInvalidArgument(f"{kind} '{name}': " + "; ".join(failed))
+        raise HoroInvalidArgument(f"{kind} '{name}': " + "; ".join(failed)) from own_error
     return [cloudpickle.loads(piece) for piece in pieces]
 
 
@@ -52,7 +49,6 @@ def broadcast_object(kind: str, name: str, length: int, data: bytes, root_rank: 
     """Unpickles the object root_rank broadcast (length as it announced it).
 
     Raises:
-        own_error: this rank is the root and could not pickle its object.
         HoroInvalidArgument: the root could not pickle its object.
     """
     return objects(kind, name, [length], data, [root_rank], own_error)[0]

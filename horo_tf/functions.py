@@ -50,9 +50,9 @@ def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=glob
     Returns:
         root_rank's object.
     Raises:
-        ValueError: called inside a tf.function, or in a TF1 graph without a session; on the other
-            ranks, the root could not pickle obj (the root raises pickling's own error, after the
-            broadcasts, so later calls stay paired).
+        ValueError: called inside a tf.function, or in a TF1 graph without a session; the root
+            could not pickle obj (on every rank, after the broadcasts, so that later calls stay
+            paired).
         HorovodInternalError: the broadcast failed.
     """
     run = _runner("broadcast_object", session)
@@ -138,9 +138,8 @@ def allgather_object(obj, session=None, name=None, process_set=global_process_se
     Returns:
         A list with one object per rank of process_set.
     Raises:
-        ValueError: called inside a tf.function, or in a TF1 graph without a session; another rank
-            could not pickle its object (this rank raises pickling's own error when it could not:
-            every rank fails, after the allgathers).
+        ValueError: called inside a tf.function, or in a TF1 graph without a session; a rank could
+            not pickle its object (on every rank, after the allgathers).
         HorovodInternalError: the allgather failed.
     """
     run = _runner("allgather_object", session)

@@ -49,9 +49,9 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
     Returns:
         root_rank's object (on root_rank, obj itself).
     Raises:
-        ValueError: invalid root_rank or process set; on the other ranks, the root could not pickle
-            obj (the root raises pickling's own error, after the broadcasts, so later calls stay
-            paired). HorovodInternalError: the broadcast failed.
+        ValueError: invalid root_rank or process set, or the root could not pickle obj (on every
+            rank, after the broadcasts, so that later calls stay paired). HorovodInternalError:
+            the broadcast failed.
     """
     name = _helper_name("broadcast_object", name, process_set)
     is_root = basics.rank() == root_rank
@@ -82,8 +82,7 @@ def allgather_object(obj, name=None, process_set=global_process_set):
     Returns:
         A list with one object per rank of process_set, in rank order.
     Raises:
-        ValueError: another rank could not pickle its object (this rank raises pickling's own
-            error when it could not: every rank fails, after the allgathers).
+        ValueError: a rank could not pickle its object (on every rank, after the allgathers).
         HorovodInternalError: an allgather failed.
     """
     name = _helper_name("allgather_object", name, process_set)

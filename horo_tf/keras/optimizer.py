@@ -37,7 +37,10 @@ import keras
 import tensorflow as tf
 
 from horo_core.errors import HoroInvalidArgument
+from horo_core.process_sets import global_process_set
 from horo_core.reduce_ops import name_of
+from horo_tf import mpi_ops
+from horo_tf.compression import Compression
 from horo_tf.gradient_reduction import (ReductionOptions, groups_option, local_layer_variables,
                                         reduce_gradients_keeping_local)
 
@@ -264,10 +267,10 @@ def _save_under_name_of(cls, optimizer_class):
     object_registration.GLOBAL_CUSTOM_NAMES[cls] = registered
 
 
-def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=None,
-                         sparse_as_dense=False, gradient_predivide_factor=1.0, op=None, backward_passes_per_step=1,
-                         average_aggregated_gradients=False, num_groups=0, groups=None, process_set=None,
-                         scale_local_gradients=True):
+def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=Compression.none,
+                         sparse_as_dense=False, gradient_predivide_factor=1.0, op=mpi_ops.Average,
+                         backward_passes_per_step=1, average_aggregated_gradients=False, num_groups=0, groups=None,
+                         process_set=global_process_set, scale_local_gradients=True):
     """Returns a copy of a Keras optimizer that averages gradients across ranks before applying them.
 
     Args:
@@ -311,19 +314,16 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     return distributed
 
 
-def distributed_class_of(optimizer_class, compression=None, sparse_as_dense=False, gradient_predivide_factor=1.0,
-                         op=None, backward_passes_per_step=1, average_aggregated_gradients=False, num_groups=0,
-                         groups=None, process_set=None, scale_local_gradients=True):
+def distributed_class_of(optimizer_class, compression=Compression.none, sparse_as_dense=False,
+                         gradient_predivide_factor=1.0, op=mpi_ops.Average, backward_passes_per_step=1,
+                         average_aggregated_gradients=False, num_groups=0, groups=None,
+                         process_set=global_process_set, scale_local_gradients=True):
     """The distributed subclass of optimizer_class with DistributedOptimizer's options (which see),
     validated.
 
     Raises:
         ValueError: invalid options, or Keras runs on a backend other than TensorFlow.
     """
-    from horo_core.process_sets import global_process_set
-    from horo_tf import mpi_ops
-    from horo_tf.compression import Compression
-
     backend = keras.backend.backend()
     if backend != "tensorflow":
         # Another backend's optimizer gets its gradients as that backend's tensors, which the
@@ -360,10 +360,11 @@ def _keep_weight_decay_exclusions(source, target):
         _keep_weight_decay_exclusions(inner, rebuilt)
 
 
-def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=None,
-                                sparse_as_dense=False, gradient_predivide_factor=1.0, op=None,
-                                backward_passes_per_step=1, average_aggregated_gradients=False, groups=None,
-                                process_set=None, local_layers=None, scale_local_gradients=True):
+def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
+                                compression=Compression.none, sparse_as_dense=False, gradient_predivide_factor=1.0,
+                                op=mpi_ops.Average, backward_passes_per_step=1, average_aggregated_gradients=False,
+                                groups=None, process_set=global_process_set, local_layers=None,
+                                scale_local_gradients=True):
     """A DistributedOptimizer whose local_layers' variables keep local gradients (horovod.keras's).
 
     Args:

@@ -81,7 +81,10 @@ def main():
     checkpoint_dir = args.checkpoint_dir if hvd.rank() == 0 else None
     steps = args.steps // hvd.size()
     data = batches(x_train[shard], y_train[shard], args.batch_size, seed=hvd.rank())
-    with v1.train.MonitoredTrainingSession(checkpoint_dir=checkpoint_dir, hooks=hooks) as session:
+    # log_step_count_steps=None: no steps/s counter, whose check that every run moves the global
+    # step warns about the runs that read it or evaluate (it would on one process too).
+    with v1.train.MonitoredTrainingSession(checkpoint_dir=checkpoint_dir, hooks=hooks,
+                                           log_step_count_steps=None) as session:
         done = session.run(global_step)
         for _ in range(done, steps):
             xb, yb = next(data)

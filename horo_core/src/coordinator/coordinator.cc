@@ -207,20 +207,30 @@ bool Coordinator::BuildResponses(ResponseList* out) {
   }
   ready_ = std::move(deferred);
 
-  // Joins complete once every member of the set has joined.
-  for (auto& kv : states_) {
+  // Joins complete once every member of the set has joined. A removed set's state goes once its
+  // last tensors are answered: a job that adds and removes sets would otherwise walk (here and in
+  // CheckStalls) and keep one entry for every set it ever had.
+  for (auto it = states_.begin(); it != states_.end();) {
+    SetState& state = it->second;
+    if (state.pending.empty() && state.joined.empty() && it->first != 0 && !sets_->Exists(it->first)) {
+      it = states_.erase(it);
+      continue;
+    }
     std::vector<int32_t> members;
-    if (kv.second.joined.empty() || !sets_->Members(kv.first, &members)) continue;
-    if (kv.second.joined.size() < members.size()) continue;
+    if (state.joined.empty() || !sets_->Members(it->first, &members) || state.joined.size() < members.size()) {
+      ++it;
+      continue;
+    }
     ResponsePart part;
     part.response.kind = ResponseKind::kOp;
     part.response.op_type = OpType::kJoin;
-    part.response.process_set_id = kv.first;
+    part.response.process_set_id = it->first;
     part.response.name = "join";
-    part.response.last_joined_rank = kv.second.joined.back();
-    kv.second.joined.clear();
+    part.response.last_joined_rank = state.joined.back();
+    state.joined.clear();
     resolved.push_back(part.response);
     parts.push_back(std::move(part));
+    ++it;
   }
   Fuse(std::move(parts), resolved, out);
 

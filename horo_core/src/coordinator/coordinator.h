@@ -58,6 +58,9 @@ class Coordinator {
   void set_fusion_threshold_bytes(int64_t bytes) { fusion_threshold_bytes_ = bytes; }
 
   bool shut_down() const { return shut_down_; }
+  // Process sets with state here (pending tensors, joined ranks): the live ones, and removed ones
+  // whose last tensors are still to be answered.
+  size_t tracked_set_count() const { return states_.size(); }
   int lost_count() const { return static_cast<int>(lost_.size()); }
 
  private:

@@ -24,6 +24,11 @@ bool ProcessSetTable::Contains(int32_t id, int32_t rank) const {
   return it != sets_.end() && std::binary_search(it->second.begin(), it->second.end(), rank);
 }
 
+bool ProcessSetTable::Exists(int32_t id) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return sets_.count(id) > 0;
+}
+
 bool ProcessSetTable::Find(const std::vector<int32_t>& ranks, int32_t* id) const {
   std::lock_guard<std::mutex> lock(mutex_);
   for (const auto& kv : sets_) {

@@ -18,6 +18,7 @@ class ProcessSetTable {
   // Members of the set, or false if it does not exist.
   bool Members(int32_t id, std::vector<int32_t>* ranks) const;
   bool Contains(int32_t id, int32_t rank) const;
+  bool Exists(int32_t id) const;
   // The set's id if a set with exactly these members exists.
   bool Find(const std::vector<int32_t>& ranks, int32_t* id) const;
   int32_t Add(const std::vector<int32_t>& ranks);  // returns the new id

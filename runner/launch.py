@@ -294,13 +294,14 @@ def _rank_list(text: str) -> frozenset[int]:
     """``--rank-filter``'s ranks: comma-separated ranks and ranges, e.g. ``0,2-3``."""
     ranks = set()
     for part in text.split(","):
+        refusal = argparse.ArgumentTypeError(f"{part.strip()!r} is not a rank or a range of ranks (like 0,2-3)")
         first, dash, last = part.strip().partition("-")
         try:
             low, high = int(first), int(last if dash else first)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{part.strip()!r} is not a rank or a range of ranks (like 0,2-3)")
+            raise refusal from None
         if low < 0 or high < low or high > _MAX_FILTERED_RANK:
-            raise argparse.ArgumentTypeError(f"{part.strip()!r} is not a rank or a range of ranks (like 0,2-3)")
+            raise refusal
         ranks.update(range(low, high + 1))
     return frozenset(ranks)
 

@@ -9,7 +9,7 @@ model whose compiled steps may run a collective (horo_tf/_xla_auto.py).
 """
 from horo_core import require_framework as _require_framework
 
-# First: a missing framework is named with the extra that installs it.
+# First: a missing framework is named with what installs it.
 _require_framework("tensorflow", "horo_tf", "TensorFlow", "'tensorflow>=2.16' 'keras>=3'")
 from horo_core import __version__
 from horo_core.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled,

@@ -5,7 +5,7 @@ PyTorch, so one install works with every PyTorch from 2.3 on.
 """
 from horo_core import require_framework as _require_framework
 
-# First: a missing framework is named with the extra that installs it.
+# First: a missing framework is named with what installs it.
 _require_framework("torch", "horo_torch", "PyTorch", "'torch>=2.3'")
 from horo_core import __version__
 from horo_core.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled,

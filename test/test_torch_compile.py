@@ -92,8 +92,7 @@ def check_training_compiled_whole(c, hvd):
 
 def check_profiler_ranges(c, hvd):
     """Under the torch profiler, each public collective called runs in a horo::<name> range, and the
-    DDP wrapper's forward in torch DDP's DistributedDataParallel.forward; a call the profiler does
-    not record leaves nothing behind."""
+    DDP wrapper's forward in torch DDP's DistributedDataParallel.forward."""
     from torch.profiler import ProfilerActivity, profile
     model = torch.nn.Linear(4, 2)
     ddp = hvd.DistributedDataParallel(copy.deepcopy(model))
@@ -123,9 +122,8 @@ def run_checks():
     import horo_torch as hvd
     hvd.init()
     torch.set_num_threads(1)
-    report = run_groups({group.__name__: lambda c, group=group: group(c, hvd)
-                         for group in (check_collectives, check_training_compiled_whole,
-                                                 check_profiler_ranges)})
+    groups = (check_collectives, check_training_compiled_whole, check_profiler_ranges)
+    report = run_groups({group.__name__: lambda c, group=group: group(c, hvd) for group in groups})
     hvd.shutdown()
     return report
 

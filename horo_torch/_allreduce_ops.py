@@ -113,16 +113,49 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     Raises:
         ValueError: invalid arguments (unsupported dtype, both average and op, name in flight...).
     """
+    waits = getattr(_caller, "waits", False)
+    prepared = None if waits else _last_description(_last_async_copy, name, tensor, average, op, prescale_factor,
+                                                    postscale_factor, process_set)
+    if prepared is not None:
+        return _enqueue_described(prepared, tensor, torch.empty_like(tensor, memory_format=torch.contiguous_format))
     _refuse_unless_dense(lib.HORO_ALLREDUCE, "allreduce", name, [tensor], process_set)
-    op = resolve_op(average, op)
+    resolved = resolve_op(average, op)
     out = torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
-    return _allreduce_async([tensor], [out], name, op, prescale_factor, postscale_factor, process_set, "allreduce")
+    handle = _allreduce_async([tensor], [out], name, resolved, prescale_factor, postscale_factor, process_set,
+                              "allreduce")
+    if not waits:
+        _describe_async(_last_async_copy, name, tensor, average, op, resolved, prescale_factor, postscale_factor,
+                        process_set)
+    return handle
 
 
-# The last allreduce_async_ of each name on a host tensor, checked as _last_allreduce is: a
-# gradient enqueued step after step then crosses into the core with its two addresses only
-# (horo_enqueue_at), skipping the general path's specs and C structs (docs/benchmarks.md).
+# The last allreduce_async_ (and allreduce_async) of each name on a host tensor, checked as
+# _last_allreduce is: a gradient enqueued step after step then crosses into the core with its two
+# addresses only (horo_enqueue_at), skipping the general path's specs and C structs
+# (docs/benchmarks.md).
 _last_async = {}
+_last_async_copy = {}
+
+
+def _enqueue_described(prepared, tensor, output):
+    """The handle of an allreduce of tensor into output (tensor itself, in place) from its
+    description."""
+    runtime = basics.runtime()
+    core_handle = runtime.enqueue_prepared(prepared, tensor.data_ptr(), output.data_ptr())
+    return _register(runtime, (core_handle,), (tensor, output), lambda rt, results: output, None, False)
+
+
+def _describe_async(memo, name, tensor, average, op, resolved, prescale_factor, postscale_factor, process_set):
+    """Remembers in memo the description of an asynchronous allreduce of a named dense host tensor,
+    which the general path has just enqueued."""
+    set_id = process_set.process_set_id
+    if name is None or set_id is None or not _is_host_dense(tensor):
+        return
+    base = _op_name("allreduce", name, set_id)
+    prepared = prepare_run(lib.HORO_ALLREDUCE, base, _dtype_code(tensor, base, lib.HORO_ALLREDUCE, set_id),
+                           tuple(tensor.shape), set_id, resolved, prescale_factor, postscale_factor, 0,
+                           caller_waits=False)
+    _remember(memo, name, tensor, average, op, prescale_factor, postscale_factor, process_set, prepared)
 
 
 @eager_under_compile
@@ -133,20 +166,13 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     prepared = None if waits else _last_description(_last_async, name, tensor, average, op, prescale_factor,
                                                     postscale_factor, process_set)
     if prepared is not None:
-        runtime = basics.runtime()
-        address = tensor.data_ptr()
-        core_handle = runtime.enqueue_prepared(prepared, address, address)
-        return _register(runtime, (core_handle,), tensor, lambda rt, results: tensor, None, False)
+        return _enqueue_described(prepared, tensor, tensor)
     resolved = resolve_op(average, op)
     handle = _allreduce_async([tensor], [tensor], name, resolved, prescale_factor, postscale_factor, process_set,
                               "allreduce")
-    set_id = process_set.process_set_id
-    if name is not None and set_id is not None and _is_host_dense(tensor) and not waits:
-        base = _op_name("allreduce", name, set_id)
-        prepared = prepare_run(lib.HORO_ALLREDUCE, base, _dtype_code(tensor, base, lib.HORO_ALLREDUCE, set_id),
-                               tuple(tensor.shape), set_id, resolved, prescale_factor, postscale_factor, 0,
-                               caller_waits=False)
-        _remember(_last_async, name, tensor, average, op, prescale_factor, postscale_factor, process_set, prepared)
+    if not waits:
+        _describe_async(_last_async, name, tensor, average, op, resolved, prescale_factor, postscale_factor,
+                        process_set)
     return handle
 
 

@@ -469,20 +469,26 @@ def check_repeated_named_calls(hvd, c, env):
 
     earlier = []  # the out-of-place results so far, with what they must still hold
 
-    def out_of_place(tensor, name, **kwargs):
-        before = tensor.clone()
-        got = hvd.allreduce(tensor, name=name, **kwargs)
-        c.same("allreduce: a new tensor of its own, the input unchanged",
-               (got is tensor, got.data_ptr() in [e.data_ptr() for e, _ in earlier], torch.equal(tensor, before)),
-               (False, False, True))
-        earlier.append((got, got.clone()))
-        tensor.copy_(got)  # for run's check below
-        return tensor
+    def out_of_place(reduce):
+        def call(tensor, name, **kwargs):
+            before = tensor.clone()
+            got = reduce(tensor, name=name, **kwargs)
+            c.same("out of place: a new tensor of its own, the input unchanged",
+                   (got is tensor, got.data_ptr() in [e.data_ptr() for e, _ in earlier], torch.equal(tensor, before)),
+                   (False, False, True))
+            earlier.append((got, got.clone()))
+            tensor.copy_(got)  # for run's check below
+            return tensor
+        return call
 
     # The same sequence through allreduce_, through allreduce_async_ + synchronize, which also
-    # reuses the last call's description per name, and through the out-of-place allreduce, which
-    # does too (with an output of its own every call, earlier ones left alone).
-    for mode, call in (("allreduce_", in_place), ("allreduce_async_", in_place_async), ("allreduce", out_of_place)):
+    # reuses the last call's description per name, and through the out-of-place allreduce and
+    # allreduce_async, which do too (with an output of their own every call, earlier ones left alone).
+    def waited_for(tensor, **kwargs):
+        return hvd.synchronize(hvd.allreduce_async(tensor, **kwargs))
+
+    for mode, call in (("allreduce_", in_place), ("allreduce_async_", in_place_async),
+                       ("allreduce", out_of_place(hvd.allreduce)), ("allreduce_async", out_of_place(waited_for))):
         def run(what, tensor, want, **kwargs):
             got = call(tensor, "repeat." + mode, **kwargs)
             c.same(f"{mode} {what}: returns its argument", got is tensor, True)
@@ -511,7 +517,7 @@ def check_repeated_named_calls(hvd, c, env):
         c.equal(f"{mode} ... the other column untouched", base[:, 1], torch.full((6,), -1.0))
         run("Sum once more", torch.full((6,), float(r + 1)), torch.full((6,), float(total)), op=hvd.Sum)
     for index, (result, held) in enumerate(earlier):
-        c.equal(f"allreduce result {index} unchanged by the later calls", result, held)
+        c.equal(f"out-of-place result {index} unchanged by the later calls", result, held)
     # Repeated named async calls in flight together, waited for in reverse order: each result lands
     # in the tensor its own call gave.
     for step in range(3):

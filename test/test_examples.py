@@ -109,6 +109,13 @@ def test_async_step_checks_its_values_on_two_ranks():
     assert "[0]<stdout>:2 ranks: " in proc.stdout and "per step of 5 async allreduces" in proc.stdout, proc.stdout
 
 
+def test_wait_at_once_times_each_entry_point_on_two_ranks():
+    proc = run_benchmark("wait_at_once.py", "--calls", "50", "--repeats", "1", np=2)
+    lines = [line.split(":", 1)[1] for line in proc.stdout.splitlines() if line.startswith("[0]<stdout>:")]
+    assert [line.split("  ")[0] for line in lines if line.endswith("us per call")] == [
+        "allreduce_", "allreduce", "allreduce_async_ + synchronize", "allreduce_async + synchronize"], proc.stdout
+
+
 def test_poll_loop_bench_checks_each_way_of_waiting():
     proc = run_benchmark("poll_loop_bench.py", "--calls", "20", "--repeats", "1", np=2)
     for way in ("synchronize", "busy poll", "poll and sleep 0.1 ms"):

@@ -113,23 +113,19 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     Raises:
         ValueError: invalid arguments (unsupported dtype, both average and op, name in flight...).
     """
-    waits = getattr(_caller, "waits", False)
-    prepared = None if waits else _last_description(_last_async_copy, name, tensor, average, op, prescale_factor,
-                                                    postscale_factor, process_set)
-    if prepared is not None:
-        return _enqueue_described(prepared, tensor, torch.empty_like(tensor, memory_format=torch.contiguous_format))
-    _refuse_unless_dense(lib.HORO_ALLREDUCE, "allreduce", name, [tensor], process_set)
-    resolved = resolve_op(average, op)
-    out = torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
-    handle = _allreduce_async([tensor], [out], name, resolved, prescale_factor, postscale_factor, process_set,
-                              "allreduce")
-    if not waits:
-        _describe_async(_last_async_copy, name, tensor, average, op, resolved, prescale_factor, postscale_factor,
-                        process_set)
-    return handle
+    return _allreduce_async_described(_last_async_copy, tensor, None, average, name, op, prescale_factor,
+                                      postscale_factor, process_set)
 
 
-# The last allreduce_async_ (and allreduce_async) of each name on a host tensor, checked as
+@eager_under_compile
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                     process_set=global_process_set):
+    """In-place form of allreduce_async: the result overwrites tensor. Returns a handle."""
+    return _allreduce_async_described(_last_async, tensor, tensor, average, name, op, prescale_factor,
+                                      postscale_factor, process_set)
+
+
+# The last allreduce_async_ and allreduce_async of each name on a host tensor, checked as
 # _last_allreduce is: a gradient enqueued step after step then crosses into the core with its two
 # addresses only (horo_enqueue_at), skipping the general path's specs and C structs
 # (docs/benchmarks.md).
@@ -137,42 +133,33 @@ _last_async = {}
 _last_async_copy = {}
 
 
-def _enqueue_described(prepared, tensor, output):
-    """The handle of an allreduce of tensor into output (tensor itself, in place) from its
-    description."""
-    runtime = basics.runtime()
-    core_handle = runtime.enqueue_prepared(prepared, tensor.data_ptr(), output.data_ptr())
-    return _register(runtime, (core_handle,), (tensor, output), lambda rt, results: output, None, False)
-
-
-def _describe_async(memo, name, tensor, average, op, resolved, prescale_factor, postscale_factor, process_set):
-    """Remembers in memo the description of an asynchronous allreduce of a named dense host tensor,
-    which the general path has just enqueued."""
-    set_id = process_set.process_set_id
-    if name is None or set_id is None or not _is_host_dense(tensor):
-        return
-    base = _op_name("allreduce", name, set_id)
-    prepared = prepare_run(lib.HORO_ALLREDUCE, base, _dtype_code(tensor, base, lib.HORO_ALLREDUCE, set_id),
-                           tuple(tensor.shape), set_id, resolved, prescale_factor, postscale_factor, 0,
-                           caller_waits=False)
-    _remember(memo, name, tensor, average, op, prescale_factor, postscale_factor, process_set, prepared)
-
-
-@eager_under_compile
-def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                     process_set=global_process_set):
-    """In-place form of allreduce_async: the result overwrites tensor. Returns a handle."""
+def _allreduce_async_described(memo, tensor, output, average, name, op, prescale_factor, postscale_factor,
+                               process_set):
+    """The handle of an allreduce of tensor into output (tensor itself, in place; None: a new tensor),
+    enqueued from the description memo holds for the name when the call matches it, else by the
+    general path, whose description memo then keeps (for a named dense host tensor)."""
     waits = getattr(_caller, "waits", False)
-    prepared = None if waits else _last_description(_last_async, name, tensor, average, op, prescale_factor,
+    prepared = None if waits else _last_description(memo, name, tensor, average, op, prescale_factor,
                                                     postscale_factor, process_set)
     if prepared is not None:
-        return _enqueue_described(prepared, tensor, tensor)
+        if output is None:
+            output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+        runtime = basics.runtime()
+        core_handle = runtime.enqueue_prepared(prepared, tensor.data_ptr(), output.data_ptr())
+        return _register(runtime, (core_handle,), (tensor, output), lambda rt, results: output, None, False)
+    _refuse_unless_dense(lib.HORO_ALLREDUCE, "allreduce", name, [tensor], process_set)
     resolved = resolve_op(average, op)
-    handle = _allreduce_async([tensor], [tensor], name, resolved, prescale_factor, postscale_factor, process_set,
+    if output is None:
+        output = torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
+    handle = _allreduce_async([tensor], [output], name, resolved, prescale_factor, postscale_factor, process_set,
                               "allreduce")
-    if not waits:
-        _describe_async(_last_async, name, tensor, average, op, resolved, prescale_factor, postscale_factor,
-                        process_set)
+    set_id = process_set.process_set_id
+    if name is not None and set_id is not None and _is_host_dense(tensor) and not waits:
+        base = _op_name("allreduce", name, set_id)
+        prepared = prepare_run(lib.HORO_ALLREDUCE, base, _dtype_code(tensor, base, lib.HORO_ALLREDUCE, set_id),
+                               tuple(tensor.shape), set_id, resolved, prescale_factor, postscale_factor, 0,
+                               caller_waits=False)
+        _remember(memo, name, tensor, average, op, prescale_factor, postscale_factor, process_set, prepared)
     return handle
 
 

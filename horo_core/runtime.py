@@ -534,7 +534,9 @@ class Runtime:
     def enqueue_prepared(self, prepared, input_ptr, output_ptr) -> int:
         """enqueue() of one tensor from a description made once by prepare_run(caller_waits=False):
         per call only the two addresses cross into the core (horo_enqueue_at). Returns the handle."""
-        out = ffi.new("horo_handle_t*")
+        out = _result_slots.__dict__.get("enqueued")  # this thread's, read back at once
+        if out is None:
+            out = _result_slots.enqueued = ffi.new("horo_handle_t*")
         active = self._active  # as in run_prepared
         active.append(None)
         try:
@@ -545,9 +547,9 @@ class Runtime:
                                          prepared.options, out)
             if status != lib.HORO_OK:
                 check(status, last_error())
+            return out[0]
         finally:
             active.pop()
-        return out[0]
 
     def poll(self, handle, driving=False) -> bool:
         """Whether the handle completed. driving: for a thread that polls in a loop, which then
@@ -565,10 +567,17 @@ class Runtime:
     def wait_release(self, handle):
         """wait() then release() in one call, for operations whose outputs the caller gave. The
         handle is released even when the operation failed; its error is raised afterwards."""
-        with self._use() as rt:
+        active = self._active  # as in run_prepared: synchronize() of every asynchronous allreduce comes here
+        active.append(None)
+        try:
+            rt = self._rt
+            if rt is None:
+                check(lib.HORO_ERR_SHUT_DOWN, self._gone)
             status = lib.horo_wait(rt, handle, -1.0)
             message = last_error() if status != lib.HORO_OK else ""
             lib.horo_release(rt, handle)
+        finally:
+            active.pop()
         check(status, message)
 
     def result(self, handle) -> Result:

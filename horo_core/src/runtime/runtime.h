@@ -137,8 +137,9 @@ class Runtime {
   // The background thread between passes when callers may drive; wait_ms: its longest sleep, which
   // the last pass computed (from poll_ms_ and the timeline's shipping, both read under the lock).
   void BackgroundWait(std::chrono::steady_clock::time_point spin_until, int wait_ms);
-  // Makes the background thread run a pass soon, whatever it is waiting on.
-  void WakeBackground();
+  // Makes the background thread run a pass soon, whatever it is waiting on; unless_parked: except
+  // while it is parked after a caller's drive (BackgroundWait), which ends within kParkTime anyway.
+  void WakeBackground(bool unless_parked = false);
   // Executes a response list; returns false when the loop must end.
   bool Apply(ResponseList& list, bool parsed);
   bool ApplyMessage(const ControlMessage& message);
@@ -227,6 +228,7 @@ class Runtime {
   std::mutex park_mutex_;
   std::condition_variable park_cv_;
   bool park_wake_ = false;         // under park_mutex_
+  bool parked_ = false;            // under park_mutex_: BackgroundWait is in park_cv_'s wait
   int poll_ms_ = 1000;             // the coordinator's stall checks set it; under progress_mutex_
   int64_t last_stall_check_ns_ = 0;  // CoarseNanos of the last stall check; under progress_mutex_
   // Workers: when rank 0 last sent this rank anything, and the watch on its silence (WatchCoordinator).

@@ -12,9 +12,13 @@
 // While callers drive, the background thread stays off the transport's doorbell (it parks on a
 // condition variable with a short timeout), so that peers publishing to this rank need no system
 // call to wake a thread that has nothing to do. Enqueue wakes it, unless the caller says it will
-// wait at once (horo_op_options_t.caller_waits); a caller that gives up, or leaves requests
-// behind, wakes it too. Without a transport that can wait without reading (CanWaitControl), the
-// background thread alone runs the passes, blocking in PollControl as before.
+// wait at once (horo_op_options_t.caller_waits), or the thread is parked after a caller's drive:
+// an asynchronous call is then most likely waited for at once too (synchronize(allreduce_async_()),
+// a loop of them), and the wake-up would cost that caller more than the collective. Left asleep,
+// the thread takes the request up when its park ends (kParkTime) if no caller has. A caller that
+// gives up, or leaves requests behind, wakes it too. Without a transport that can wait without
+// reading (CanWaitControl), the background thread alone runs the passes, blocking in PollControl
+// as before.
 //
 // A driving caller that finds nothing to do yields its core (SpinRound): on a host with more ranks
 // than cores, the peer it waits for may need that very core. Where every rank has a core, the
@@ -99,7 +103,9 @@ void Runtime::BackgroundWait(std::chrono::steady_clock::time_point spin_until, i
       SteadyNanos() - last_drive_ns_.load() < std::chrono::duration_cast<std::chrono::nanoseconds>(kParkTime).count();
   if (recently_driven) {
     std::unique_lock<std::mutex> lock(park_mutex_);
+    parked_ = true;
     park_cv_.wait_for(lock, kParkTime, [this] { return park_wake_; });
+    parked_ = false;
     park_wake_ = false;
     return;
   }
@@ -111,9 +117,10 @@ void Runtime::BackgroundWait(std::chrono::steady_clock::time_point spin_until, i
   transport_->WaitControl(wait_ms);
 }
 
-void Runtime::WakeBackground() {
+void Runtime::WakeBackground(bool unless_parked) {
   {
     std::lock_guard<std::mutex> lock(park_mutex_);
+    if (unless_parked && parked_) return;
     park_wake_ = true;
   }
   park_cv_.notify_one();

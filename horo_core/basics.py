@@ -563,12 +563,25 @@ def _ended_by_another_rank(exc):
     return False
 
 
+# Called by shutdown() with the runtime, once it has failed what had not completed and before it
+# is freed (see at_shutdown).
+_shutdown_hooks = []
+
+
+def at_shutdown(hook):
+    """Has every shutdown() call hook(runtime) while the runtime's handles are all complete and
+    still readable: a framework adapter settles its handles there, so that synchronize() after
+    shutdown() returns a completed operation's result (or raises its error), as in Horovod."""
+    if hook not in _shutdown_hooks:
+        _shutdown_hooks.append(hook)
+
+
 def shutdown():
     """Shuts Horo down on this process: outstanding operations fail, every rank is told."""
     with _state.lock:
         rt, _state.runtime = _state.runtime, None
         if rt is not None:
-            rt.destroy()
+            rt.destroy(settle=lambda: [hook(rt) for hook in _shutdown_hooks])
         for ps in list(_state.process_sets.values()) + _state.aliases:
             if ps is not global_process_set:
                 ps.process_set_id = None

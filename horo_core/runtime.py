@@ -351,13 +351,23 @@ class Runtime:
         self._calls_done = threading.Condition(self._calls_lock)
         self._active = []
 
-    def destroy(self):
-        """Shuts down (failing outstanding handles), waits for other threads' calls to return, frees."""
+    def destroy(self, settle=None):
+        """Shuts down (failing outstanding handles), waits for other threads' calls to return, frees.
+        settle: called after the shutdown and before the free, when every handle is complete and can
+        still be read (wait, result, release); nothing new can start then."""
         with self._calls_done:
             rt, self._rt = self._rt, None
         if rt is None:
             return
         lib.horo_runtime_shutdown(rt)
+        if settle is not None:
+            with self._calls_done:
+                self._rt = rt
+            try:
+                settle()
+            finally:
+                with self._calls_done:
+                    self._rt = None
         with self._calls_done:
             self._calls_done.wait_for(lambda: self._calls == 0)
         while self._active:  # shut down, they return promptly

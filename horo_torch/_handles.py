@@ -8,6 +8,7 @@ import itertools
 import os
 import threading
 
+from horo_core.basics import at_shutdown
 from horo_torch._compile import eager_under_compile
 
 
@@ -101,6 +102,37 @@ def _register(runtime, core_handles, keep, finish, staging=None, needs_result=Tr
     return handle
 
 
+# Handles whose runtime was shut down before they were synchronized: their outcome, finished at
+# shutdown (settle), as a (result, error) pair.
+_settled = {}
+
+
+def settle(runtime):
+    """At shutdown (horo_core.basics.at_shutdown), once runtime has failed what had not completed:
+    finishes every handle of runtime still in the map, so that synchronize() afterwards returns a
+    completed operation's result, or raises its error (a HoroShutdownError for one cut short), and
+    poll() returns True. Horovod's handles outlive shutdown() the same way."""
+    with _handle_lock:
+        mine = [h for h, pending in _handle_map.items() if pending.runtime is runtime]
+    abandoned = set(_abandoned)
+    for handle in mine:
+        with _handle_lock:
+            pending = _handle_map.pop(handle, None)
+        if pending is None:  # another thread synchronized it meanwhile
+            continue
+        if handle in abandoned:
+            _discard(pending)
+            continue
+        try:
+            _settled[handle] = (_finish(pending), None)
+        except Exception as exc:  # noqa: BLE001 - the operation's error, raised by synchronize()
+            _settled[handle] = (None, exc)
+    _abandoned.clear()
+
+
+at_shutdown(settle)
+
+
 @eager_under_compile
 def poll(handle):
     """Returns True once the operation behind handle has completed (synchronize will not block).
@@ -114,6 +146,8 @@ def poll(handle):
     """
     pending = _handle_map.get(handle)
     if pending is None:
+        if handle in _settled:
+            return True
         raise ValueError(f"unknown handle {handle}")
     # A loop of poll() calls holds this thread's core: each call moves the collectives a step.
     return all(pending.runtime.poll(h, driving=True) for h in pending.core_handles)
@@ -127,7 +161,9 @@ def synchronize(handle):
         handle: a handle returned by an ``*_async`` function.
     Returns:
         The output tensor, a list of tensors for grouped operations, or (output, received_splits)
-        for alltoall with splits. None for an unknown handle, as in Horovod.
+        for alltoall with splits. None for an unknown handle, as in Horovod. After shutdown(), a
+        handle not synchronized before gives what it would have: the result of an operation that
+        completed, the error of one that failed or that shutdown() cut short.
     Raises:
         HorovodInternalError (or a subclass such as HoroMismatchError): the collective failed.
     """
@@ -136,7 +172,15 @@ def synchronize(handle):
     if _abandoned:
         _release_abandoned()
     if pending is None:
-        return None
+        result, error = _settled.pop(handle, (None, None))
+        if error is not None:
+            raise error
+        return result
+    return _finish(pending)
+
+
+def _finish(pending):
+    """Waits for pending's operations and returns its result; raises the operation's error."""
     rt = pending.runtime
     # Outputs the caller gave need no result: each handle is waited on and released in one call.
     results = [] if pending.needs_result else None

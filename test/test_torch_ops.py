@@ -937,6 +937,43 @@ GROUPS = [check_topology, check_allreduce_matrix, check_noncontiguous, check_sca
           check_autograd]
 
 
+def start_handles_left_at_shutdown(hvd):
+    """Asynchronous operations that shutdown() finds unsynchronized: four that completed, and (on
+    more than one rank) one that cannot, its name being this rank's own."""
+    r, n = hvd.rank(), hvd.size()
+    x = torch.full((3,), float(r + 1))
+    done = {
+        "allreduce_async": hvd.allreduce_async(x, name="left.copy", op=hvd.Sum),
+        "allreduce_async_": hvd.allreduce_async_(x.clone(), name="left.in_place", op=hvd.Sum),
+        "allgather_async": hvd.allgather_async(x[:1], name="left.gather"),
+        "grouped_allreduce_async": hvd.grouped_allreduce_async([x, 2 * x], name="left.group", op=hvd.Sum),
+    }
+    while not all(hvd.poll(h) for h in done.values()):
+        pass
+    cut_short = hvd.allreduce_async(x, name=f"left.rank{r}") if n > 1 else None
+    return done, cut_short
+
+
+def check_handles_left_at_shutdown(hvd, c, pending):
+    """After shutdown(), as in Horovod, synchronize() of a completed operation returns its result
+    (poll() says it is done), and that of one shutdown cut short raises a HorovodInternalError."""
+    done, cut_short = pending
+    c.same("poll(allgather_async) after shutdown", hvd.poll(done["allgather_async"]), True)
+    gathered = hvd.synchronize(done["allgather_async"]).tolist()  # every rank's r + 1
+    c.same("synchronize(allgather_async) after shutdown", gathered, [float(i + 1) for i in range(len(gathered))])
+    total = sum(gathered)
+    for label in ("allreduce_async", "allreduce_async_"):
+        c.same(f"poll({label}) after shutdown", hvd.poll(done[label]), True)
+        c.same(f"synchronize({label}) after shutdown", hvd.synchronize(done[label]).tolist(), [total] * 3)
+    group = hvd.synchronize(done["grouped_allreduce_async"])
+    c.same("synchronize(grouped_allreduce_async) after shutdown", [g.tolist() for g in group],
+           [[total] * 3, [2 * total] * 3])
+    c.same("synchronize of a handle already synchronized", hvd.synchronize(done["allreduce_async"]), None)
+    if cut_short is not None:
+        c.raises("synchronize of an operation shutdown cut short", [hvd.HorovodInternalError], "shut down",
+                 lambda: hvd.synchronize(cut_short))
+
+
 def run_all_checks():
     """Runs on every rank; returns {group: (checks, failures)}."""
     import traceback
@@ -958,8 +995,14 @@ def run_all_checks():
     hvd.init()
     for fn in GROUPS:
         run_group(fn)
+    pending = start_handles_left_at_shutdown(hvd)
     hvd.barrier()
     hvd.shutdown()
+
+    def handles_left_at_shutdown(hvd, c, env):
+        check_handles_left_at_shutdown(hvd, c, pending)
+
+    run_group(handles_left_at_shutdown)
     for fn in (check_static_process_sets, check_dynamic_process_sets):
         run_group(fn)
         if hvd.is_initialized():
@@ -980,8 +1023,8 @@ def run_all_checks():
 def test_torch_collectives(size):
     reports = horo_runner.run(run_all_checks, num_proc=size, env={"HORO_PEER_TIMEOUT_SECONDS": "60"})
     assert len(reports) == size
-    groups = ["check_before_init", *[g.__name__ for g in GROUPS], "check_static_process_sets",
-              "check_dynamic_process_sets", "after_shutdown"]
+    groups = ["check_before_init", *[g.__name__ for g in GROUPS], "handles_left_at_shutdown",
+              "check_static_process_sets", "check_dynamic_process_sets", "after_shutdown"]
     problems = []
     for rank, report in enumerate(reports):
         assert list(report) == groups

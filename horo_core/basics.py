@@ -571,27 +571,38 @@ _shutdown_hooks = []
 def at_shutdown(hook):
     """Has every shutdown() call hook(runtime) while the runtime's handles are all complete and
     still readable: a framework adapter settles its handles there, so that synchronize() after
-    shutdown() returns a completed operation's result (or raises its error), as in Horovod."""
+    shutdown() returns a completed operation's result (or raises its error), as in Horovod. An
+    exception from a hook is logged; the shutdown goes on."""
     if hook not in _shutdown_hooks:
         _shutdown_hooks.append(hook)
+
+
+def _run_shutdown_hooks(rt):
+    for hook in list(_shutdown_hooks):
+        try:
+            hook(rt)
+        except Exception:  # noqa: BLE001 - a hook must not stop the shutdown; its traceback is shown
+            logging.getLogger("horo").exception("Horo: a shutdown hook (%r) failed", hook)
 
 
 def shutdown():
     """Shuts Horo down on this process: outstanding operations fail, every rank is told."""
     with _state.lock:
         rt, _state.runtime = _state.runtime, None
-        if rt is not None:
-            rt.destroy(settle=lambda: [hook(rt) for hook in _shutdown_hooks])
-        for ps in list(_state.process_sets.values()) + _state.aliases:
-            if ps is not global_process_set:
-                ps.process_set_id = None
-        _state.process_sets, _state.aliases = {}, []
-        if _state.kv_server is not None:
-            _state.kv_server.stop()
-            _state.kv_server = None
-        if _state.hub is not None:
-            _state.hub.close()
-            _state.hub = None
+        try:
+            if rt is not None:
+                rt.destroy(settle=lambda: _run_shutdown_hooks(rt))
+        finally:
+            for ps in list(_state.process_sets.values()) + _state.aliases:
+                if ps is not global_process_set:
+                    ps.process_set_id = None
+            _state.process_sets, _state.aliases = {}, []
+            if _state.kv_server is not None:
+                _state.kv_server.stop()
+                _state.kv_server = None
+            if _state.hub is not None:
+                _state.hub.close()
+                _state.hub = None
 
 
 def is_initialized():

@@ -300,6 +300,7 @@ class Runtime:
         # Calls in progress, so that destroy() never frees the runtime under another thread.
         self._calls = 0
         self._gone = _SHUT_DOWN  # why a call finds no C runtime (see forsake_in_forked_child)
+        self._destroying = False  # destroy() began: it alone frees the runtime
         # _CallGuard takes the lock itself (a C-level context manager, cheaper per call than the
         # Condition's Python-level one); destroy() waits on the Condition over the same lock.
         self._calls_lock = threading.Lock()
@@ -353,26 +354,25 @@ class Runtime:
 
     def destroy(self, settle=None):
         """Shuts down (failing outstanding handles), waits for other threads' calls to return, frees.
-        settle: called after the shutdown and before the free, when every handle is complete and can
-        still be read (wait, result, release); nothing new can start then."""
+        settle: called after the shutdown and before the free. Every handle is complete then and can
+        still be read (wait, result, release); the core refuses new operations. The runtime is freed
+        even when settle raises, which then propagates."""
         with self._calls_done:
-            rt, self._rt = self._rt, None
+            rt = None if self._destroying else self._rt
+            self._destroying = True
         if rt is None:
             return
-        lib.horo_runtime_shutdown(rt)
-        if settle is not None:
-            with self._calls_done:
-                self._rt = rt
-            try:
+        try:
+            lib.horo_runtime_shutdown(rt)
+            if settle is not None:
                 settle()
-            finally:
-                with self._calls_done:
-                    self._rt = None
-        with self._calls_done:
-            self._calls_done.wait_for(lambda: self._calls == 0)
-        while self._active:  # shut down, they return promptly
-            time.sleep(0.001)
-        lib.horo_runtime_destroy(rt)
+        finally:
+            with self._calls_done:
+                self._rt = None
+                self._calls_done.wait_for(lambda: self._calls == 0)
+            while self._active:  # shut down, they return promptly
+                time.sleep(0.001)
+            lib.horo_runtime_destroy(rt)
 
     # Operations ---------------------------------------------------------------------------------
 

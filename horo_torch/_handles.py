@@ -36,10 +36,11 @@ _abandoned = collections.deque()
 
 
 def _new_lock_in_child():
-    # Another thread may have held the lock at the fork; a forked child's synchronize() must raise
+    # Another thread may have held a lock at the fork; a forked child's synchronize() must raise
     # (horo_core/basics.py: _forget_in_child), not wait for ever.
-    global _handle_lock
+    global _handle_lock, _settle_lock
     _handle_lock = threading.Lock()
+    _settle_lock = threading.RLock()
 
 
 os.register_at_fork(after_in_child=_new_lock_in_child)
@@ -64,6 +65,8 @@ def _release_abandoned():
             return
         pending = _handle_map.get(handle)
         if pending is None:
+            with _settle_lock:  # settled at a shutdown (perhaps now): nobody's
+                _settled.pop(handle, None)
             continue
         try:
             done = all(pending.runtime.poll(h) for h in pending.core_handles)
@@ -105,29 +108,31 @@ def _register(runtime, core_handles, keep, finish, staging=None, needs_result=Tr
 # Handles whose runtime was shut down before they were synchronized: their outcome, finished at
 # shutdown (settle), as a (result, error) pair.
 _settled = {}
+# Held while settle() runs: a synchronize() or poll() that finds its handle in neither table waits
+# for it, as settle() may be finishing that very handle.
+_settle_lock = threading.RLock()
 
 
 def settle(runtime):
     """At shutdown (horo_core.basics.at_shutdown), once runtime has failed what had not completed:
     finishes every handle of runtime still in the map, so that synchronize() afterwards returns a
     completed operation's result, or raises its error (a HoroShutdownError for one cut short), and
-    poll() returns True. Horovod's handles outlive shutdown() the same way."""
-    with _handle_lock:
-        mine = [h for h, pending in _handle_map.items() if pending.runtime is runtime]
-    abandoned = set(_abandoned)
-    for handle in mine:
+    poll() returns True. Horovod's handles outlive shutdown() the same way. Abandoned handles are
+    discarded instead."""
+    with _settle_lock:
         with _handle_lock:
-            pending = _handle_map.pop(handle, None)
-        if pending is None:  # another thread synchronized it meanwhile
-            continue
-        if handle in abandoned:
-            _discard(pending)
-            continue
-        try:
-            _settled[handle] = (_finish(pending), None)
-        except Exception as exc:  # noqa: BLE001 - the operation's error, raised by synchronize()
-            _settled[handle] = (None, exc)
-    _abandoned.clear()
+            mine = [(h, pending) for h, pending in _handle_map.items() if pending.runtime is runtime]
+            for h, _ in mine:
+                del _handle_map[h]
+        abandoned = set(_abandoned)
+        for handle, pending in mine:
+            if handle in abandoned:
+                _discard(pending)
+                continue
+            try:
+                _settled[handle] = (_finish(pending), None)
+            except Exception as exc:  # noqa: BLE001 - the operation's error, raised by synchronize()
+                _settled[handle] = (None, exc)
 
 
 at_shutdown(settle)
@@ -146,8 +151,9 @@ def poll(handle):
     """
     pending = _handle_map.get(handle)
     if pending is None:
-        if handle in _settled:
-            return True
+        with _settle_lock:
+            if handle in _settled:
+                return True
         raise ValueError(f"unknown handle {handle}")
     # A loop of poll() calls holds this thread's core: each call moves the collectives a step.
     return all(pending.runtime.poll(h, driving=True) for h in pending.core_handles)
@@ -172,7 +178,8 @@ def synchronize(handle):
     if _abandoned:
         _release_abandoned()
     if pending is None:
-        result, error = _settled.pop(handle, (None, None))
+        with _settle_lock:
+            result, error = _settled.pop(handle, (None, None))
         if error is not None:
             raise error
         return result

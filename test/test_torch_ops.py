@@ -1036,6 +1036,78 @@ def test_torch_collectives(size):
     assert not problems, "\n".join(problems[:60])
 
 
+def _shutdown_settling_job():
+    """Runs on every rank: the corners of settling handles at shutdown. Returns a list of failures."""
+    import threading
+
+    import horo_torch as hvd
+    from horo_core import basics
+    from horo_torch import _handles
+
+    failures = []
+    # A thread that synchronizes a completed handle while shutdown() settles it gets its result.
+    hvd.init()
+    n = hvd.size()
+    handles = [hvd.allgather_async(torch.ones(1_000_000), name=f"settle.{i}") for i in range(4)]
+    while not all(hvd.poll(h) for h in handles):
+        pass
+    got = {}
+
+    def synchronize_while_settled():
+        while handles[-1] in _handles._handle_map:  # until settle() takes it
+            pass
+        got["result"] = hvd.synchronize(handles[-1])
+
+    thread = threading.Thread(target=synchronize_while_settled)
+    thread.start()
+    hvd.barrier()
+    hvd.shutdown()
+    thread.join(60)
+    result = got.get("result")
+    if result is None or tuple(result.shape) != (1_000_000 * n,):
+        failures.append(f"synchronize during the settling gave {result if result is None else tuple(result.shape)}")
+    # A settled handle abandoned afterwards (an optimizer collected after shutdown) is let go by
+    # the next operation, with its tensors.
+    abandoned = handles[0]
+    hvd.mpi_ops.abandon([abandoned])
+    hvd.init()
+    hvd.synchronize(hvd.allreduce_async(torch.ones(1), name="settle.next"))
+    if abandoned in _handles._settled:
+        failures.append("an abandoned settled handle was kept")
+    # A shutdown hook that raises stops neither the shutdown nor the other hooks.
+    def failing_hook(rt):
+        raise RuntimeError("a failing hook")
+
+    basics._shutdown_hooks.insert(0, failing_hook)
+    try:
+        h = hvd.allreduce_async(torch.ones(2), name="settle.after_hook", op=hvd.Sum)
+        while not hvd.poll(h):
+            pass
+        hvd.shutdown()
+    except Exception as exc:  # noqa: BLE001 - reported
+        failures.append(f"shutdown raised {exc!r}")
+    finally:
+        basics._shutdown_hooks.remove(failing_hook)
+    if hvd.is_initialized():
+        failures.append("still initialized after shutdown()")
+    try:
+        value = hvd.synchronize(h)
+        if value is None or value.tolist() != [float(n)] * 2:
+            failures.append(f"synchronize after the failing hook gave {value}")
+    except Exception as exc:  # noqa: BLE001 - reported
+        failures.append(f"synchronize after the failing hook raised {exc!r}")
+    return failures
+
+
+def test_handles_settled_at_shutdown_under_threads_abandon_and_failing_hooks():
+    """synchronize() from another thread while shutdown() settles the handle returns its result (it
+    returned None when it came between the settling's two steps); a settled handle that is
+    abandoned is let go; a shutdown hook that raises is logged, and the shutdown completes."""
+    reports = horo_runner.run(_shutdown_settling_job, num_proc=2, env={"HORO_PEER_TIMEOUT_SECONDS": "60"})
+    for rank, failures in enumerate(reports):
+        assert failures == [], f"rank {rank}: {failures}"
+
+
 def test_mpi_ops_carries_horovods_basics_too():
     """horovod.torch.mpi_ops also exports the basics; scripts import them from there."""
     import horo_torch

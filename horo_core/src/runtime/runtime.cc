@@ -243,9 +243,7 @@ Status Runtime::Enqueue(OpType op, const horo_tensor_t* tensors, int32_t count, 
     }
   }
   HORO_RETURN_IF_ERROR(Submit(&entries, handles));
-  // An asynchronous call enqueued just after a caller's drive is likely waited for at once too:
-  // its caller will drive it (runtime_progress.cc).
-  if (!callers_drive_ || !options.caller_waits) WakeBackground(/*unless_parked=*/callers_drive_);
+  WakeAfterEnqueue(options.caller_waits != 0);
   return Status::OK();
 }
 

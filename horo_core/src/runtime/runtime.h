@@ -140,6 +140,8 @@ class Runtime {
   // Makes the background thread run a pass soon, whatever it is waiting on; unless_parked: except
   // while it is parked after a caller's drive (BackgroundWait), which ends within kParkTime anyway.
   void WakeBackground(bool unless_parked = false);
+  // After Enqueue: wakes the background thread unless a caller will run the request (runtime_progress.cc).
+  void WakeAfterEnqueue(bool caller_waits);
   // Executes a response list; returns false when the loop must end.
   bool Apply(ResponseList& list, bool parsed);
   bool ApplyMessage(const ControlMessage& message);

@@ -12,11 +12,12 @@
 // While callers drive, the background thread stays off the transport's doorbell (it parks on a
 // condition variable with a short timeout), so that peers publishing to this rank need no system
 // call to wake a thread that has nothing to do. Enqueue wakes it, unless the caller says it will
-// wait at once (horo_op_options_t.caller_waits), or the thread is parked after a caller's drive:
-// an asynchronous call is then most likely waited for at once too (synchronize(allreduce_async_()),
-// a loop of them), and the wake-up would cost that caller more than the collective. Left asleep,
-// the thread takes the request up when its park ends (kParkTime) if no caller has. A caller that
-// gives up, or leaves requests behind, wakes it too. Without a transport that can wait without
+// wait at once (horo_op_options_t.caller_waits), or the thread is parked and a drive ended
+// microseconds ago: an asynchronous call made then is most likely waited for at once too
+// (synchronize(allreduce_async_()), a loop of them), and the wake-up would cost that caller more
+// than the collective. Left asleep, the thread takes the request up when its park ends (kParkTime)
+// if no caller has. A training step's gradients come later, and wake it, so that they are reduced
+// while the backward pass goes on. A caller that gives up, or leaves requests behind, wakes it too. Without a transport that can wait without
 // reading (CanWaitControl), the background thread alone runs the passes, blocking in PollControl
 // as before.
 //
@@ -39,6 +40,10 @@ namespace horo {
 namespace {
 
 constexpr auto kParkTime = std::chrono::milliseconds(1);  // background thread: recheck after a drive
+// An asynchronous call made this soon after the end of a drive is taken to be waited for at once
+// too (WakeAfterEnqueue): a loop of synchronize(allreduce_async_(t)) makes its next call within a
+// few microseconds, a training step's first gradient comes a forward and part of a backward later.
+constexpr int64_t kJustDrivenNs = 50'000;
 // Drive's busy poll before it yields: CPU pauses, looking for a control message (or its handle
 // done) every kPollPausesPerLook, for at most kPollTime (capped by HORO_SPIN_MICROSECONDS), about
 // what a peer on another core takes to announce its next call, with margin. A drive polls again
@@ -115,6 +120,15 @@ void Runtime::BackgroundWait(std::chrono::steady_clock::time_point spin_until, i
     return;
   }
   transport_->WaitControl(wait_ms);
+}
+
+void Runtime::WakeAfterEnqueue(bool caller_waits) {
+  if (!callers_drive_) {
+    WakeBackground();
+  } else if (!caller_waits) {
+    const bool just_driven = SteadyNanos() - last_drive_ns_.load(std::memory_order_relaxed) < kJustDrivenNs;
+    WakeBackground(/*unless_parked=*/just_driven);
+  }
 }
 
 void Runtime::WakeBackground(bool unless_parked) {

@@ -17,9 +17,9 @@
 // (synchronize(allreduce_async_()), a loop of them), and the wake-up would cost that caller more
 // than the collective. Left asleep, the thread takes the request up when its park ends (kParkTime)
 // if no caller has. A training step's gradients come later, and wake it, so that they are reduced
-// while the backward pass goes on. A caller that gives up, or leaves requests behind, wakes it too. Without a transport that can wait without
-// reading (CanWaitControl), the background thread alone runs the passes, blocking in PollControl
-// as before.
+// while the backward pass goes on. A caller that gives up, or leaves requests behind, wakes it too.
+// Without a transport that can wait without reading (CanWaitControl), the background thread alone
+// runs the passes, blocking in PollControl as before.
 //
 // A driving caller that finds nothing to do yields its core (SpinRound): on a host with more ranks
 // than cores, the peer it waits for may need that very core. Where every rank has a core, the

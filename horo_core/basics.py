@@ -52,6 +52,7 @@ class _State:
         self.generation = itertools.count()
         self.atexit_registered = False
         self.forked_from = None  # in a process forked from an initialized rank: that rank (see _forget_in_child)
+        self.closing = None  # the runtime that shutdown() is destroying, meanwhile
 
 
 _state = _State()
@@ -72,11 +73,15 @@ def _forget_in_child():
     rt = _state.runtime
     if rt is not None:
         _state.forked_from = _state.rank
-        rt.forsake_in_forked_child(
-            f"Horo: this process (pid {os.getpid()}) was forked from rank {_state.rank} (pid {os.getppid()}) "
-            "after init(). It may read the rank's topology (rank(), size(), ...), but collectives belong "
-            "to the rank's process: a forked child cannot take part in them")
-    _inherited.extend(x for x in (rt, _state.kv_server, _state.hub, _state.hosted_rendezvous) if x is not None)
+    for runtime in (rt, _state.closing):  # closing: forked while another thread's shutdown() runs
+        if runtime is not None:
+            runtime.forsake_in_forked_child(
+                f"Horo: this process (pid {os.getpid()}) was forked from rank {_state.rank} (pid {os.getppid()}) "
+                "after init(). It may read the rank's topology (rank(), size(), ...), but collectives belong "
+                "to the rank's process: a forked child cannot take part in them")
+    _inherited.extend(x for x in (rt, _state.closing, _state.kv_server, _state.hub, _state.hosted_rendezvous)
+                      if x is not None)
+    _state.closing = None
     _state.kv_server = _state.hub = _state.hosted_rendezvous = None
     _state.lock = threading.RLock()  # another thread may have held it at the fork
 
@@ -589,10 +594,12 @@ def shutdown():
     """Shuts Horo down on this process: outstanding operations fail, every rank is told."""
     with _state.lock:
         rt, _state.runtime = _state.runtime, None
+        _state.closing = rt
         try:
             if rt is not None:
                 rt.destroy(settle=lambda: _run_shutdown_hooks(rt))
         finally:
+            _state.closing = None
             for ps in list(_state.process_sets.values()) + _state.aliases:
                 if ps is not global_process_set:
                     ps.process_set_id = None

@@ -601,9 +601,19 @@ class Runtime:
             check(lib.horo_release(rt, handle))
 
     def copy_result(self, result: Result, dest_ptr: int):
-        """Copies a core-owned result into caller memory of at least result.nbytes bytes."""
-        if result.nbytes:
+        """Copies a core-owned result into caller memory of at least result.nbytes bytes. Counted as
+        a call (as in run_prepared), so that another thread's shutdown() cannot free the result
+        under the copy; once the runtime is destroyed it raises HoroShutdownError instead."""
+        if not result.nbytes:
+            return
+        active = self._active
+        active.append(None)
+        try:
+            if self._rt is None:
+                check(lib.HORO_ERR_SHUT_DOWN, self._gone)
             ffi.memmove(ffi.cast("void*", dest_ptr), ffi.cast("void*", result.data_ptr), result.nbytes)
+        finally:
+            active.pop()
 
     # Timeline -----------------------------------------------------------------------------------
 

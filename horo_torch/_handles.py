@@ -9,6 +9,7 @@ import os
 import threading
 
 from horo_core.basics import at_shutdown
+from horo_core.errors import HoroShutdownError
 from horo_torch._compile import eager_under_compile
 
 
@@ -79,6 +80,9 @@ def _release_abandoned():
             pending = _handle_map.pop(handle, None)
         if pending is not None:
             _discard(pending)
+        else:  # a shutdown's settle() took it meanwhile
+            with _settle_lock:
+                _settled.pop(handle, None)
 
 
 def _discard(pending):
@@ -125,14 +129,25 @@ def settle(runtime):
             for h, _ in mine:
                 del _handle_map[h]
         abandoned = set(_abandoned)
-        for handle, pending in mine:
-            if handle in abandoned:
+        settled = 0
+        try:
+            for handle, pending in mine:
+                if handle in abandoned:
+                    _discard(pending)
+                else:
+                    try:
+                        _settled[handle] = (_finish(pending), None)
+                    except Exception as exc:  # noqa: BLE001 - the operation's error, raised by synchronize()
+                        # Without its traceback, which holds this frame and with it every pending here.
+                        _settled[handle] = (None, exc.with_traceback(None))
+                settled += 1
+        finally:
+            # Interrupted (a KeyboardInterrupt): what is left can no longer be finished.
+            for handle, pending in mine[settled:]:
                 _discard(pending)
-                continue
-            try:
-                _settled[handle] = (_finish(pending), None)
-            except Exception as exc:  # noqa: BLE001 - the operation's error, raised by synchronize()
-                _settled[handle] = (None, exc)
+                if handle not in abandoned:
+                    _settled[handle] = (None, HoroShutdownError(
+                        "Horo: shutdown() was interrupted before this operation's result was settled"))
 
 
 at_shutdown(settle)

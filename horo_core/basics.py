@@ -23,7 +23,8 @@ from horo_core.errors import (HoroAuthError, HoroInvalidArgument, HoroNotInitial
                               HoroShutdownError, HoroTimeoutError)
 from horo_core.kv_wire import KVAuthError, KVConnectionError, KVStoreError, KVTimeoutError
 from horo_core.kvstore import KVClient, KVServer
-from horo_core.process_sets import ProcessSet, global_process_set, ranks_of_comm
+from horo_core.init_sets import MPI_LAUNCHED, launched_by_mpi, listed_sets, register_static_sets
+from horo_core.process_sets import ProcessSet, global_process_set
 from horo_core.runtime import LoopbackHub, Runtime
 
 logger = logging.getLogger("horo")
@@ -221,8 +222,8 @@ def init(comm=None, process_sets=None):
             members = ranks
             rank, size = ranks.index(rank), len(ranks)
         elif comm is not None:
-            if not _launched_by_mpi(info):
-                raise HoroInvalidArgument(f"init(comm=<MPI communicator>) needs {_MPI_LAUNCHED.format(info.family)}; "
+            if not launched_by_mpi(info):
+                raise HoroInvalidArgument(f"init(comm=<MPI communicator>) needs {MPI_LAUNCHED.format(info.family)}; "
                                           "call init() for every launched process, or init(comm=[ranks]) for some")
             mpi_comm = comm
             rank, size = comm.Get_rank(), comm.Get_size()
@@ -233,7 +234,7 @@ def init(comm=None, process_sets=None):
             if not isinstance(ps, ProcessSet):
                 raise HoroInvalidArgument(f"process_sets must hold ProcessSet objects, got {ps!r}")
         start_timeout = float(settings["START_TIMEOUT"])
-        listed = _listed_sets(static_sets, info, mpi_comm, members, size)
+        listed = listed_sets(static_sets, info, mpi_comm, members, size)
 
         nodes = None  # every rank's node, where the launcher's cross values need them (LaunchInfo.node)
         generation = next(_state.generation)
@@ -306,7 +307,8 @@ def init(comm=None, process_sets=None):
         global_process_set.ranks = list(range(size))
         global_process_set.mpi_comm = mpi_comm
         try:
-            _register_static_sets(static_sets, listed, everyones_sets)
+            register_static_sets(static_sets, listed, everyones_sets, size, rt.add_process_set, _state.process_sets,
+                                 _state.aliases)
         except BaseException:
             shutdown()  # every rank fails here alike; a later init() starts clean
             raise
@@ -317,18 +319,6 @@ def init(comm=None, process_sets=None):
 
 
 _LAUNCHER_NAMES_LATE_RANKS_S = 5.0
-
-# What init's MPI communicators need: under hororun or torchrun each process's MPI world holds that
-# process alone, so a communicator cannot number the job's ranks.
-_MPI_LAUNCHED = ("ranks that MPI launched (mpirun, or srun with PMI), but {} launched this job, so each "
-                 "process's MPI world holds that process alone")
-
-
-def _launched_by_mpi(info):
-    """Whether MPI's world is the job's processes (mpi4py imported: the caller holds a communicator)."""
-    from mpi4py import MPI
-    return MPI.COMM_WORLD.Get_size() == info.size
-
 
 def _report_arrival(kv, info, members, generation):
     """Tells the launcher's start watch (runner/job.py) that this rank reached init; under
@@ -361,112 +351,6 @@ def _same_job_or_raise(kv, info, members, generation, index):
     if theirs != _job_text(members):
         raise HoroInvalidArgument(f"rank {peer} called {theirs} while rank {info.rank} called {_job_text(members)}: "
                                   "every rank of a job must pass the same list of ranks")
-
-
-def _register_static_sets(static_sets, mine, everyone):
-    """Registers init's process sets with Horovod's ids: first those built from MPI communicators,
-    where each rank may pass its own (a set per rank from comm.Split), every rank's i-th such set
-    taken together and the distinct ones registered in sorted order, i by i; then the sets listed
-    by their ranks, in list order. A set with the ranks of one registered before (or of every
-    rank) stands for it: Horovod does not register it twice either, and refusing it would stop
-    scripts whose sets coincide at a small size ("the even ranks" and [0] on 2 ranks). A set that
-    only another rank's communicator made gets an object of its own here.
-
-    Raises:
-        HoroInvalidArgument: on every rank, when the ranks' lists do not fit together (see
-            _check_listed_sets).
-    """
-    _check_listed_sets(everyone, mine)
-    from_comms = [ps for ps in static_sets if _built_from_comm(ps)]
-    for ps, ranks in zip(from_comms, mine["comms"]):
-        ps.ranks = ranks
-    order = [ranks for i in range(len(from_comms)) for ranks in sorted({tuple(e["comms"][i]) for e in everyone})]
-    order.extend(tuple(ranks) for ranks in mine["lists"])
-    ids = {tuple(range(_state.size)): 0}
-    for ranks in order:
-        if ranks not in ids:
-            ids[ranks] = runtime().add_process_set(list(ranks))
-    for ps in static_sets:
-        ps.process_set_id = ids[tuple(ps.ranks)]
-        if ps.process_set_id in _state.process_sets:
-            _state.aliases.append(ps)
-        else:
-            _state.process_sets[ps.process_set_id] = ps
-    for ranks, set_id in ids.items():
-        if set_id not in _state.process_sets:
-            _state.process_sets[set_id] = ProcessSet(ranks)
-            _state.process_sets[set_id].process_set_id = set_id
-
-
-COMM_SETS_NEED_A_COMMUNICATOR = ("process sets built from MPI communicators need init(comm=<mpi4py communicator>) "
-                                 "or init() under mpirun, not init(comm=[ranks])")
-
-
-def _built_from_comm(ps):
-    """Whether init takes ps as a set of an MPI communicator (the global set, whose communicator is
-    init's own, is not one)."""
-    return ps.mpi_comm is not None and ps is not global_process_set
-
-
-def _listed_sets(static_sets, info, mpi_comm, members, size):
-    """This rank's process sets for init: {"comms": the ranks of each set built from an MPI
-    communicator (ranks of init's communicator, or of MPI_COMM_WORLD under mpirun), "lists": the
-    ranks of the others, "problem": what makes them unusable, or None}."""
-    listed = {"comms": [], "lists": [], "problem": None}
-    from_comms = []
-    for entry, ps in enumerate(static_sets):
-        if _built_from_comm(ps):
-            from_comms.append((entry, ps.mpi_comm))
-        else:  # the global set's ranks are set later in init, for this job
-            listed["lists"].append(list(range(size)) if ps is global_process_set else ps.ranks)
-    if not from_comms:
-        return listed
-    if members is not None:
-        listed["problem"] = COMM_SETS_NEED_A_COMMUNICATOR
-        return listed
-    if not _launched_by_mpi(info):
-        listed["problem"] = (f"process sets built from MPI communicators need {_MPI_LAUNCHED.format(info.family)}; "
-                             "list the ranks instead, e.g. ProcessSet([0, 2])")
-        return listed
-    for entry, comm in from_comms:
-        try:
-            listed["comms"].append(ranks_of_comm(comm, mpi_comm))
-        except ValueError as e:
-            listed["problem"] = f"process_sets[{entry}]: {e}"
-            break
-    return listed
-
-
-def _check_listed_sets(everyone, mine):
-    """Checks that every rank registers the same sets in the same order.
-
-    Raises:
-        HoroInvalidArgument: on every rank alike, naming the ranks: a rank's problem, different
-            numbers of sets built from MPI communicators (each rank's i-th is taken with the others'
-            i-th), or different sets listed by their ranks (Horovod needs the same list on every rank).
-    """
-    problems = _ranks_by_value([e["problem"] for e in everyone])
-    problems.pop("null", None)
-    if problems:
-        raise HoroInvalidArgument("init: " + "; ".join(f"{ranks}: {json.loads(problem)}"
-                                                       for problem, ranks in problems.items()))
-    counts = [len(e["comms"]) for e in everyone]
-    if len(set(counts)) > 1:
-        raise HoroInvalidArgument(
-            "init: every rank must pass as many process sets built from MPI communicators (each rank's i-th one is "
-            "taken with the others' i-th), got " + ", ".join(f"rank {r} {c}" for r, c in enumerate(counts)))
-    if any(e["lists"] != mine["lists"] for e in everyone):
-        lists = _ranks_by_value([e["lists"] for e in everyone])
-        raise HoroInvalidArgument("init: every rank must list the same process sets by their ranks, got " +
-                                  ", ".join(f"{ranks} {listed}" for listed, ranks in lists.items()))
-
-
-def _ranks_by_value(values):
-    """{JSON of a value: "rank 3" or "ranks 0, 1, 2" that have it}, in order of first rank."""
-    ranks = {}
-    for r, value in enumerate(values):
-        ranks.setdefault(json.dumps(value), []).append(str(r))
-    return {value: ("ranks " if len(rs) > 1 else "rank ") + ", ".join(rs) for value, rs in ranks.items()}
 
 
 def _rendezvous_failure(error, info, host, port):

@@ -9,6 +9,10 @@ from typing import List, Optional
 
 from horo_core.errors import HoroInvalidArgument
 
+# Refused in a job whose ranks init(comm=[ranks]) listed: no communicator numbers them.
+COMM_SETS_NEED_A_COMMUNICATOR = ("process sets built from MPI communicators need init(comm=<mpi4py communicator>) "
+                                 "or init() under mpirun, not init(comm=[ranks])")
+
 
 class ProcessSet:
     """A set of global ranks. Sets compare and hash by identity, as Horovod's: registering or
@@ -111,7 +115,7 @@ def add_process_set(process_set) -> ProcessSet:
         raise ValueError(f"{ps} is already registered")
     if ps.mpi_comm is not None:  # ranks of the job's communicator, which init(comm=...) may have given
         if basics.job_has_no_communicator():
-            raise HoroInvalidArgument(basics.COMM_SETS_NEED_A_COMMUNICATOR)
+            raise HoroInvalidArgument(COMM_SETS_NEED_A_COMMUNICATOR)
         ps.ranks = ranks_of_comm(ps.mpi_comm, global_process_set.mpi_comm)
     basics.register_process_set(ps)
     return ps

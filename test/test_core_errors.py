@@ -37,7 +37,7 @@ def world3():
 def test_shape_mismatch_names_tensor_ranks_and_shapes(world3):
     msgs = run_mismatch(world3, lambda rt: ops.allreduce(rt, np.ones(4 + (rt.rank == 2), np.float32), "grad.w"))
     for m in msgs:
-        assert "grad.w" in m and "rank 0 has [4]" in m and "rank 2 has [5]" in m, m
+        assert "allreduce tensor 'grad.w': ranks 0, 1 have [4], rank 2 has [5]" in m, m
 
 
 def test_dtype_mismatch(world3):
@@ -73,7 +73,7 @@ def test_scale_factor_mismatch(world3):
 def test_root_rank_mismatch(world3):
     msgs = run_mismatch(world3, lambda rt: ops.broadcast(rt, np.ones(4, np.float32), rt.rank % 2, "b"))
     for m in msgs:
-        assert "root ranks" in m and "rank 0 has 0" in m and "rank 1 has 1" in m, m
+        assert "root ranks for broadcast tensor 'b': ranks 0, 2 have 0, rank 1 has 1" in m, m
 
 
 def test_allgather_trailing_shape_mismatch(world3):
@@ -138,6 +138,14 @@ def test_a_scalar_on_one_rank_fails_on_every_rank(world3, op):
 
     for message in run_invalid(world3, body):
         assert f"{op} tensor 'scalar.somewhere' needs tensors of rank >= 1; rank 1 passed a scalar" in message
+
+
+def test_scalars_on_two_ranks_are_named_together(world3):
+    def body(rt):
+        return ops.allgather(rt, np.ones((), np.float32) if rt.rank else np.ones(3, np.float32), "scalars")
+
+    for message in run_invalid(world3, body):
+        assert "allgather tensor 'scalars' needs tensors of rank >= 1; ranks 1, 2 passed scalars" in message, message
 
 
 def test_root_outside_the_set_fails_on_every_rank(world3):

@@ -104,49 +104,49 @@ def mismatch_cases(hvd, torch, rank):
     one, two = rank == 1, rank == 2
     return [
         ("shape", lambda: hvd.allreduce(torch.ones(4 if one else 3, 2), name="mm.shape"),
-         "Mismatched shapes for allreduce tensor 'allreduce.mm.shape': rank 0 has [3, 2], rank 1 has [4, 2]"),
-        # Every rank that differs is named, those that passed the same value together.
+         "Mismatched shapes for allreduce tensor 'allreduce.mm.shape': ranks 0, 2 have [3, 2], rank 1 has [4, 2]"),
+        # Every rank is named, those that passed the same value together (rank 0's too).
         ("shape on every rank", lambda: hvd.allreduce(torch.ones(3 + rank), name="mm.shapes"),
          "Mismatched shapes for allreduce tensor 'allreduce.mm.shapes': rank 0 has [3], rank 1 has [4], "
          "rank 2 has [5]"),
         ("shape on two ranks", lambda: hvd.allreduce(torch.ones(4 if rank else 3), name="mm.shapes2"),
          "Mismatched shapes for allreduce tensor 'allreduce.mm.shapes2': rank 0 has [3], ranks 1, 2 have [4]"),
         ("dtype", lambda: hvd.allreduce(torch.ones(3, dtype=torch.float64 if two else torch.float32), name="mm.dtype"),
-         "Mismatched data types for allreduce tensor 'allreduce.mm.dtype': rank 0 has float32, rank 2 has float64"),
+         "Mismatched data types for allreduce tensor 'allreduce.mm.dtype': ranks 0, 1 have float32, rank 2 has float64"),
         ("op", lambda: hvd.allreduce(torch.ones(3), op=hvd.Max if one else hvd.Sum, name="mm.op"),
-         "Mismatched reduction operations for allreduce tensor 'allreduce.mm.op': rank 0 has Sum, rank 1 has Max"),
+         "Mismatched reduction operations for allreduce tensor 'allreduce.mm.op': ranks 0, 2 have Sum, rank 1 has Max"),
         ("root rank", lambda: hvd.broadcast(torch.ones(3), root_rank=1 if two else 0, name="mm.root"),
-         "Mismatched root ranks for broadcast tensor 'broadcast.mm.root': rank 0 has 0, rank 2 has 1"),
+         "Mismatched root ranks for broadcast tensor 'broadcast.mm.root': ranks 0, 1 have 0, rank 2 has 1"),
         ("prescale", lambda: hvd.allreduce(torch.ones(3), prescale_factor=2.0 if one else 1.0, name="mm.pre"),
-         "Mismatched scale factors for allreduce tensor 'allreduce.mm.pre': rank 0 has prescale 1 / postscale 1, "
+         "Mismatched scale factors for allreduce tensor 'allreduce.mm.pre': ranks 0, 2 have prescale 1 / postscale 1, "
          "rank 1 has prescale 2 / postscale 1"),
         ("postscale", lambda: hvd.synchronize(hvd.allreduce_async_(torch.ones(3), postscale_factor=0.5 if two else 1.0,
                                                                    name="mm.post")),
-         "Mismatched scale factors for allreduce tensor 'allreduce.mm.post': rank 0 has prescale 1 / postscale 1, "
+         "Mismatched scale factors for allreduce tensor 'allreduce.mm.post': ranks 0, 1 have prescale 1 / postscale 1, "
          "rank 2 has prescale 1 / postscale 0.5"),
         ("alltoall trailing shape", lambda: hvd.alltoall(torch.ones(3, 2 if two else 1), splits=[1, 1, 1],
                                                          name="mm.a2a2"),
-         "Mismatched shapes for alltoall tensor 'alltoall.mm.a2a2': rank 0 has rank 2 tensor with trailing "
+         "Mismatched shapes for alltoall tensor 'alltoall.mm.a2a2': ranks 0, 1 have rank 2 tensor with trailing "
          "dimensions [1], rank 2 has rank 2 tensor with trailing dimensions [2]"),
         ("allgather trailing shape", lambda: hvd.allgather(torch.ones(rank + 1, 2 if one else 1), name="mm.ag"),
-         "Mismatched shapes for allgather tensor 'allgather.mm.ag': rank 0 has rank 2 tensor with trailing "
+         "Mismatched shapes for allgather tensor 'allgather.mm.ag': ranks 0, 2 have rank 2 tensor with trailing "
          "dimensions [1], rank 1 has rank 2 tensor with trailing dimensions [2]"),
         ("reducescatter shape", lambda: hvd.reducescatter(torch.ones(4 if two else 3), name="mm.rs"),
-         "Mismatched shapes for reducescatter tensor 'reducescatter.mm.rs': rank 0 has [3], rank 2 has [4]"),
+         "Mismatched shapes for reducescatter tensor 'reducescatter.mm.rs': ranks 0, 1 have [3], rank 2 has [4]"),
         ("reducescatter op", lambda: hvd.reducescatter(torch.ones(3), op=hvd.Sum if one else hvd.Average,
                                                        name="mm.rsop"),
-         "Mismatched reduction operations for reducescatter tensor 'reducescatter.mm.rsop': rank 0 has Average, "
+         "Mismatched reduction operations for reducescatter tensor 'reducescatter.mm.rsop': ranks 0, 2 have Average, "
          "rank 1 has Sum"),
         ("grouped member", lambda: hvd.grouped_allreduce([torch.ones(2), torch.ones(3 if one else 4)], name="mm.g"),
-         "Mismatched shapes for allreduce tensor 'grouped_allreduce.mm.g.1': rank 0 has [4], rank 1 has [3]"),
+         "Mismatched shapes for allreduce tensor 'grouped_allreduce.mm.g.1': ranks 0, 2 have [4], rank 1 has [3]"),
         # A grouped call of one tensor against groups of two (it once left every rank waiting).
         ("grouped size", lambda: hvd.grouped_allreduce([torch.ones(2)] * (1 if one else 2), name="mm.gs"),
-         "Mismatched grouped calls for allreduce tensor 'grouped_allreduce.mm.gs.0': rank 0 has it in a group of 2 "
+         "Mismatched grouped calls for allreduce tensor 'grouped_allreduce.mm.gs.0': ranks 0, 2 have it in a group of 2 "
          "tensors led by 'grouped_allreduce.mm.gs.0', rank 1 has it as a single tensor"),
         # The same under a name the response cache holds, whose members the ranks announce by id.
         ("grouped size, cached", lambda: [hvd.grouped_allreduce([torch.ones(2)] * 2, name="mm.gsc") for _ in range(3)]
          and hvd.grouped_allreduce([torch.ones(2)] * (1 if one else 2), name="mm.gsc"),
-         "Mismatched grouped calls for allreduce tensor 'grouped_allreduce.mm.gsc.0': rank 0 has it in a group of 2 "
+         "Mismatched grouped calls for allreduce tensor 'grouped_allreduce.mm.gsc.0': ranks 0, 2 have it in a group of 2 "
          "tensors led by 'grouped_allreduce.mm.gsc.0', rank 1 has it as a single tensor"),
     ]
 

@@ -52,13 +52,15 @@ Response Coordinator::Construct(int32_t set_id, const std::string& name, const P
     // Checked here rather than where the tensor is submitted, so that every rank gets the error
     // (a scalar on one rank only would otherwise leave the others waiting).
     std::ostringstream scalars;
+    int scalar_ranks = 0;
     for (const auto& kv : pending.by_rank) {
-      if (kv.second.shape.empty()) scalars << (scalars.tellp() > 0 ? ", " : "") << kv.first;
+      if (kv.second.shape.empty()) scalars << (scalar_ranks++ ? ", " : "") << kv.first;
     }
-    if (scalars.tellp() > 0) {
+    if (scalar_ranks > 0) {
       return ErrorResponse(set_id, name, HORO_ERR_INVALID_ARGUMENT,
                            std::string(OpTypeName(op)) + " tensor " + Quote(name) + " needs tensors of rank >= 1; " +
-                               "rank " + scalars.str() + " passed a scalar");
+                               (scalar_ranks > 1 ? "ranks " : "rank ") + scalars.str() +
+                               (scalar_ranks > 1 ? " passed scalars" : " passed a scalar"));
     }
   }
   bool mismatch = false;

@@ -31,33 +31,29 @@ Response ErrorResponse(int32_t set_id, const std::string& name, horo_status_t co
 // "rank 2 has B" or "ranks 1, 2 have B": the ranks that passed one value, at most a few named.
 std::string RanksWith(const std::vector<int32_t>& ranks, const std::string& value);
 
-// Compares one field of every request with the first (lowest rank) and describes every rank that
-// differs, ranks passing the same value together: "<what> for <op> tensor 'x': rank 0 has A,
-// rank 2 has B" or "rank 0 has A, ranks 1, 3 have B, rank 2 has C".
+// Compares one field of every request with the first (lowest rank) and, if any differs, describes
+// every rank, ranks passing the same value together, in order of their lowest rank: "<what> for
+// <op> tensor 'x': rank 0 has A, rank 2 has B" or "ranks 0, 2 have A, ranks 1, 3 have B".
 template <typename Get>
 bool FindMismatch(const std::map<int32_t, Request>& by_rank, const char* what, Get get, std::string* message) {
   const auto& first = *by_rank.begin();
-  const auto text = [&](const Request& r) {
-    std::ostringstream os;
-    os << get(r);
-    return os.str();
-  };
-  std::vector<std::pair<std::string, std::vector<int32_t>>> others;  // value -> its ranks, in rank order
+  const auto agrees = [&](const auto& kv) { return get(kv.second) == get(first.second); };
+  if (std::all_of(by_rank.begin(), by_rank.end(), agrees)) return false;
+  std::vector<std::pair<std::string, std::vector<int32_t>>> groups;  // value -> its ranks, in rank order
   for (const auto& kv : by_rank) {
-    if (get(kv.second) == get(first.second)) continue;
-    const std::string value = text(kv.second);
-    auto same = std::find_if(others.begin(), others.end(), [&](const auto& e) { return e.first == value; });
-    if (same == others.end()) {
-      others.push_back({value, {kv.first}});
+    std::ostringstream value;
+    value << get(kv.second);
+    auto same = std::find_if(groups.begin(), groups.end(), [&](const auto& e) { return e.first == value.str(); });
+    if (same == groups.end()) {
+      groups.push_back({value.str(), {kv.first}});
     } else {
       same->second.push_back(kv.first);
     }
   }
-  if (others.empty()) return false;
   std::ostringstream os;
   os << "Mismatched " << what << " for " << OpTypeName(first.second.op_type) << " tensor "
-     << Quote(first.second.name) << ": " << RanksWith({first.first}, text(first.second));
-  for (const auto& other : others) os << ", " << RanksWith(other.second, other.first);
+     << Quote(first.second.name) << ": ";
+  for (size_t i = 0; i < groups.size(); ++i) os << (i ? ", " : "") << RanksWith(groups[i].second, groups[i].first);
   *message = os.str();
   return true;
 }

@@ -138,7 +138,7 @@ def _allreduce_async_described(memo, tensor, output, average, name, op, prescale
     """The handle of an allreduce of tensor into output (tensor itself, in place; None: a new tensor),
     enqueued from the description memo holds for the name when the call matches it, else by the
     general path, whose description memo then keeps (for a named dense host tensor)."""
-    waits = getattr(_caller, "waits", False)
+    waits = _caller.waits
     prepared = None if waits else _last_description(memo, name, tensor, average, op, prescale_factor,
                                                     postscale_factor, process_set)
     if prepared is not None:

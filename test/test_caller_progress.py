@@ -206,7 +206,9 @@ def test_an_async_call_waited_for_at_once_leaves_the_background_thread_asleep():
     the collective itself: on 2 ranks of 2 cores the wake-up tripled the cost of
     ``synchronize(allreduce_async_(t))``. Enqueued while the thread is parked after a caller's pass,
     it is now left to the waiting caller (or to the park's end, 1 ms at most). Measured: 2-8
-    background passes in 500 calls, against 438-492 with the wake-up."""
+    background passes in 500 calls on a quiet host, 109 beside another job's 2 busy ranks (a rank
+    switched out between its calls comes back past the 50 us window), against 438-492 with the
+    wake-up: the bound is half the calls."""
     import horo_runner
 
     calls = 500
@@ -215,7 +217,7 @@ def test_an_async_call_waited_for_at_once_leaves_the_background_thread_asleep():
     for rank, (failures, background, callers) in enumerate(reports):
         assert failures == [], f"rank {rank}: {failures[:5]}"
         assert callers > 0, f"rank {rank}: callers ran no pass"
-        assert background < calls // 5, f"rank {rank}: the background thread ran {background} passes in {calls} calls"
+        assert background < calls // 2, f"rank {rank}: the background thread ran {background} passes in {calls} calls"
 
 
 def _shared_core_job(blocks, calls, pair_calls, done_file):

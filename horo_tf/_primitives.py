@@ -6,14 +6,25 @@ import tensorflow as tf
 
 from horo_core import basics
 from horo_core._binding import lib
-from horo_core.errors import HoroMismatchError, HoroUnsupportedError
+from horo_core.errors import HoroInvalidArgument, HoroMismatchError, HoroUnsupportedError
 from horo_core.reduce_ops import Average, Sum
 from horo_tf import _bridge, _chain, errors
 
 
 def as_tensor(value):
-    """A tf.Tensor with value's current contents (reads tf.Variable and Keras variables)."""
-    return value if isinstance(value, tf.Tensor) else tf.convert_to_tensor(value)
+    """A tf.Tensor with value's current contents (reads tf.Variable and Keras variables).
+
+    Raises:
+        HoroInvalidArgument (a ValueError): value is a tf.RaggedTensor or tf.SparseTensor, which the
+            collectives take only once made dense (TensorFlow's own error names neither).
+    """
+    if isinstance(value, tf.Tensor):
+        return value
+    if isinstance(value, (tf.RaggedTensor, tf.SparseTensor)):
+        dense = "value.to_tensor()" if isinstance(value, tf.RaggedTensor) else "tf.sparse.to_dense(value)"
+        raise HoroInvalidArgument(f"Horo's collectives take dense tensors (and tf.IndexedSlices in allreduce), got a "
+                                  f"{type(value).__name__}; pass {dense}")
+    return tf.convert_to_tensor(value)
 
 
 def dtype_codes(tensors, names):

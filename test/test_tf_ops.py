@@ -526,6 +526,12 @@ def check_errors(c, hvd, tf, env):
              lambda: hvd.allreduce(complex_input))
     c.raises("unsupported dtype in a tf.function", [tf.errors.OpError], "which is not supported",
              lambda: tf.function(lambda x: hvd.allreduce(x))(complex_input))
+    # Ragged and sparse tensors: TensorFlow's own conversion error named neither ("object of type
+    # 'RaggedTensor' has no len()"). Refused before any rank enqueues, on every rank alike here.
+    c.raises("a RaggedTensor", [hvd.HoroInvalidArgument, ValueError], "got a RaggedTensor; pass value.to_tensor()",
+             lambda: hvd.allreduce(tf.ragged.constant([[1.0], [2.0, 3.0]])))
+    c.raises("a SparseTensor", [hvd.HoroInvalidArgument, ValueError], "got a SparseTensor; pass tf.sparse.to_dense",
+             lambda: hvd.allgather(tf.sparse.SparseTensor([[0, 0]], [1.0], [2, 2])))
     c.raises("unsupported dtype on the last rank alone", [hvd.HoroInvalidArgument, tf.errors.InvalidArgumentError],
              f"allreduce tensor 'allreduce.one.complex': rank {n - 1} passed dtype complex128 for "
              "'allreduce.one.complex', which is not supported",

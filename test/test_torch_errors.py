@@ -112,7 +112,8 @@ def mismatch_cases(hvd, torch, rank):
         ("shape on two ranks", lambda: hvd.allreduce(torch.ones(4 if rank else 3), name="mm.shapes2"),
          "Mismatched shapes for allreduce tensor 'allreduce.mm.shapes2': rank 0 has [3], ranks 1, 2 have [4]"),
         ("dtype", lambda: hvd.allreduce(torch.ones(3, dtype=torch.float64 if two else torch.float32), name="mm.dtype"),
-         "Mismatched data types for allreduce tensor 'allreduce.mm.dtype': ranks 0, 1 have float32, rank 2 has float64"),
+         "Mismatched data types for allreduce tensor 'allreduce.mm.dtype': ranks 0, 1 have float32, "
+         "rank 2 has float64"),
         ("op", lambda: hvd.allreduce(torch.ones(3), op=hvd.Max if one else hvd.Sum, name="mm.op"),
          "Mismatched reduction operations for allreduce tensor 'allreduce.mm.op': ranks 0, 2 have Sum, rank 1 has Max"),
         ("root rank", lambda: hvd.broadcast(torch.ones(3), root_rank=1 if two else 0, name="mm.root"),
@@ -141,13 +142,13 @@ def mismatch_cases(hvd, torch, rank):
          "Mismatched shapes for allreduce tensor 'grouped_allreduce.mm.g.1': ranks 0, 2 have [4], rank 1 has [3]"),
         # A grouped call of one tensor against groups of two (it once left every rank waiting).
         ("grouped size", lambda: hvd.grouped_allreduce([torch.ones(2)] * (1 if one else 2), name="mm.gs"),
-         "Mismatched grouped calls for allreduce tensor 'grouped_allreduce.mm.gs.0': ranks 0, 2 have it in a group of 2 "
-         "tensors led by 'grouped_allreduce.mm.gs.0', rank 1 has it as a single tensor"),
+         "Mismatched grouped calls for allreduce tensor 'grouped_allreduce.mm.gs.0': ranks 0, 2 have it in a "
+         "group of 2 tensors led by 'grouped_allreduce.mm.gs.0', rank 1 has it as a single tensor"),
         # The same under a name the response cache holds, whose members the ranks announce by id.
         ("grouped size, cached", lambda: [hvd.grouped_allreduce([torch.ones(2)] * 2, name="mm.gsc") for _ in range(3)]
          and hvd.grouped_allreduce([torch.ones(2)] * (1 if one else 2), name="mm.gsc"),
-         "Mismatched grouped calls for allreduce tensor 'grouped_allreduce.mm.gsc.0': ranks 0, 2 have it in a group of 2 "
-         "tensors led by 'grouped_allreduce.mm.gsc.0', rank 1 has it as a single tensor"),
+         "Mismatched grouped calls for allreduce tensor 'grouped_allreduce.mm.gsc.0': ranks 0, 2 have it in a "
+         "group of 2 tensors led by 'grouped_allreduce.mm.gsc.0', rank 1 has it as a single tensor"),
     ]
 
 

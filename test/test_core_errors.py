@@ -70,6 +70,16 @@ def test_scale_factor_mismatch(world3):
         assert "scale factors" in m and "prescale 1" in m and "prescale 2" in m, m
 
 
+def test_scale_factors_that_differ_past_six_digits_are_a_mismatch(world3):
+    """The factors were compared as printed, with six significant digits: 1 and 1.000000001 passed
+    as equal, and every rank silently scaled by rank 0's."""
+    msgs = run_mismatch(world3, lambda rt: ops.allreduce(
+        rt, np.ones(4, np.float32), "s6", postscale_factor=0.1 if rt.rank == 0 else 0.1 + 1e-9))
+    for m in msgs:
+        assert ("Mismatched scale factors for allreduce tensor 's6': rank 0 has prescale 1 / postscale 0.1, "
+                "ranks 1, 2 have prescale 1 / postscale 0.100000001") in m, m
+
+
 def test_root_rank_mismatch(world3):
     msgs = run_mismatch(world3, lambda rt: ops.broadcast(rt, np.ones(4, np.float32), rt.rank % 2, "b"))
     for m in msgs:

@@ -12,6 +12,7 @@ namespace horo {
 using request_checks::ErrorResponse;
 using request_checks::FindMismatch;
 using request_checks::InvalidArguments;
+using request_checks::NumberText;
 using request_checks::Quote;
 using request_checks::ShapeText;
 
@@ -71,9 +72,7 @@ Response Coordinator::Construct(int32_t set_id, const std::string& name, const P
   };
   auto reduce_op_of = [](const Request& r) { return std::string(ReduceOpName(r.reduce_op)); };
   auto scales_of = [](const Request& r) {
-    std::ostringstream os;
-    os << "prescale " << r.prescale_factor << " / postscale " << r.postscale_factor;
-    return os.str();
+    return "prescale " + NumberText(r.prescale_factor) + " / postscale " + NumberText(r.postscale_factor);
   };
   switch (op) {
     case OpType::kAllreduce:

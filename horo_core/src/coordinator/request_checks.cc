@@ -1,6 +1,7 @@
 #include "coordinator/request_checks.h"
 
 #include <algorithm>
+#include <charconv>
 
 #include "collectives/adasum.h"
 
@@ -16,6 +17,12 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
 }
 
 std::string Quote(const std::string& name) { return "'" + name + "'"; }
+
+std::string NumberText(double value) {
+  char text[32];
+  const std::to_chars_result end = std::to_chars(text, text + sizeof(text), value);
+  return std::string(text, end.ptr);
+}
 
 std::string RanksWith(const std::vector<int32_t>& ranks, const std::string& value) {
   constexpr size_t kNamed = 8;

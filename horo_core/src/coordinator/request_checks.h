@@ -25,6 +25,10 @@ std::string MembersText(const std::vector<int32_t>& members);
 // "'name'"
 std::string Quote(const std::string& name);
 
+// The shortest text that reads back as value ("0.1", "1", "1.0000001"): scale factors that differ
+// in any digit are told apart, and common ones print as written.
+std::string NumberText(double value);
+
 // An error response for a tensor (or a process-set change, set 0) that every member receives.
 Response ErrorResponse(int32_t set_id, const std::string& name, horo_status_t code, const std::string& message);
 
@@ -39,13 +43,14 @@ bool FindMismatch(const std::map<int32_t, Request>& by_rank, const char* what, G
   const auto& first = *by_rank.begin();
   const auto agrees = [&](const auto& kv) { return get(kv.second) == get(first.second); };
   if (std::all_of(by_rank.begin(), by_rank.end(), agrees)) return false;
-  std::vector<std::pair<std::string, std::vector<int32_t>>> groups;  // value -> its ranks, in rank order
+  // The ranks that passed equal values (compared as the check compares them, not as printed),
+  // each group with the request of its lowest rank.
+  std::vector<std::pair<const Request*, std::vector<int32_t>>> groups;
   for (const auto& kv : by_rank) {
-    std::ostringstream value;
-    value << get(kv.second);
-    auto same = std::find_if(groups.begin(), groups.end(), [&](const auto& e) { return e.first == value.str(); });
+    const auto equal = [&](const auto& group) { return get(*group.first) == get(kv.second); };
+    auto same = std::find_if(groups.begin(), groups.end(), equal);
     if (same == groups.end()) {
-      groups.push_back({value.str(), {kv.first}});
+      groups.push_back({&kv.second, {kv.first}});
     } else {
       same->second.push_back(kv.first);
     }
@@ -53,7 +58,11 @@ bool FindMismatch(const std::map<int32_t, Request>& by_rank, const char* what, G
   std::ostringstream os;
   os << "Mismatched " << what << " for " << OpTypeName(first.second.op_type) << " tensor "
      << Quote(first.second.name) << ": ";
-  for (size_t i = 0; i < groups.size(); ++i) os << (i ? ", " : "") << RanksWith(groups[i].second, groups[i].first);
+  for (size_t i = 0; i < groups.size(); ++i) {
+    std::ostringstream value;
+    value << get(*groups[i].first);
+    os << (i ? ", " : "") << RanksWith(groups[i].second, value.str());
+  }
   *message = os.str();
   return true;
 }

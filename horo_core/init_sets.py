@@ -13,6 +13,7 @@ from horo_core.process_sets import COMM_SETS_NEED_A_COMMUNICATOR, ProcessSet, gl
 MPI_LAUNCHED = ("ranks that MPI launched (mpirun, or srun with PMI), but {} launched this job, so each "
                 "process's MPI world holds that process alone")
 
+
 def launched_by_mpi(info):
     """Whether MPI's world is the job's processes (mpi4py imported: the caller holds a communicator)."""
     from mpi4py import MPI

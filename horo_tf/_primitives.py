@@ -6,7 +6,7 @@ import tensorflow as tf
 
 from horo_core import basics
 from horo_core._binding import lib
-from horo_core.errors import HoroInvalidArgument, HoroMismatchError, HoroUnsupportedError
+from horo_core.errors import HoroError, HoroInvalidArgument, HoroMismatchError, HoroUnsupportedError
 from horo_core.reduce_ops import Average, Sum
 from horo_tf import _bridge, _chain, errors
 
@@ -27,13 +27,44 @@ def as_tensor(value):
     return tf.convert_to_tensor(value)
 
 
+def as_tensors(values, op_type, process_set, names_of):
+    """as_tensor of each of values, the inputs of one collective (op_type) over process_set. When a
+    value cannot be made a dense tensor (None, rows of different lengths, a tf.RaggedTensor),
+    eagerly the collective fails on every member of the set with this rank's reason
+    (Runtime.refuse), as for an unsupported dtype: raised on this rank alone, the error would leave
+    the others waiting for it. names_of() gives the collective's member names; it is called only
+    then. While a tf.function traces, the error is this rank's alone: the other ranks name the
+    collective after tensors of their own graphs, which this rank cannot know.
+
+    Raises:
+        HoroInvalidArgument (horo_tf.errors: a ValueError and a tf.errors.InvalidArgumentError): a
+            value could not be converted; eagerly, on every member, naming the ranks that failed.
+        ValueError, TypeError: the same while tracing (TensorFlow's error, or as_tensor's).
+    """
+    tensors = []
+    for i, value in enumerate(values):
+        try:
+            tensors.append(as_tensor(value))
+        except (TypeError, ValueError) as exc:
+            if not tf.executing_eagerly():
+                raise
+            names = names_of()
+            which = f" for '{names[i]}'" if len(names) > 1 else ""
+            reason = f"passed a value of type {type(value).__name__}{which} that could not be made a dense tensor " \
+                     f"({exc})"
+            try:
+                basics.runtime().refuse(op_type, names, _bridge.process_set_id(process_set), reason)
+            except HoroError as error:
+                raise errors.converted(error) from exc
+    return tensors
+
+
 def dtype_codes(tensors, names):
     return [_bridge.dtype_code(t.dtype, n) for t, n in zip(tensors, names)]
 
 
 def grad_or_zeros(dys, outputs):
     return [tf.zeros_like(y) if dy is None else dy for dy, y in zip(dys, outputs)]
-
 
 
 def allreduce_dense(tensors, base, op, prescale_factor, postscale_factor, process_set):
@@ -71,8 +102,8 @@ def allreduce_dense(tensors, base, op, prescale_factor, postscale_factor, proces
 
 def allgather_group(tensors, base, process_set, differentiable=True, join_hint=None):
     """join_hint: appended to the error when the allgather fails because ranks have joined."""
-    tensors = [as_tensor(t) for t in tensors]
     names = basics.member_names(base, len(tensors))
+    tensors = as_tensors(tensors, lib.HORO_ALLGATHER, process_set, lambda: names)
     codes = dtype_codes(tensors, names)
     set_id = _bridge.process_set_id(process_set)
 

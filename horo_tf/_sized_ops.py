@@ -12,7 +12,7 @@ from horo_core.process_sets import global_process_set
 from horo_core.reduce_ops import Average, Sum
 from horo_core.runtime import split_counts
 from horo_tf import _bridge
-from horo_tf._primitives import allgather_group, as_tensor, dtype_codes, grad_or_zeros
+from horo_tf._primitives import allgather_group, as_tensors, dtype_codes, grad_or_zeros
 from horo_tf.compression import Compression
 
 
@@ -64,7 +64,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
         ValueError: invalid splits or arguments. HorovodInternalError: the collective failed.
     """
     base = _bridge.op_name("alltoall", name, process_set, ignore_name_scope, [tensor])
-    tensor = as_tensor(tensor)
+    tensor, = as_tensors([tensor], lib.HORO_ALLTOALL, process_set, lambda: [base])
     if _bridge.no_gradient_needed([tensor]):  # eagerly, no tape: no wrapper, no tensors for the splits
         code = _bridge.dtype_code(tensor.dtype, base)
         # Checked by the runtime, which refuses a split that is not a whole number on every rank.
@@ -114,7 +114,6 @@ def _alltoall(tensor, splits, base, process_set):
 # Reducescatter -----------------------------------------------------------------------------------
 
 def _reducescatter(tensors, base, op, prescale_factor, postscale_factor, process_set):
-    tensors = [as_tensor(t) for t in tensors]
     names = basics.member_names(base, len(tensors))
     codes = dtype_codes(tensors, names)
     set_id = _bridge.process_set_id(process_set)
@@ -175,7 +174,10 @@ def reducescatter(tensor, device_dense="", compression=Compression.none, op=Aver
     Raises:
         ValueError: invalid arguments. HorovodInternalError: the collective failed.
     """
-    compressed, ctx = compression.compress(as_tensor(tensor))
+    # Named after the compressed tensor in a graph; eagerly op_name looks at no tensor.
+    tensor, = as_tensors([tensor], lib.HORO_REDUCESCATTER, process_set,
+                         lambda: [_bridge.op_name("reducescatter", name, process_set, ignore_name_scope)])
+    compressed, ctx = compression.compress(tensor)
     base = _bridge.op_name("reducescatter", name, process_set, ignore_name_scope, [compressed])
     out = _reducescatter([compressed], base, op, prescale_factor, postscale_factor, process_set)[0]
     return compression.decompress(out, ctx)
@@ -190,7 +192,9 @@ def grouped_reducescatter(tensors, device_dense="", compression=Compression.none
     """
     if not tensors:
         return []
-    pairs = [compression.compress(as_tensor(t)) for t in tensors]
+    converted = as_tensors(tensors, lib.HORO_REDUCESCATTER, process_set, lambda: basics.member_names(
+        _bridge.op_name("grouped_reducescatter", name, process_set, True), len(tensors)))
+    pairs = [compression.compress(t) for t in converted]
     base = _bridge.op_name("grouped_reducescatter", name, process_set, True, [p[0] for p in pairs])
     outs = _reducescatter([p[0] for p in pairs], base, op, prescale_factor, postscale_factor, process_set)
     return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]

@@ -28,7 +28,7 @@ from horo_core.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl
                               mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank, rocm_built, shutdown,
                               size, start_timeline, stop_timeline)
 from horo_tf import _bridge, _chain, errors
-from horo_tf._primitives import allgather_group, allreduce_dense, as_tensor, dtype_codes, grad_or_zeros
+from horo_tf._primitives import allgather_group, allreduce_dense, as_tensors, dtype_codes, grad_or_zeros
 from horo_tf._sized_ops import (allgather, alltoall, grouped_allgather, grouped_reducescatter,  # noqa: F401 (re-exported)
                                 reducescatter)
 from horo_tf.compression import Compression
@@ -80,11 +80,16 @@ def _grouped_allreduce(tensors, base, op, compression, prescale_factor, postscal
         _check_sparse([tensors[i] for i in sparse], op, prescale_factor, postscale_factor)  # before dense ones move
     # IndexedSlices travel as they are, as in Horovod (their allgather comes before compression
     # there): compressors see dense tensors only, and fp16 cannot overflow a sparse gradient.
-    pairs = [(t, None) if isinstance(t, tf.IndexedSlices) else compression.compress(as_tensor(t)) for t in tensors]
+    dense_base = base if not sparse else f"{base}.dense"
+    converted = as_tensors([tensors[i] for i in dense], lib.HORO_ALLREDUCE, process_set,
+                           lambda: basics.member_names(dense_base, len(dense)))
+    pairs = [(t, None) for t in tensors]
+    for i, t in zip(dense, converted):
+        pairs[i] = compression.compress(t)
     out = [None] * len(tensors)
     if dense:
-        reduced = allreduce_dense([pairs[i][0] for i in dense], base if not sparse else f"{base}.dense", op,
-                                   prescale_factor, postscale_factor, process_set)
+        reduced = allreduce_dense([pairs[i][0] for i in dense], dense_base, op, prescale_factor, postscale_factor,
+                                   process_set)
         for i, r in zip(dense, reduced):
             out[i] = r
     if sparse:
@@ -149,8 +154,8 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
 # Broadcast ---------------------------------------------------------------------------------------
 
 def _broadcast(tensors, root_rank, base, process_set, group=False):
-    tensors = [as_tensor(t) for t in tensors]
     names = basics.member_names(base, len(tensors), group)
+    tensors = as_tensors(tensors, lib.HORO_BROADCAST, process_set, lambda: names)
     codes = dtype_codes(tensors, names)
     set_id = _bridge.process_set_id(process_set)
 

@@ -527,11 +527,46 @@ def check_errors(c, hvd, tf, env):
     c.raises("unsupported dtype in a tf.function", [tf.errors.OpError], "which is not supported",
              lambda: tf.function(lambda x: hvd.allreduce(x))(complex_input))
     # Ragged and sparse tensors: TensorFlow's own conversion error named neither ("object of type
-    # 'RaggedTensor' has no len()"). Refused before any rank enqueues, on every rank alike here.
-    c.raises("a RaggedTensor", [hvd.HoroInvalidArgument, ValueError], "got a RaggedTensor; pass value.to_tensor()",
-             lambda: hvd.allreduce(tf.ragged.constant([[1.0], [2.0, 3.0]])))
+    # 'RaggedTensor' has no len()").
+    c.raises("a RaggedTensor", [hvd.HoroInvalidArgument, ValueError, tf.errors.InvalidArgumentError],
+             f"ranks {', '.join(map(str, range(n)))} passed a value of type RaggedTensor that could not be made a "
+             "dense tensor (Horo's collectives take dense tensors (and tf.IndexedSlices in allreduce), got a "
+             "RaggedTensor; pass value.to_tensor())", lambda: hvd.allreduce(tf.ragged.constant([[1.0], [2.0, 3.0]])))
     c.raises("a SparseTensor", [hvd.HoroInvalidArgument, ValueError], "got a SparseTensor; pass tf.sparse.to_dense",
              lambda: hvd.allgather(tf.sparse.SparseTensor([[0, 0]], [1.0], [2, 2])))
+    c.raises("a RaggedTensor while tracing", [hvd.HoroInvalidArgument, ValueError],
+             "got a RaggedTensor; pass value.to_tensor()",
+             lambda: tf.function(lambda: hvd.allreduce(tf.ragged.constant([[1.0], [2.0, 3.0]])))())
+    # A value one rank alone cannot make a tensor of fails the collective on every rank eagerly, as
+    # an unsupported dtype does, instead of raising there while the others wait for it.
+    last, none_text = n - 1, "that could not be made a dense tensor (Attempt to convert a value (None)"
+    c.raises("None on the last rank alone", [hvd.HoroInvalidArgument, ValueError, tf.errors.InvalidArgumentError],
+             f"allreduce tensor 'allreduce.one.none': rank {last} passed a value of type NoneType {none_text}",
+             lambda: hvd.allreduce(None if r == last else tf.ones([1]), name="one.none"))
+    c.raises("unnamed, None on rank 0 alone", [hvd.HoroInvalidArgument],
+             f"allreduce tensor 'allreduce.noname': rank 0 passed a value of type NoneType {none_text}",
+             lambda: hvd.allreduce(None if r == 0 else 1.0))
+    c.raises("rows of different lengths on rank 0 alone, broadcast", [hvd.HoroInvalidArgument],
+             "broadcast tensor 'broadcast.one.rows': rank 0 passed a value of type list that could not be made a "
+             "dense tensor (Can't convert non-rectangular Python sequence to Tensor.)",
+             lambda: hvd.broadcast([[1.0], [2.0, 3.0]] if r == 0 else [[1.0, 2.0]], 0, name="one.rows"))
+    ragged_text = ("that could not be made a dense tensor (Horo's collectives take dense tensors (and "
+                   "tf.IndexedSlices in allreduce), got a RaggedTensor; pass value.to_tensor())")
+    c.raises("a RaggedTensor in a group, on the last rank alone", [hvd.HoroInvalidArgument],
+             f"allgather tensor 'grouped_allgather.one.ragged.0': rank {last} passed a value of type RaggedTensor "
+             f"for 'grouped_allgather.one.ragged.1' {ragged_text}",
+             lambda: hvd.grouped_allgather([tf.ones([1]), tf.ragged.constant([[1.0], []]) if r == last
+                                            else tf.ones([2])], name="one.ragged"))
+    c.raises("None on rank 0 alone, alltoall", [hvd.HoroInvalidArgument],
+             f"alltoall tensor 'alltoall.one.none': rank 0 passed a value of type NoneType {none_text}",
+             lambda: hvd.alltoall(None if r == 0 else tf.ones([n]), name="one.none"))
+    c.raises("None on the last rank alone, reducescatter", [hvd.HoroInvalidArgument],
+             f"reducescatter tensor 'reducescatter.one.none': rank {last} passed a value of type NoneType {none_text}",
+             lambda: hvd.reducescatter(None if r == last else tf.ones([n]), name="one.none"))
+    c.raises("None on rank 0 alone, grouped reducescatter", [hvd.HoroInvalidArgument],
+             f"reducescatter tensor 'grouped_reducescatter.noname.0': rank 0 passed a value of type NoneType for "
+             f"'grouped_reducescatter.noname.1' {none_text}",
+             lambda: hvd.grouped_reducescatter([tf.ones([n]), None if r == 0 else tf.ones([n])]))
     c.raises("unsupported dtype on the last rank alone", [hvd.HoroInvalidArgument, tf.errors.InvalidArgumentError],
              f"allreduce tensor 'allreduce.one.complex': rank {n - 1} passed dtype complex128 for "
              "'allreduce.one.complex', which is not supported",

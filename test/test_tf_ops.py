@@ -575,6 +575,11 @@ def check_errors(c, hvd, tf, env):
              f"rank {n - 1} passed dtype complex128 for 'allgather.one.complex.graph'",
              lambda: tf.function(lambda x: hvd.allgather(x, name="one.complex.graph"))(
                  complex_input if r == n - 1 else tf.ones([1])))
+    c.raises("average beside op on the last rank alone", [hvd.HoroInvalidArgument, ValueError,
+                                                         tf.errors.InvalidArgumentError],
+             f"allreduce tensor 'allreduce.both': rank {last} passed an invalid argument: The op parameter supersedes "
+             "average. Please provide only one of them.",
+             lambda: hvd.allreduce(tf.ones([1]), average=True if r == last else None, op=hvd.Sum, name="both"))
     # Bad alltoall splits are an InvalidArgumentError and a ValueError on every rank eagerly (no
     # tape: straight to the core), and an OpError in a tf.function.
     rows = tf.ones([n + 1, 2])

@@ -280,6 +280,9 @@ def refused_input_job():
     attempt("unknown op", lambda: hvd.allreduce(torch.ones(2), op=99 if rank == 2 else hvd.Sum, name="op"))
     attempt("unknown op, grouped", lambda: hvd.grouped_allreduce([torch.ones(2)] * 2, op=98 if rank == 0 else hvd.Sum,
                                                                  name="op.g"))
+    # Horovod's deprecated average beside op: Horovod's ValueError, on every rank.
+    attempt("average beside op", lambda: hvd.allreduce(torch.ones(2), average=True if rank == 1 else None, op=hvd.Sum,
+                                                       name="both"))
     # Arguments of the wrong type, checked before the core: refused the same way.
     attempt("op of the wrong type", lambda: hvd.allreduce(torch.ones(2), op="sum" if rank == 1 else hvd.Sum,
                                                           name="op.type"))
@@ -323,6 +326,8 @@ def test_input_only_one_rank_refuses_raises_on_every_rank():
         "unknown op": "allreduce tensor 'allreduce.op': rank 2 passed an invalid argument: unknown reduce op 99",
         "unknown op, grouped": "allreduce tensor 'grouped_allreduce.op.g.0': rank 0 passed an invalid argument for "
                                "'grouped_allreduce.op.g.0': unknown reduce op 98",
+        "average beside op": "allreduce tensor 'allreduce.both': rank 1 passed an invalid argument: The op parameter "
+                             "supersedes average. Please provide only one of them.",
         "op of the wrong type": "allreduce tensor 'allreduce.op.type': rank 1 passed an invalid argument: op must be "
                                 "one of hvd.Average, hvd.Sum, hvd.Adasum, hvd.Min, hvd.Max and hvd.Product, got 'sum'",
         "root_rank of the wrong type, async": "broadcast tensor 'broadcast.root.type': rank 2 passed an invalid "

@@ -60,9 +60,17 @@ _CACHE_LIMIT = 4096  # per cache: unnamed operations get fresh names, so the cac
 
 
 def _cached(cache, key, value):
-    if len(cache) >= _CACHE_LIMIT:
-        cache.clear()
-    cache[key] = value
+    """value, kept in cache under key unless key is None.
+
+    The option caches' keys hold the caller's option values. One given as a value that cannot be
+    a key (a NumPy array, a list, a tf.Tensor) makes the lookup raise TypeError; such a call is
+    then described anew each time, uncached (key None), and its options are checked there like any
+    other's: refused on every rank when invalid. Raised instead, the TypeError would fail this rank
+    alone while the others waited for it."""
+    if key is not None:
+        if len(cache) >= _CACHE_LIMIT:
+            cache.clear()
+        cache[key] = value
     return value
 
 
@@ -98,7 +106,7 @@ def split_counts(splits) -> List[int]:
             value = int(s)
         except (TypeError, ValueError, OverflowError):  # OverflowError: inf
             value = None
-        if value is None or value != s:
+        if value is None or value != s or not -2**63 <= value < 2**63:
             raise HoroInvalidArgument(f"alltoall splits must be whole numbers, got {list(splits)!r}")
         values.append(value)
     return values
@@ -122,7 +130,7 @@ def _integer(value, what, expected):
 def _number(value, what):
     try:
         return float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int past float's range
         raise HoroInvalidArgument(f"{what} must be a number, got {value!r}") from None
 
 
@@ -401,10 +409,13 @@ class Runtime:
         keep = []
         try:
             if splits is None and not ready_event:
-                key = (process_set_id, reduce_op, prescale_factor, postscale_factor, root_rank, caller_waits)
-                opts = self._c_options.get(key)
+                described = (process_set_id, reduce_op, prescale_factor, postscale_factor, root_rank, caller_waits)
+                try:
+                    key, opts = described, self._c_options.get(described)
+                except TypeError:  # an option that cannot be a key (_cached)
+                    key, opts = None, None
                 if opts is None:
-                    opts = _cached(self._c_options, key, self._options(*key))
+                    opts = _cached(self._c_options, key, self._options(*described))
             else:
                 opts = self._options(process_set_id, reduce_op, prescale_factor, postscale_factor, root_rank,
                                      caller_waits)
@@ -479,10 +490,14 @@ class Runtime:
         """Runs one operation on a host tensor whose output the caller gave, and waits for it, in one
         call into the core (horo_run; the waiting thread runs the negotiation). The synchronous fast
         path of the framework adapters. Raises the operation's error."""
-        key = (op_type, name, dtype, shape, process_set_id, reduce_op, prescale_factor, postscale_factor, root_rank)
-        prepared = self._prepared.get(key)
+        described = (op_type, name, dtype, shape, process_set_id, reduce_op, prescale_factor, postscale_factor,
+                     root_rank)
+        try:
+            key, prepared = described, self._prepared.get(described)
+        except TypeError:  # an option that cannot be a key (_cached)
+            key, prepared = None, None
         if prepared is None:
-            prepared = _cached(self._prepared, key, prepare_run(*key, runtime=self))
+            prepared = _cached(self._prepared, key, prepare_run(*described, runtime=self))
         self.run_prepared(prepared, input_ptr, output_ptr)
 
     def run_prepared(self, prepared, input_ptr, output_ptr):

@@ -347,10 +347,14 @@ def _run_sized(rt, op_type, name, array, code, set_id, options):
     splits = options.get("splits")
     key = (op_type, name, set_id, code, array.shape, options.get("reduce_op"), options.get("prescale_factor"),
            options.get("postscale_factor"), None if splits is None else tuple(splits))
-    entry = _sized_runs.get(key)
+    try:
+        entry = _sized_runs.get(key)
+    except TypeError:  # an option given as a NumPy array or a tf.Tensor: described, and checked, every call
+        key, entry = None, None
     if entry is None:
         entry = [prepare_run(op_type, name, code, tuple(array.shape), set_id, runtime=rt, **options), None]
-        if not basics.is_auto_name(name):  # a call-order name (in a graph, of Python values) is never reused
+        # A call-order name (in a graph, of Python values) is never reused.
+        if key is not None and not basics.is_auto_name(name):
             if len(_sized_runs) >= _SIZED_RUNS_LIMIT:
                 _sized_runs.clear()
             _sized_runs[key] = entry

@@ -132,14 +132,18 @@ def _run_host_described(op_type, kind, name, tensor, output, process_set, reduce
                     tuple(tensor.shape), set_id, reduce_op, prescale_factor, postscale_factor, root_rank)
         return None
     key = (op_type, name, set_id, reduce_op, prescale_factor, postscale_factor, root_rank, tensor.dtype, tensor.shape)
-    prepared = _prepared_runs.get(key)
+    try:
+        prepared = _prepared_runs.get(key)
+    except TypeError:  # an option given as a NumPy array or a list: described, and checked, every call
+        key, prepared = None, None
     if prepared is None:
         base = _op_name(kind, name, set_id)
         prepared = prepare_run(op_type, base, _dtype_code(tensor, base, op_type, set_id), tuple(tensor.shape), set_id,
                                reduce_op, prescale_factor, postscale_factor, root_rank, runtime=runtime)
-        if len(_prepared_runs) >= _PREPARED_RUNS_LIMIT:
-            _prepared_runs.clear()
-        _prepared_runs[key] = prepared
+        if key is not None:
+            if len(_prepared_runs) >= _PREPARED_RUNS_LIMIT:
+                _prepared_runs.clear()
+            _prepared_runs[key] = prepared
     runtime.run_prepared(prepared, tensor.data_ptr(), output.data_ptr())
     return prepared
 

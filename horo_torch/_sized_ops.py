@@ -178,7 +178,12 @@ def _splits_list(splits):
     """splits as a flat list; the runtime refuses a split that is not a whole number, on every rank."""
     if splits is None:
         return None
-    return splits.reshape(-1).tolist() if isinstance(splits, torch.Tensor) else list(splits)
+    if isinstance(splits, torch.Tensor):
+        return splits.reshape(-1).tolist()
+    try:
+        return list(splits)
+    except TypeError:  # one number, not one per rank: refused on every rank as a wrong count
+        return [splits]
 
 
 @eager_under_compile
@@ -331,10 +336,14 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average, p
 
 def _reducescatter_now(tensor, name, op, process_set, prescale_factor, postscale_factor):
     """A synchronous reducescatter: a named dense host tensor takes one call into the core."""
-    got = _sized_runs.run(lib.HORO_REDUCESCATTER, name, tensor, process_set,
-                          (op, float(prescale_factor), float(postscale_factor)),
-                          lambda: _describe_sized(lib.HORO_REDUCESCATTER, "reducescatter", name, tensor, process_set,
-                                                  op, prescale_factor, postscale_factor))
+    try:  # floats: compared with ==, a tensor of several elements would raise
+        options = (op, float(prescale_factor), float(postscale_factor))
+    except (TypeError, ValueError, OverflowError):  # the general path refuses them on every rank
+        options = None
+    got = None if options is None else _sized_runs.run(
+        lib.HORO_REDUCESCATTER, name, tensor, process_set, options,
+        lambda: _describe_sized(lib.HORO_REDUCESCATTER, "reducescatter", name, tensor, process_set, op,
+                                prescale_factor, postscale_factor))
     if got is None:
         return _now(reducescatter_async, tensor, name, op, process_set, prescale_factor, postscale_factor)
     return got[0]

@@ -10,6 +10,7 @@ call them with data you trust from the ranks of your own job.
 values, which is how DistributedOptimizer handles ``nn.Embedding(sparse=True)``.
 """
 import hashlib
+import operator
 
 import torch
 
@@ -130,8 +131,14 @@ def broadcast_parameters(params, root_rank, prefix="Parameter.", process_set=glo
         raise ValueError(f"broadcast_parameters: {layout}")
     handles = [broadcast_async_(tensor, root_rank, f"{prefix}{label}", process_set)
                for (label, _, _), (_, tensor) in zip(layout, entries)]
+    failure = None
     for handle in handles:
-        synchronize(handle)
+        try:
+            synchronize(handle)
+        except Exception as exc:  # noqa: BLE001 - raised below, once no broadcast of the call is left in flight
+            failure = failure or exc
+    if failure is not None:
+        raise failure
 
 
 def _parameters_layout(entries):
@@ -167,14 +174,19 @@ def _first_difference(mine, theirs):
 
 
 def _broadcast_parameters_check(layout, root_rank, prefix, process_set):
-    """Raises ValueError, on every rank of process_set, when a rank's entries are not tensors or
-    differ from root_rank's in number, names, shapes or dtypes: such ranks would otherwise send
-    broadcasts that their peers never match and wait for each other forever."""
-    layouts = _gather_if_different(layout, f"{prefix}layout", process_set)
-    if layouts is None:
+    """Raises ValueError, on every rank of process_set, when the ranks pass different root ranks, or
+    a rank's entries are not tensors or differ from root_rank's in number, names, shapes or dtypes:
+    such ranks would otherwise send broadcasts that their peers never match and wait for each
+    other forever."""
+    gathered = _gather_if_different((_rank_value(root_rank), layout), f"{prefix}layout", process_set)
+    if gathered is None:
         return
     members = process_set._members()
-    own = {rank: value for rank, value in zip(members, layouts)}
+    roots = {rank: root for rank, (root, _) in zip(members, gathered)}
+    if len({repr(root) for root in roots.values()}) > 1:
+        raise ValueError("broadcast_parameters: every rank must pass the same root_rank: " +
+                         ", ".join(f"rank {rank} passed {root!r}" for rank, root in roots.items()))
+    own = {rank: value for rank, (_, value) in zip(members, gathered)}
     problems = [f"rank {rank}: {value}" for rank, value in own.items() if isinstance(value, str)]
     if not problems:
         reference = own.get(root_rank)
@@ -188,6 +200,15 @@ def _broadcast_parameters_check(layout, root_rank, prefix, process_set):
                             f"position {index} rank {rank} has {got} where the root has {want}")
     raise ValueError("broadcast_parameters: every rank must pass the same names, shapes and dtypes: " +
                      "; ".join(problems))
+
+
+def _rank_value(root_rank):
+    """root_rank as the ranks compare it: an int for any integer type (NumPy's, a tensor's), else
+    the value itself, which the broadcasts refuse."""
+    try:
+        return operator.index(root_rank)
+    except TypeError:
+        return root_rank
 
 
 def _gather_if_different(layout, name, process_set=global_process_set):

@@ -580,6 +580,13 @@ def check_errors(c, hvd, tf, env):
              f"allreduce tensor 'allreduce.both': rank {last} passed an invalid argument: The op parameter supersedes "
              "average. Please provide only one of them.",
              lambda: hvd.allreduce(tf.ones([1]), average=True if r == last else None, op=hvd.Sum, name="both"))
+    # A scale given as a tf.Tensor (no hashable value) on one rank: read as the number it holds.
+    c.equal("a tf.Tensor for a scale on the last rank alone", hvd.allreduce(
+        tf.ones([2]), op=hvd.Sum, prescale_factor=tf.constant(2.0) if r == last else 2.0, name="scale.tensor"),
+        [2.0 * n] * 2)
+    c.equal("a tf.Tensor for a reducescatter's scale on rank 0 alone", hvd.reducescatter(
+        tf.ones([n]), op=hvd.Sum, prescale_factor=tf.constant(2.0) if r == 0 else 2.0, name="rs.scale.tensor"),
+        [2.0 * n])
     # Bad alltoall splits are an InvalidArgumentError and a ValueError on every rank eagerly (no
     # tape: straight to the core), and an OpError in a tf.function.
     rows = tf.ones([n + 1, 2])

@@ -290,6 +290,22 @@ def refused_input_job():
         hvd.broadcast_async(torch.ones(2), 0.0 if rank == 2 else 0, name="root.type")))
     attempt("fractional splits", lambda: hvd.alltoall(torch.ones(3), splits=[1, 1.5, 0.5] if rank == 0 else [1, 1, 1],
                                                       name="splits.type"))
+    attempt("one number for splits", lambda: hvd.alltoall(torch.ones(3), splits=3 if rank == 1 else [1, 1, 1],
+                                                          name="splits.one"))
+    attempt("a split past int64", lambda: hvd.alltoall(torch.ones(3), splits=[2**63, 0, 0] if rank == 2 else [1, 1, 1],
+                                                       name="splits.big"))
+    # Options given as values that cannot be a cache's key (a NumPy array, a list): checked as any
+    # other value, accepted or refused on every rank.
+    attempt("a NumPy array for a scale", lambda: hvd.allreduce(torch.ones(3), name="scale.array",
+                                                               prescale_factor=np.array(1.0) if rank == 1 else 1.0))
+    attempt("a NumPy array for a root", lambda: hvd.broadcast(torch.ones(3), np.array(0) if rank == 2 else 0,
+                                                              name="root.array"))
+    attempt("a list for a scale", lambda: hvd.allreduce(torch.ones(2), prescale_factor=[0.5] if rank == 1 else 0.5,
+                                                        name="scale.list"))
+    attempt("a scale past float's range", lambda: hvd.allreduce(torch.ones(2), prescale_factor=10**400 if rank == 0
+                                                                else 1.0, name="scale.big"))
+    attempt("reducescatter, a scale that is no number", lambda: hvd.reducescatter(
+        torch.ones(3), prescale_factor="x" if rank == 2 else 1.0, name="rs.scale"))
     hvd.shutdown()
     return out
 
@@ -334,6 +350,18 @@ def test_input_only_one_rank_refuses_raises_on_every_rank():
                                               "argument: root_rank must be an integer rank, got 0.0",
         "fractional splits": "alltoall tensor 'alltoall.splits.type': rank 0 passed an invalid argument: alltoall "
                              "splits must be whole numbers, got [1, 1.5, 0.5]",
+        "one number for splits": "alltoall tensor 'alltoall.splits.one': rank 1 passed 1 splits, expected one per rank "
+                                 "of the process set (3)",
+        "a split past int64": "alltoall tensor 'alltoall.splits.big': rank 2 passed an invalid argument: alltoall splits "
+                              f"must be whole numbers, got [{2**63}, 0, 0]",
+        "a NumPy array for a scale": None,
+        "a NumPy array for a root": None,
+        "a list for a scale": "allreduce tensor 'allreduce.scale.list': rank 1 passed an invalid argument: "
+                              "prescale_factor must be a number, got [0.5]",
+        "a scale past float's range": "allreduce tensor 'allreduce.scale.big': rank 0 passed an invalid argument: "
+                                      f"prescale_factor must be a number, got {10**400}",
+        "reducescatter, a scale that is no number": "reducescatter tensor 'reducescatter.rs.scale': rank 2 passed an "
+                                                    "invalid argument: prescale_factor must be a number, got 'x'",
     }
     for rank, out in enumerate(horo_runner.run(refused_input_job, num_proc=N)):
         assert list(out) == list(expected), f"rank {rank}"

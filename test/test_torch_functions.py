@@ -84,6 +84,10 @@ def check_parameters(hvd, rank):
     report["different models"] = capture(lambda: hvd.broadcast_parameters(model.state_dict(), root_rank=0))
     state = dict(model.state_dict(), extra=0.5) if rank == 0 else model.state_dict()
     report["one rank's non-tensor"] = capture(lambda: hvd.broadcast_parameters(state, root_rank=1))
+    # A root_rank only rank 1 passes as a string: nothing is sent, so no broadcast is left in flight
+    # on the others (the names are used again below). NumPy's integers count as the same root.
+    root = "0" if rank == 1 else np.int64(0) if rank == 2 else 0
+    report["one rank's root as a string"] = capture(lambda: hvd.broadcast_parameters(model.state_dict(), root))
     model = torch.nn.Linear(2, 2)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)  # the ranks still agree afterwards
     report["agree afterwards"] = values(model.state_dict().values())
@@ -374,6 +378,9 @@ def test_broadcast_parameters(reports):
         assert p["one rank's non-tensor"] == (
             "ValueError", "broadcast_parameters: every rank must pass the same names, shapes and dtypes: rank 0: "
             "'extra' is a float, not a tensor; send other objects with broadcast_object")
+        assert p["one rank's root as a string"] == (
+            "ValueError", "broadcast_parameters: every rank must pass the same root_rank: rank 0 passed 0, rank 1 "
+            "passed '0', rank 2 passed 0")
         assert_tensors_equal(p["agree afterwards"], reports[0]["parameters"]["agree afterwards"], f"rank {rank}")
 
 

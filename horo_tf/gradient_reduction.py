@@ -119,6 +119,16 @@ def reduce_gradients(grads: Sequence, options: ReductionOptions, variables: Opti
     return out
 
 
+def for_variable_set(options: ReductionOptions, numbers: dict, layout: str) -> ReductionOptions:
+    """options with their name followed by the number of layout (the variables' dtypes and
+    shapes) among the layouts one optimizer has reduced (numbers, the optimizer's own), in the order
+    each first came: one optimizer applied to two models' variables reduces each set under its own
+    names. Every rank runs the same code and numbers alike. A name made from the layout itself
+    would differ between ranks whose models differ, and each would wait for names the others never
+    submit; under the same names the core reports the difference on every rank (a mismatch)."""
+    return dataclasses.replace(options, name=f"{options.name}.{numbers.setdefault(layout, len(numbers))}")
+
+
 def local_layer_variables(local_layers):
     """The trainable variables of Horovod's local_layers argument (a layer, a list of them, or None).
 

@@ -18,7 +18,6 @@ Horovod's aggregation state does: ``local_variables_initializer()`` (which Monit
 runs) initializes it, and checkpoints neither hold nor need it.
 """
 import dataclasses
-import hashlib
 
 import tensorflow as tf
 
@@ -26,7 +25,7 @@ from horo_core.errors import HoroInvalidArgument
 from horo_tf import _chain, mpi_ops
 from horo_tf.gradient_aggregation import (LocalGradientAggregationHelper, State, control_inputs, find_state,
                                           local_variable)
-from horo_tf.gradient_reduction import reduce_gradients, reduce_gradients_keeping_local
+from horo_tf.gradient_reduction import for_variable_set, reduce_gradients, reduce_gradients_keeping_local
 
 
 class _WrappingOptimizer(tf.compat.v1.train.Optimizer):
@@ -36,6 +35,16 @@ class _WrappingOptimizer(tf.compat.v1.train.Optimizer):
         super().__init__(name=name, use_locking=use_locking)
         self._optimizer = optimizer
         self._options = options
+        self._variable_sets = {}  # for_variable_set's numbers
+
+    def _named(self, variables):
+        """The reduction options named for these variables (for_variable_set), made unique in a TF1
+        graph (every rank builds its graph alike, so the same names come out)."""
+        layout = ";".join(f"{v.dtype.base_dtype.name}{tuple(v.shape.as_list())}" for v in variables)
+        options = for_variable_set(self._options, self._variable_sets, layout)
+        if mpi_ops.in_tf1_graph():
+            options = dataclasses.replace(options, name=tf.compat.v1.get_default_graph().unique_name(options.name))
+        return options
 
     def get_slot(self, *args, **kwargs):
         """The wrapped optimizer's get_slot."""
@@ -77,7 +86,7 @@ class _DistributedOptimizer(_WrappingOptimizer):
             self._aggregation.register_local_var(var)
 
     def _reduce(self, grads, variables):
-        return reduce_gradients(grads, _named(self._options, variables), variables)
+        return reduce_gradients(grads, self._named(variables), variables)
 
     def compute_gradients(self, *args, **kwargs):
         """The wrapped optimizer's compute_gradients, reduced across the ranks (with
@@ -97,7 +106,7 @@ class _DistributedOptimizer(_WrappingOptimizer):
         if self._aggregation is not None:
             return list(zip(self._aggregation.compute_gradients(grads, variables), variables))
         with _chain.traced_together():
-            reduced = reduce_gradients_keeping_local(grads, _named(self._options, variables), variables,
+            reduced = reduce_gradients_keeping_local(grads, self._named(variables), variables,
                                                      self._local_vars, self._scale_local_gradients)
         return list(zip(reduced, variables))
 
@@ -181,7 +190,7 @@ class _DistributedAdasumOptimizer(_WrappingOptimizer):
         def combine():
             with tf.control_dependencies(control_inputs(update)), _chain.traced_together():
                 moves = [_read(v) - s.read_value() for v, s in zip(variables, state.starts)]
-                options = _named(self._options, variables)
+                options = self._named(variables)
                 combined = mpi_ops.grouped_allreduce(moves, op=mpi_ops.Adasum, compression=options.compression,
                                                      process_set=options.process_set, name=options.name,
                                                      ignore_name_scope=True)
@@ -213,17 +222,6 @@ def _read(variable):
     """variable's value, read where this is called: a TF1 reference variable converted to a tensor
     is a snapshot that control dependencies do not order."""
     return variable.read_value() if hasattr(variable, "read_value") else tf.convert_to_tensor(variable)
-
-
-def _named(options, variables):
-    """options with the reductions named by the optimizer's name and a digest of the variables'
-    dtypes and shapes (the same on every rank, whatever else each rank built before), made unique
-    in a TF1 graph (every rank builds its graph alike, so the same names come out)."""
-    layout = ";".join(f"{v.dtype.base_dtype.name}{tuple(v.shape.as_list())}" for v in variables)
-    name = f"{options.name}.{hashlib.sha1(layout.encode()).hexdigest()[:12]}"
-    if mpi_ops.in_tf1_graph():
-        name = tf.compat.v1.get_default_graph().unique_name(name)
-    return dataclasses.replace(options, name=name)
 
 
 def distributed_optimizer(optimizer, name, use_locking, options, backward_passes_per_step,

@@ -493,6 +493,18 @@ def check_names_alike_whatever_else_a_rank_built(c, hvd, keras, tf):
     c.same("horo_tf.keras exports Adasum, as horovod.keras does", hvd.Adasum, horo_tf.Adasum)
 
 
+def check_models_that_differ_between_ranks(c, hvd, keras, tf):
+    """Ranks whose models differ get the core's mismatch at their first step, every one of them,
+    instead of each waiting for reductions named after its own variables' shapes."""
+    r = hvd.rank()
+    x, y = np.ones((4 * BATCH, 4), np.float32), np.ones((4 * BATCH, 1), np.float32)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3 + 2 * (r % 2)), keras.layers.Dense(1)])
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="mse")
+    c.raises("fit of models whose first layer differs between the ranks", [tf.errors.OpError],
+             "Mismatched shapes for allreduce tensor 'grouped_allreduce.DistributedOptimizer.SGD.0.0.0': rank 0 has "
+             "[4, 3], rank 1 has [4, 5]", lambda: model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0))
+
+
 def TapeStepModel(keras, tf, horo_tf):
     """A model whose own train_step reduces its gradients with DistributedGradientTape."""
 
@@ -782,6 +794,7 @@ def check_local_variables(c, hvd, keras, tf):
 GROUPS = [check_fit_equivalence, check_gradient_accumulation, check_custom_loop, check_callbacks,
           check_broadcast_of_models_built_by_their_first_step,
           check_checkpoint_and_load, check_resume_on_rank_0_only, check_names_alike_whatever_else_a_rank_built,
+          check_models_that_differ_between_ranks,
           check_xla_and_functions, check_mixed_precision, check_sync_batch_norm_fit,
           check_sparse_embedding_fit, check_local_variables]
 

@@ -29,7 +29,6 @@ ranks (one more small allreduce per step): a non-finite gradient on any rank ski
 """
 import copy
 import dataclasses
-import hashlib
 import re
 import sys
 
@@ -41,7 +40,7 @@ from horo_core.process_sets import global_process_set
 from horo_core.reduce_ops import name_of
 from horo_tf import mpi_ops
 from horo_tf.compression import Compression
-from horo_tf.gradient_reduction import (ReductionOptions, groups_option, local_layer_variables,
+from horo_tf.gradient_reduction import (ReductionOptions, for_variable_set, groups_option, local_layer_variables,
                                         reduce_gradients_keeping_local)
 
 
@@ -112,12 +111,13 @@ class _DistributedMixin:
 
     def _horo_named_options(self, variables):
         """The reduction options, their operation names made for these variables: the base name
-        (_horo_base_options) and a digest of the variables' dtypes and shapes, so that one
-        optimizer applied to two models' variables reduces each set under its own names."""
+        (_horo_base_options) and the number of their set (for_variable_set)."""
+        numbers = self.__dict__.get("_horo_variable_sets")
+        if numbers is None:  # kept out of Keras's attribute tracking, as _horo_local_vars
+            numbers = {}
+            object.__setattr__(self, "_horo_variable_sets", numbers)
         layout = ";".join(f"{v.dtype}{tuple(v.shape)}" for v in variables)
-        digest = hashlib.sha1(layout.encode()).hexdigest()[:12]
-        base = self._horo_base_options()
-        return dataclasses.replace(base, name=f"{base.name}.{digest}")
+        return for_variable_set(self._horo_base_options(), numbers, layout)
 
     def _horo_base_options(self):
         """The reduction options named "DistributedOptimizer." and the optimizer's Keras name where

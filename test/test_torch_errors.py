@@ -352,8 +352,8 @@ def test_input_only_one_rank_refuses_raises_on_every_rank():
                              "splits must be whole numbers, got [1, 1.5, 0.5]",
         "one number for splits": "alltoall tensor 'alltoall.splits.one': rank 1 passed 1 splits, expected one per rank "
                                  "of the process set (3)",
-        "a split past int64": "alltoall tensor 'alltoall.splits.big': rank 2 passed an invalid argument: alltoall splits "
-                              f"must be whole numbers, got [{2**63}, 0, 0]",
+        "a split past int64": "alltoall tensor 'alltoall.splits.big': rank 2 passed an invalid argument: alltoall "
+                              f"splits must be whole numbers, got [{2**63}, 0, 0]",
         "a NumPy array for a scale": None,
         "a NumPy array for a root": None,
         "a list for a scale": "allreduce tensor 'allreduce.scale.list': rank 1 passed an invalid argument: "

@@ -112,8 +112,8 @@ def check_repeated_named_calls(hvd, c, env):
     for root in (n - 1, 0, n - 1):
         for dtype in (torch.float32, torch.int64):
             b = torch.full((5,), 10 * r + 1, dtype=dtype)
-            c.same(f"broadcast_ root {root} {dtype} returns its argument", hvd.broadcast_(b, root, name="bc.repeat") is b,
-                   True)
+            c.same(f"broadcast_ root {root} {dtype} returns its argument",
+                   hvd.broadcast_(b, root, name="bc.repeat") is b, True)
             c.equal(f"named broadcast_ root {root} {dtype}", b, torch.full((5,), 10 * root + 1, dtype=dtype))
             x = torch.full((5,), 10 * r + 2, dtype=dtype)
             c.equal(f"named broadcast root {root} {dtype}", hvd.broadcast(x, root, name="bc.repeat.out"),

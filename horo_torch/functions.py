@@ -189,11 +189,12 @@ def _broadcast_parameters_check(layout, root_rank, prefix, process_set):
     own = {rank: value for rank, (_, value) in zip(members, gathered)}
     problems = [f"rank {rank}: {value}" for rank, value in own.items() if isinstance(value, str)]
     if not problems:
-        reference = own.get(root_rank)
+        root = _rank_value(root_rank)
+        reference = own.get(root) if isinstance(root, int) else None
         if reference is None:  # an invalid root: the broadcasts will say so
             return
         for rank, value in own.items():
-            if rank == root_rank or value == reference:
+            if rank == root or value == reference:
                 continue
             index, got, want = _first_difference(value, reference)
             problems.append(f"rank {rank} has {len(value)} tensors, root rank {root_rank} {len(reference)}; at "

@@ -52,8 +52,12 @@ def _read_array(like):
 def allreduce(rt, array, name, op=lib.HORO_OP_SUM, prescale_factor=1.0, postscale_factor=1.0,
               process_set_id=0, out=None, dtype=None):
     out = np.empty_like(array) if out is None else out
-    _run(rt, lib.HORO_ALLREDUCE, [_spec(name, array, out, dtype)], reduce_op=op, prescale_factor=prescale_factor,
-         postscale_factor=postscale_factor, process_set_id=process_set_id)
+    spec = _spec(name, array, out, dtype)
+    # One call into the core that waits too (horo_run): a small repeated tensor then runs on this
+    # thread alone (runtime/runtime_express.cc).
+    rt.run(lib.HORO_ALLREDUCE, name, spec.input_ptr, spec.output_ptr, spec.dtype, spec.shape,
+           process_set_id=process_set_id, reduce_op=op, prescale_factor=prescale_factor,
+           postscale_factor=postscale_factor)
     return out
 
 

@@ -9,6 +9,7 @@
 
 #include <time.h>
 
+#include <chrono>
 #include <cstdint>
 
 namespace horo {
@@ -17,6 +18,12 @@ inline int64_t CoarseNanos() {
   timespec ts;
   ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
   return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+// The precise steady clock in the same unit, for what is timed in microseconds.
+inline int64_t SteadyNanos() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
 
 }  // namespace horo

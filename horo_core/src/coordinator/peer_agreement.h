@@ -100,6 +100,21 @@ class PeerAgreement {
   // Completes that round: *run receives the steps every rank runs now, in order.
   void CompleteRound(std::vector<AgreedStep>* run);
 
+  // A round of one synchronous allreduce, for a caller that runs it by itself
+  // (Runtime::RunExpress): with nothing else pending on this rank (Idle), a cached small host
+  // allreduce that request matches (FitsAlone: its id) is announced alone (AnnounceAlone, which
+  // makes the round's message; *payload then goes to every peer). When the round is ready and
+  // every member announced just that, with its data, and no rank sent anything else,
+  // CompleteAlone completes it: true, and *contributions points to every member's input bytes, in
+  // member order, until EndAlone. Otherwise the caller hands the request over (AdoptAlone), and
+  // the round completes as any other.
+  bool Idle() const;
+  int64_t FitsAlone(const Request& request) const;
+  void AnnounceAlone(int64_t id, const void* input, std::string* payload);
+  bool CompleteAlone(int64_t id, std::vector<const char*>* contributions);
+  void EndAlone();
+  void AdoptAlone(int64_t id, Request request);
+
   // The coordinator's list evicted id (already gone from the cache).
   void Forget(int64_t id);
   // A join of the process set completed: cached steps in it resume.
@@ -182,6 +197,7 @@ class PeerAgreement {
   std::vector<Request> fallbacks_;
   std::vector<Request> deferred_joins_;  // see Offer
   int64_t responses_run_ = 0;
+  int64_t alone_round_ = 0;  // CompleteAlone's, for EndAlone
   // Waiting's record of the round in progress: its number, and when Waiting first saw it open.
   mutable int64_t held_round_ = 0;
   mutable std::chrono::steady_clock::time_point held_since_;

@@ -15,7 +15,9 @@ Status TensorQueue::Add(std::vector<TensorEntry>* entries) {
   std::set<std::string> seen;
   for (const TensorEntry& e : *entries) {
     const Request& r = e.request;
-    if (table_.count(Lookup(r.process_set_id, &r.name)) || (entries->size() > 1 && !seen.insert(r.name).second)) {
+    const bool reserved = reserved_ && reserved_key_.first == r.process_set_id && reserved_key_.second == r.name;
+    if (reserved || table_.count(Lookup(r.process_set_id, &r.name)) ||
+        (entries->size() > 1 && !seen.insert(r.name).second)) {
       const std::string op = OpTypeName(r.op_type);
       const std::string article = op.find_first_of("aeiou") == 0 ? "an " : "a ";
       return Status(HORO_ERR_DUPLICATE_NAME,
@@ -27,20 +29,45 @@ Status TensorQueue::Add(std::vector<TensorEntry>* entries) {
   for (TensorEntry& e : *entries) {
     e.enqueued_ns = now;
     unsent_.push_back(e.request);
-    if (spare_.empty()) {
-      Key key(e.request.process_set_id, e.request.name);
-      table_.emplace(std::move(key), std::move(e));
-      continue;
-    }
-    auto node = std::move(spare_.back());
-    spare_.pop_back();
-    node.key().first = e.request.process_set_id;
-    node.key().second = e.request.name;
-    node.mapped() = std::move(e);
-    table_.insert(std::move(node));
+    Insert(&e);
   }
   has_unsent_.store(!unsent_.empty(), std::memory_order_release);
   return Status::OK();
+}
+
+void TensorQueue::Insert(TensorEntry* entry) {
+  if (spare_.empty()) {
+    Key key(entry->request.process_set_id, entry->request.name);
+    table_.emplace(std::move(key), std::move(*entry));
+    return;
+  }
+  auto node = std::move(spare_.back());
+  spare_.pop_back();
+  node.key().first = entry->request.process_set_id;
+  node.key().second = entry->request.name;
+  node.mapped() = std::move(*entry);
+  table_.insert(std::move(node));
+}
+
+bool TensorQueue::Reserve(int32_t process_set_id, const std::string& name) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (reserved_ || table_.count(Lookup(process_set_id, &name))) return false;
+  reserved_ = true;
+  reserved_key_.first = process_set_id;
+  reserved_key_.second = name;  // keeps its storage from call to call
+  return true;
+}
+
+void TensorQueue::AddReserved(TensorEntry* entry) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  reserved_ = false;
+  entry->enqueued_ns = CoarseNanos();
+  Insert(entry);
+}
+
+void TensorQueue::EndReservation() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  reserved_ = false;
 }
 
 void TensorQueue::TakeRequests(std::vector<Request>* out) {

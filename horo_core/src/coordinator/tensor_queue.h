@@ -36,6 +36,13 @@ class TensorQueue {
   void TakeRequests(std::vector<Request>* out);
   // Lock-free: a caller that drives the negotiation looks on every spin round.
   bool HasRequests() const { return has_unsent_.load(std::memory_order_acquire); }
+  // A synchronous call that runs without an entry (Runtime::RunExpress) holds its name meanwhile:
+  // false when an entry or another reservation has it, or a reservation is held. While held, Add
+  // refuses the name as in flight. AddReserved turns the reservation into an entry whose request
+  // is not sent (it was announced already); EndReservation drops it.
+  bool Reserve(int32_t process_set_id, const std::string& name);
+  void AddReserved(TensorEntry* entry);
+  void EndReservation();
   // Removes and returns the entry, false if absent.
   bool Take(int32_t process_set_id, const std::string& name, TensorEntry* out);
   // Removes every entry (failure/shutdown); returns their handles.
@@ -59,8 +66,13 @@ class TensorQueue {
     }
   };
 
+  // Puts the entry in table_, on a spare node if there is one; under mutex_.
+  void Insert(TensorEntry* entry);
+
   std::mutex mutex_;
   std::map<Key, TensorEntry, KeyLess> table_;
+  bool reserved_ = false;  // Reserve's name, in reserved_key_
+  Key reserved_key_;
   // Nodes of taken entries, reused by Add: a tensor added and taken every step allocates no node.
   std::vector<std::map<Key, TensorEntry, KeyLess>::node_type> spare_;
   std::vector<Request> unsent_;

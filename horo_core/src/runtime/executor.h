@@ -59,6 +59,9 @@ class Executor {
   // own part), or laid end to end (an alltoall only the rows each member sent this one); no
   // data-plane step.
   Status RunFromContributions(const Response& response, const std::vector<std::string>& contributions);
+  // The same for an allreduce of every member's contribution (checked by the caller) that no
+  // queued entry waits for: reduced into out (Runtime::RunExpress).
+  void ReduceAnnounced(const Response& response, const std::vector<const char*>& contributions, void* out);
   // Safe to call from any thread.
   ExecutorStats Stats() const;
 
@@ -102,6 +105,9 @@ class Executor {
   // RunFromContributions of an allreduce, a reducescatter and an alltoall (member_index: this
   // rank's place in the set) and an allgather (contributions checked by the caller).
   Status ReduceContributions(const Response& r, const std::vector<std::string>& contributions, int group_size);
+  void ReduceAll(const Response& r, const std::vector<const char*>& contributions, int group_size, void* out);
+  // The contributions' bytes, in contribution_bytes_ (kept for its storage).
+  const std::vector<const char*>& BytesOf(const std::vector<std::string>& contributions);
   Status ScatterContributions(const Response& r, const std::vector<std::string>& contributions, int group_size,
                               int member_index);
   Status GatherContributions(const Response& r, const std::vector<std::string>& contributions);
@@ -109,7 +115,7 @@ class Executor {
                                int member_index);
   // Reduces elements [first, first + count) of every contribution into out, in member order, each
   // prescaled first (no postscale).
-  void ReduceFrom(const std::vector<std::string>& contributions, size_t first, int64_t count, const Response& r,
+  void ReduceFrom(const std::vector<const char*>& contributions, size_t first, int64_t count, const Response& r,
                   void* out);
   // Reduces one tensor in its output buffer (no fusion copy) and completes it.
   Status ReduceInPlace(const CommGroup& group, Slot& slot);
@@ -155,6 +161,7 @@ class Executor {
   std::atomic<int64_t> reducescatter_from_announcements_{0};
   std::atomic<int64_t> alltoall_from_announcements_{0};
   std::vector<uint8_t> contribution_;  // ReduceContributions: one prescaled contribution
+  std::vector<const char*> contribution_bytes_;
   std::vector<uint8_t> adasum_vectors_;  // every member's vector of one Adasum
   ExecutionTrace trace_;
 };

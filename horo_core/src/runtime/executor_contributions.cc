@@ -103,35 +103,46 @@ Status Executor::ExchangeContributions(const Response& r, const std::vector<std:
 
 Status Executor::ReduceContributions(const Response& r, const std::vector<std::string>& contributions,
                                      int group_size) {
-  const int64_t count = r.NumElements();
-  const size_t bytes = static_cast<size_t>(count) * DataTypeSize(r.dtype);
   Slot slot;
   HORO_RETURN_IF_ERROR(TakeSlot(r, &slot));
   trace_.Open(r);
   trace_.Activity("ALLREDUCE_FROM_ANNOUNCEMENTS");
-  void* out = slot.entry.output;
+  ReduceAll(r, BytesOf(contributions), group_size, slot.entry.output);
+  Finish(slot, Status::OK());
+  trace_.Close();
+  return Status::OK();
+}
+
+void Executor::ReduceAnnounced(const Response& r, const std::vector<const char*>& contributions, void* out) {
+  ReduceAll(r, contributions, static_cast<int>(contributions.size()), out);
+}
+
+const std::vector<const char*>& Executor::BytesOf(const std::vector<std::string>& contributions) {
+  contribution_bytes_.clear();
+  for (const std::string& c : contributions) contribution_bytes_.push_back(c.data());
+  return contribution_bytes_;
+}
+
+void Executor::ReduceAll(const Response& r, const std::vector<const char*>& contributions, int group_size,
+                         void* out) {
+  const int64_t count = r.NumElements();
   if (r.reduce_op == ReduceOp::kAdasum) {
+    const size_t bytes = static_cast<size_t>(count) * DataTypeSize(r.dtype);
     adasum_vectors_.resize(bytes * contributions.size());
     std::vector<void*> vectors;
     for (size_t m = 0; m < contributions.size(); ++m) {
       vectors.push_back(adasum_vectors_.data() + m * bytes);
-      std::memcpy(vectors.back(), contributions[m].data(), bytes);
+      std::memcpy(vectors.back(), contributions[m], bytes);
       Scale(vectors.back(), count, r.dtype, r.prescale_factor);
     }
     AdasumCombine(vectors, count, r.dtype);
     std::memcpy(out, vectors.front(), bytes);
     Scale(out, count, r.dtype, r.postscale_factor);
-    allreduce_from_announcements_.fetch_add(1, std::memory_order_relaxed);
-    Finish(slot, Status::OK());
-    trace_.Close();
-    return Status::OK();
+  } else {
+    ReduceFrom(contributions, 0, count, r, out);
+    Postscale(out, count, r, group_size);
   }
-  ReduceFrom(contributions, 0, count, r, out);
-  Postscale(out, count, r, group_size);
   allreduce_from_announcements_.fetch_add(1, std::memory_order_relaxed);
-  Finish(slot, Status::OK());
-  trace_.Close();
-  return Status::OK();
 }
 
 Status Executor::ScatterContributions(const Response& r, const std::vector<std::string>& contributions,
@@ -149,7 +160,7 @@ Status Executor::ScatterContributions(const Response& r, const std::vector<std::
   result.shape = r.shape;
   result.shape[0] = rows;
   if (count > 0) {
-    ReduceFrom(contributions, first, count, r, out);
+    ReduceFrom(BytesOf(contributions), first, count, r, out);
     Postscale(out, count, r, group_size);
   }
   reducescatter_from_announcements_.fetch_add(1, std::memory_order_relaxed);
@@ -158,14 +169,14 @@ Status Executor::ScatterContributions(const Response& r, const std::vector<std::
   return Status::OK();
 }
 
-void Executor::ReduceFrom(const std::vector<std::string>& contributions, size_t first, int64_t count,
+void Executor::ReduceFrom(const std::vector<const char*>& contributions, size_t first, int64_t count,
                           const Response& r, void* out) {
   const size_t esize = DataTypeSize(r.dtype);
   const size_t bytes = static_cast<size_t>(count) * esize;
-  std::memcpy(out, contributions[0].data() + first * esize, bytes);
+  std::memcpy(out, contributions[0] + first * esize, bytes);
   Scale(out, count, r.dtype, r.prescale_factor);
   for (size_t m = 1; m < contributions.size(); ++m) {
-    const void* theirs = contributions[m].data() + first * esize;
+    const void* theirs = contributions[m] + first * esize;
     if (r.prescale_factor != 1.0) {  // scaled in a copy; else reduced from where it lies
       contribution_.resize(bytes);
       std::memcpy(contribution_.data(), theirs, bytes);

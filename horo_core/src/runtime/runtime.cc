@@ -1,4 +1,4 @@
-// Runtime, part 1 of 4: creation, connection, validating and enqueueing collectives, shutdown.
+// Runtime, part 1 of 5: creation, connection, validating and enqueueing collectives, shutdown.
 // The rest: runtime_progress.cc, runtime_negotiation.cc, runtime_failure.cc.
 #include "runtime/runtime.h"
 

@@ -66,10 +66,20 @@ class Runtime {
     *from_coordinator = coordinator_responses_.load();
     *rounds = agreed_rounds_.load();
   }
+  // Synchronous allreduces RunExpress ran alone, and those it handed over to the queue.
+  void CountExpress(int64_t* runs, int64_t* handovers) const {
+    *runs = express_runs_.load();
+    *handovers = express_handovers_.load();
+  }
   HandleManager& handles() { return handles_; }
 
   Status Enqueue(OpType op, const horo_tensor_t* tensors, int32_t count, const horo_op_options_t& options,
                  horo_handle_t* handles);
+  // A synchronous allreduce of one tensor (horo_run): runs it on the calling thread when it is a
+  // repeated small host allreduce and nothing else is pending on this rank, without a queued
+  // entry or a handle (runtime_express.cc). False when it did not take the call, which then goes
+  // through Enqueue and Wait; true when it ran it, *status telling how.
+  bool RunExpress(const horo_tensor_t& tensor, const horo_op_options_t& options, Status* status);
   // Announces that this rank cannot take part in op on the named tensors (count > 1: one grouped
   // call), for reason; the coordinator fails them on every member (horo_refuse in horo.h).
   Status Refuse(OpType op, const char* const* names, int32_t count, int32_t set_id, const std::string& reason,
@@ -128,6 +138,33 @@ class Runtime {
   // A caller waiting on done runs passes while they make progress (see runtime_progress.cc), starting none
   // after deadline.
   void Drive(const std::atomic<bool>& done, std::chrono::steady_clock::time_point deadline);
+  // A drive's record of its idle stretch; Moved after each pass that moved something.
+  struct DriveState {
+    std::chrono::steady_clock::time_point idle_since;
+    int idle_rounds = 0;
+    int poll = -1;         // whether this drive may busy-poll before yielding: -1 not asked yet, 0, 1
+    bool may_poll = true;  // once per idle stretch: a poll that found something, whose pass then moved
+                           // nothing (another thread of this rank holds the lock), yields next
+    bool polled = false;   // it did
+    int yields = 0;
+    void Moved() {
+      idle_rounds = 0;
+      may_poll = true;
+    }
+  };
+  // After a look that found nothing to do: busy-polls for a message or yields the core. False once
+  // the drive has been idle for the spin time (HORO_SPIN_MICROSECONDS). timed: a wait with a
+  // deadline, which never busy-polls.
+  bool IdleRound(DriveState* state, const std::atomic<bool>& done, bool timed);
+  // The end of a drive (drivers_ counted it in): its counts, and the background thread told.
+  void EndDrive(const DriveState& state, bool finished);
+  // RunExpress's parts (runtime_express.cc): whether the call may take that path; its wait for the
+  // round (false: the call must continue as a queued one, with the messages from *first on not
+  // taken yet); and that hand-over, which releases *lock and waits for the call to complete.
+  bool ExpressAllowed(const horo_tensor_t& tensor, const horo_op_options_t& options) const;
+  bool AwaitExpressRound(DriveState* drive, size_t* first);
+  Status HandOverExpress(int64_t id, const horo_tensor_t& tensor, size_t first, const DriveState* drive,
+                         std::unique_lock<std::mutex>* lock);
   // Drive's busy poll before it yields, while it pays off (see runtime_progress.cc): whether this drive may
   // poll; then one poll, true when a control message came or done was set within limit.
   bool PollAllowed();
@@ -158,6 +195,15 @@ class Runtime {
   bool RespondAsCoordinator(bool* progress);
   // A peer's round message goes to the agreement (*taken tells whether message was one).
   bool TakeRoundMessage(const ControlMessage& message, bool* taken);
+  // The control messages from messages[first] on, and the peers a poll found lost: round messages
+  // to the agreement; request lists to the coordinator (rank 0); the coordinator's lists applied
+  // or held (workers). Returns false when the loop must end.
+  bool TakeControl(const std::vector<ControlMessage>& messages, size_t first, const std::vector<int>& lost);
+  // Rank 0: the coordinator's look for stalled tensors, every few milliseconds.
+  void CheckStallsIfDue();
+  // This rank's round message to every peer; false (the runtime stopped) when a live peer could
+  // not be sent it.
+  bool SendRound(const std::string& payload);
   // A worker's response list from the coordinator: applied now, or held until its round.
   bool ReceiveResponseList(const ControlMessage& message);
   // Autotune: rank 0 lets the tuner see (and annotate) a list before sending it; every rank
@@ -206,9 +252,13 @@ class Runtime {
   std::vector<AgreedStep> agreed_run_;        // AdvanceRounds' scratch, kept for its storage
   std::vector<ControlMessage> pass_messages_;  // Pass's, kept for its storage (and its payloads')
   std::vector<int> pass_lost_;                 // Pass's scratch
+  Request express_request_;                    // RunExpress's, kept for its storage
+  std::vector<const char*> express_contributions_;  // RunExpress's, kept for its storage
   std::atomic<int64_t> agreed_responses_{0};
   std::atomic<int64_t> agreed_rounds_{0};
   std::atomic<int64_t> coordinator_responses_{0};
+  std::atomic<int64_t> express_runs_{0};
+  std::atomic<int64_t> express_handovers_{0};
   double cycle_time_ms_;                     // HORO_CYCLE_TIME, or what the autotuner chose
 
   // Who makes progress (runtime_progress.cc).

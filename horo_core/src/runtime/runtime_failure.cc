@@ -1,4 +1,4 @@
-// Runtime, part 4 of 4: failures: a silent coordinator, a failed collective, stopping every rank
+// Runtime, part 4 of 5: failures: a silent coordinator, a failed collective, stopping every rank
 // with the cause.
 #include "runtime/runtime.h"
 

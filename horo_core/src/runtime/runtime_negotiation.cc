@@ -1,4 +1,4 @@
-// Runtime, part 3 of 4: one pass of negotiation (control messages, the coordinator's lists, the
+// Runtime, part 3 of 5: one pass of negotiation (control messages, the coordinator's lists, the
 // rounds of peer agreement) and applying what was agreed.
 #include "runtime/runtime.h"
 
@@ -67,47 +67,12 @@ bool Runtime::Pass(int poll_ms, bool* progress, const std::atomic<bool>* caller_
 
   if (is_coordinator) {
     if (!mine.requests.empty() || mine.shutdown) coordinator_->AddRequests(0, mine);
-    for (const ControlMessage& m : messages) {
-      bool taken = false;
-      if (!TakeRoundMessage(m, &taken)) return false;
-      if (taken) continue;
-      RequestList list;
-      Status parsed = ParseRequestList(m.payload, &list);
-      if (!parsed.ok()) {
-        Stop(Status::Internal("rank " + std::to_string(m.peer) + " sent a malformed request list"), true);
-        return false;
-      }
-      coordinator_->AddRequests(m.peer, list);
-    }
-    for (int r : lost) coordinator_->PeerLost(r, transport_->LostReason(r));
-    // Stalls are warned about after seconds: looking every few milliseconds is enough, and spares
-    // a loop of small collectives building the list of waiting tensors on every pass.
-    const int64_t now_ns = CoarseNanos();
-    if (now_ns - last_stall_check_ns_ >= kStallCheckNs) {
-      last_stall_check_ns_ = now_ns;
-      poll_ms_ = coordinator_->CheckStalls(agreement_ ? agreement_->Waiting() : std::vector<StalledTensor>());
-    }
+    if (!TakeControl(messages, 0, lost)) return false;
+    CheckStallsIfDue();
     if (agreement_ && !AdvanceRounds(progress, caller_done)) return false;
     if (!RespondAsCoordinator(progress)) return false;
   } else {
-    for (const ControlMessage& m : messages) {
-      bool taken = false;
-      if (!TakeRoundMessage(m, &taken)) return false;
-      if (!taken && !ReceiveResponseList(m)) return false;
-      // After the collectives the message started, which may have run long in this very call.
-      if (m.peer == 0) heard_from_coordinator_ns_ = CoarseNanos();
-    }
-    // Only the coordinator's loss matters here (some transports also report other ranks; their
-    // failures reach this rank through the coordinator or the data plane).
-    if (std::find(lost.begin(), lost.end(), 0) != lost.end()) {
-      const std::string reason = transport_->LostReason(0);
-      if (reason.empty()) {
-        StopAfterCoordinatorLoss("it exited or crashed");
-      } else {  // cut off for reading only: rank 0 can still be told, and tell the others
-        ReportAndStop(Status::PeerLost(reason));
-      }
-      return false;
-    }
+    if (!TakeControl(messages, 0, lost)) return false;
     if (agreement_) {
       const int64_t rounds_done = agreement_->round_done();
       if (!AdvanceRounds(progress, caller_done)) return false;
@@ -129,6 +94,55 @@ bool Runtime::Pass(int poll_ms, bool* progress, const std::atomic<bool>* caller_
   }
   timeline_->Ship();
   return true;
+}
+
+bool Runtime::TakeControl(const std::vector<ControlMessage>& messages, size_t first, const std::vector<int>& lost) {
+  if (rank_ == 0) {
+    for (size_t i = first; i < messages.size(); ++i) {
+      const ControlMessage& m = messages[i];
+      bool taken = false;
+      if (!TakeRoundMessage(m, &taken)) return false;
+      if (taken) continue;
+      RequestList list;
+      Status parsed = ParseRequestList(m.payload, &list);
+      if (!parsed.ok()) {
+        Stop(Status::Internal("rank " + std::to_string(m.peer) + " sent a malformed request list"), true);
+        return false;
+      }
+      coordinator_->AddRequests(m.peer, list);
+    }
+    for (int r : lost) coordinator_->PeerLost(r, transport_->LostReason(r));
+    return true;
+  }
+  for (size_t i = first; i < messages.size(); ++i) {
+    const ControlMessage& m = messages[i];
+    bool taken = false;
+    if (!TakeRoundMessage(m, &taken)) return false;
+    if (!taken && !ReceiveResponseList(m)) return false;
+    // After the collectives the message started, which may have run long in this very call.
+    if (m.peer == 0) heard_from_coordinator_ns_ = CoarseNanos();
+  }
+  // Only the coordinator's loss matters here (some transports also report other ranks; their
+  // failures reach this rank through the coordinator or the data plane).
+  if (std::find(lost.begin(), lost.end(), 0) != lost.end()) {
+    const std::string reason = transport_->LostReason(0);
+    if (reason.empty()) {
+      StopAfterCoordinatorLoss("it exited or crashed");
+    } else {  // cut off for reading only: rank 0 can still be told, and tell the others
+      ReportAndStop(Status::PeerLost(reason));
+    }
+    return false;
+  }
+  return true;
+}
+
+void Runtime::CheckStallsIfDue() {
+  // Stalls are warned about after seconds: looking every few milliseconds is enough, and spares
+  // a loop of small collectives building the list of waiting tensors on every pass.
+  const int64_t now_ns = CoarseNanos();
+  if (now_ns - last_stall_check_ns_ < kStallCheckNs) return;
+  last_stall_check_ns_ = now_ns;
+  poll_ms_ = coordinator_->CheckStalls(agreement_ ? agreement_->Waiting() : std::vector<StalledTensor>());
 }
 
 Status Runtime::DecidePeerAgreement() {
@@ -201,26 +215,7 @@ bool Runtime::AdvanceRounds(bool* progress, const std::atomic<bool>* caller_done
     if (!answer && agreement_->AnswerOwed()) deferred_round_ = next_round;
     if (agreement_->NextMessage(&payload, answer)) {
       *progress = true;
-      for (int peer = 0; peer < size_; ++peer) {
-        if (peer == rank_) continue;
-        Status sent = transport_->SendControl(peer, payload);
-        if (sent.ok()) continue;
-        // A peer that closed (it failed, died or is shutting down) needs no message: rank 0 learns
-        // it and ends the job, or its shutdown is under way.
-        if (peer != 0 && (sent.code() == HORO_ERR_PEER_LOST || sent.code() == HORO_ERR_SHUT_DOWN)) {
-          HORO_LOG(kDebug, rank_) << "could not send a round message to rank " << peer << ": " << sent.message();
-          continue;
-        }
-        // A live peer would wait for this message forever: fail, telling rank 0, which shuts every
-        // rank down.
-        if (rank_ != 0 && peer == 0) {
-          StopAfterCoordinatorLoss(sent.message());
-        } else {
-          FailOnDataPlane(Status(sent.code(), "could not send a round message to rank " + std::to_string(peer) + ": " +
-                                                 sent.message()));
-        }
-        return false;
-      }
+      if (!SendRound(payload)) return false;
     }
     int64_t round = 0;
     if (!agreement_->RoundReady(&round)) break;
@@ -258,6 +253,30 @@ bool Runtime::AdvanceRounds(bool* progress, const std::atomic<bool>* caller_done
     if (!Apply(list, true)) return false;
   }
   answer_owed_.store(agreement_->AnswerOwed(), std::memory_order_relaxed);
+  return true;
+}
+
+bool Runtime::SendRound(const std::string& payload) {
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    Status sent = transport_->SendControl(peer, payload);
+    if (sent.ok()) continue;
+    // A peer that closed (it failed, died or is shutting down) needs no message: rank 0 learns
+    // it and ends the job, or its shutdown is under way.
+    if (peer != 0 && (sent.code() == HORO_ERR_PEER_LOST || sent.code() == HORO_ERR_SHUT_DOWN)) {
+      HORO_LOG(kDebug, rank_) << "could not send a round message to rank " << peer << ": " << sent.message();
+      continue;
+    }
+    // A live peer would wait for this message forever: fail, telling rank 0, which shuts every
+    // rank down.
+    if (rank_ != 0 && peer == 0) {
+      StopAfterCoordinatorLoss(sent.message());
+    } else {
+      FailOnDataPlane(Status(sent.code(), "could not send a round message to rank " + std::to_string(peer) + ": " +
+                                             sent.message()));
+    }
+    return false;
+  }
   return true;
 }
 

@@ -1,4 +1,4 @@
-// Runtime, part 2 of 4: who makes progress: the background loop, callers that drive, waits.
+// Runtime, part 2 of 5: who makes progress: the background loop, callers that drive, waits.
 //
 // The background thread exists so that collectives move while the user
 // computes (backward passes enqueue gradients and wait for them much later). But when a caller
@@ -34,6 +34,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "common/coarse_clock.h"
 #include "common/spin.h"
 
 namespace horo {
@@ -62,11 +63,6 @@ constexpr int kPollProbeLongest = 8192;
 // The background thread's longest sleep between passes, so that a request whose caller said it
 // would wait (caller_waits) but does not is still negotiated soon.
 constexpr int kLongestWaitMs = 8;
-
-int64_t SteadyNanos() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 }  // namespace
 
@@ -194,54 +190,58 @@ Status Runtime::PollDriving(int64_t handle, bool* done) {
 
 void Runtime::Drive(const std::atomic<bool>& done, std::chrono::steady_clock::time_point deadline) {
   using Clock = std::chrono::steady_clock;
-  const auto spin = std::chrono::nanoseconds(static_cast<int64_t>(config_.spin_microseconds * 1e3));
   drivers_.fetch_add(1);
-  // The clock is read only while idle, and there only every kRoundsPerLook rounds (each round
-  // yields the core, a microsecond or more): a loop of small collectives read it on every round
-  // before, a measurable part of their cost. A timed wait looks at its deadline on every round.
-  constexpr int kRoundsPerLook = 4;
   const bool timed = deadline != Clock::time_point::max();
-  Clock::time_point idle_since;
-  int idle_rounds = 0;
-  const auto poll_time = std::min<Clock::duration>(kPollTime, spin);
-  int poll = -1;         // whether this drive may busy-poll before yielding: -1 not asked yet, 0, 1
-  bool may_poll = true;  // once per idle stretch: a poll that found something, whose pass then moved
-                         // nothing (another thread of this rank holds the lock), yields next
-  bool polled = false;   // it did
-  int yields = 0;
+  DriveState state;
   // A pass already under way is not interrupted (it may move a large collective), so a timed wait
   // can overrun its deadline by one pass; it never starts another after it.
   while (!done.load(std::memory_order_acquire) && !loop_ended_ && (!timed || Clock::now() < deadline)) {
-    const bool progress = CallerPass(done);
-    if (progress) {
+    if (CallerPass(done)) {
       caller_passes_.fetch_add(1, std::memory_order_relaxed);
-      idle_rounds = 0;
-      may_poll = true;
+      state.Moved();
       continue;
     }
-    if (idle_rounds++ % kRoundsPerLook == 0) {
-      const Clock::time_point now = Clock::now();
-      if (idle_rounds == 1) {
-        idle_since = now;
-      } else if (now - idle_since >= spin) {
-        break;
-      }
-    }
-    if (may_poll && yields == 0 && !timed) {
-      may_poll = false;
-      if (poll < 0) poll = PollAllowed() ? 1 : 0;
-      if (poll == 1) {
-        polled = true;
-        if (PollForMessage(done, poll_time)) continue;
-      }
-    }
-    SpinRound();
-    ++yields;
+    if (!IdleRound(&state, done, timed)) break;
   }
-  if (yields > 0) caller_yields_.fetch_add(yields, std::memory_order_relaxed);
-  if (polled) caller_polls_.fetch_add(1, std::memory_order_relaxed);
   const bool finished = done.load(std::memory_order_acquire);
-  if (polled) ScorePoll(finished && yields == 0);
+  EndDrive(state, finished);
+}
+
+bool Runtime::IdleRound(DriveState* state, const std::atomic<bool>& done, bool timed) {
+  using Clock = std::chrono::steady_clock;
+  // The clock is read only while idle, and there only every kRoundsPerLook rounds (each round
+  // yields the core, a microsecond or more): a loop of small collectives read it on every round
+  // before, a measurable part of their cost.
+  constexpr int kRoundsPerLook = 4;
+  if (state->idle_rounds++ % kRoundsPerLook == 0) {
+    const Clock::time_point now = Clock::now();
+    const auto spin = std::chrono::nanoseconds(static_cast<int64_t>(config_.spin_microseconds * 1e3));
+    if (state->idle_rounds == 1) {
+      state->idle_since = now;
+    } else if (now - state->idle_since >= spin) {
+      return false;
+    }
+  }
+  if (state->may_poll && state->yields == 0 && !timed) {
+    state->may_poll = false;
+    if (state->poll < 0) state->poll = PollAllowed() ? 1 : 0;
+    if (state->poll == 1) {
+      state->polled = true;
+      const auto spin = std::chrono::nanoseconds(static_cast<int64_t>(config_.spin_microseconds * 1e3));
+      if (PollForMessage(done, std::min<Clock::duration>(kPollTime, spin))) return true;
+    }
+  }
+  SpinRound();
+  ++state->yields;
+  return true;
+}
+
+void Runtime::EndDrive(const DriveState& state, bool finished) {
+  if (state.yields > 0) caller_yields_.fetch_add(state.yields, std::memory_order_relaxed);
+  if (state.polled) {
+    caller_polls_.fetch_add(1, std::memory_order_relaxed);
+    ScorePoll(finished && state.yields == 0);
+  }
   // A caller that finished will likely be back soon (a loop of synchronous collectives): the
   // background thread stays parked a little longer. One that gives up leaves it the work, and it
   // must listen to the doorbell again at once.

@@ -189,31 +189,6 @@ void PeerAgreement::Announce(int64_t id, Request request, int64_t unit) {
   }
 }
 
-bool PeerAgreement::Idle() const {
-  return round_sent_ == round_done_ && next_.empty() && mine_.empty() && announced_.empty() && fallbacks_.empty() &&
-         deferred_joins_.empty() && joining_.empty();
-}
-
-int64_t PeerAgreement::FitsAlone(const Request& request) const {
-  if (request.op_type != OpType::kAllreduce || request.device != 0 || request.input == nullptr) return -1;
-  const int64_t id = cache_->Find(request.process_set_id, request.name);
-  if (id < 0) return -1;
-  const Response& cached = *cache_->Get(id);
-  if (!Matches(cached, request) || !Eager(cached)) return -1;
-  return id;
-}
-
-void PeerAgreement::AnnounceAlone(int64_t id, const void* input, std::string* payload) {
-  const Response& cached = *cache_->Get(id);
-  next_.hits.push_back(id);
-  next_.units.push_back(id);
-  next_.data.emplace_back();
-  next_.data.back().assign(static_cast<const char*>(input), static_cast<size_t>(EagerBytes(cached, 0)));
-  NextMessage(payload, /*answer=*/true);
-}
-
-void PeerAgreement::AdoptAlone(int64_t id, Request request) { KeepMine(id, std::move(request)); }
-
 bool PeerAgreement::Eager(const Response& r) {
   if (r.kind != ResponseKind::kOp || r.on_device || !r.joined_ranks.empty()) return false;
   if (r.op_type == OpType::kAllreduce) {

@@ -162,41 +162,4 @@ void PeerAgreement::CompleteRound(std::vector<AgreedStep>* run) {
   if (!deferred_joins_.empty()) ReleaseJoins();
 }
 
-bool PeerAgreement::CompleteAlone(int64_t id, std::vector<const char*>* contributions) {
-  int64_t round = 0;
-  if (!RoundReady(&round)) return false;
-  const Response* cached = cache_->Get(id);
-  const std::vector<int32_t>* members = cached ? members_view_.Get(cached->process_set_id) : nullptr;
-  if (members == nullptr) return false;
-  const int64_t bytes = EagerBytes(*cached, 0);
-  Inbox& slot = InboxOf(round);
-  // Every member announced id alone, with its bytes; the other ranks sent nothing but an answer.
-  size_t next_member = 0;
-  for (int sender = 0; sender < size_; ++sender) {
-    const RoundMessage& m = slot.messages[static_cast<size_t>(sender)];
-    if (!m.invalid.empty() || !m.joined_sets.empty()) return false;
-    const bool member = next_member < members->size() && (*members)[next_member] == sender;
-    if (!member) {
-      if (!m.hits.empty()) return false;
-      continue;
-    }
-    ++next_member;
-    if (m.hits.size() != 1 || m.hits[0] != id || m.units[0] != id ||
-        static_cast<int64_t>(m.data[0].size()) != bytes) {
-      return false;
-    }
-  }
-  round_done_ = round;
-  alone_round_ = round;
-  contributions->clear();
-  for (int32_t m : *members) contributions->push_back(slot.messages[static_cast<size_t>(m)].data[0].data());
-  cache_->Touch(id);
-  ++responses_run_;
-  return true;
-}
-
-void PeerAgreement::EndAlone() {
-  OpenInbox(&InboxOf(alone_round_), 0);  // read; its messages keep their storage for a later round
-}
-
 }  // namespace horo

@@ -216,28 +216,14 @@ Status Runtime::Enqueue(OpType op, const horo_tensor_t* tensors, int32_t count, 
       if (!valid.ok()) return RefuseInvalid(op, tensors, count, options.process_set_id, valid, handles);
       TensorEntry e;
       Request& r = e.request;
-      r.rank = rank_;
-      r.process_set_id = options.process_set_id;
-      r.op_type = op;
-      r.name = t.name;
-      r.dtype = static_cast<DataType>(t.dtype);
-      r.shape.assign(t.shape, t.shape + t.ndim);
-      r.reduce_op = static_cast<ReduceOp>(options.reduce_op);
-      r.prescale_factor = options.prescale_factor;
-      r.postscale_factor = options.postscale_factor;
-      r.root_rank = options.root_rank;
-      if (op == OpType::kAlltoall && options.num_splits > 0) {
-        r.splits.assign(options.splits, options.splits + options.num_splits);
-      }
+      DescribeRequest(op, t, options, &r);
       if (count > 1) {
         r.group_leader = tensors[0].name;
         r.group_size = count;
       }
       e.input = t.input;
-      e.request.input = t.input;
       e.output = t.output;
       e.output_bytes = t.output_bytes;
-      r.device = t.device;
       if (t.device != HORO_DEVICE_HOST) e.ready_event = options.ready_event;
       entries.push_back(std::move(e));
     }
@@ -245,6 +231,32 @@ Status Runtime::Enqueue(OpType op, const horo_tensor_t* tensors, int32_t count, 
   HORO_RETURN_IF_ERROR(Submit(&entries, handles));
   WakeAfterEnqueue(options.caller_waits != 0);
   return Status::OK();
+}
+
+void Runtime::DescribeRequest(OpType op, const horo_tensor_t& t, const horo_op_options_t& options,
+                              Request* r) const {
+  r->kind = RequestKind::kTensor;
+  r->rank = rank_;
+  r->process_set_id = options.process_set_id;
+  r->op_type = op;
+  r->name.assign(t.name);
+  r->dtype = static_cast<DataType>(t.dtype);
+  r->shape.assign(t.shape, t.shape + t.ndim);
+  r->reduce_op = static_cast<ReduceOp>(options.reduce_op);
+  r->prescale_factor = options.prescale_factor;
+  r->postscale_factor = options.postscale_factor;
+  r->root_rank = options.root_rank;
+  if (op == OpType::kAlltoall && options.num_splits > 0) {
+    r->splits.assign(options.splits, options.splits + options.num_splits);
+  } else {
+    r->splits.clear();
+  }
+  r->group_leader.clear();
+  r->group_size = 1;
+  r->ranks.clear();
+  r->device = t.device;
+  r->refusal.clear();
+  r->input = t.input;
 }
 
 Status Runtime::Submit(std::vector<TensorEntry>* entries, horo_handle_t* handles) {

@@ -116,6 +116,8 @@ class Runtime {
   // Gives every entry a handle (written to handles) and queues them; on failure releases the handles.
   Status Submit(std::vector<TensorEntry>* entries, horo_handle_t* handles);
   Status ValidateTensor(OpType op, const horo_tensor_t& t, const horo_op_options_t& options) const;
+  // The request of one tensor of a call, every field set (*r may be reused from an earlier call).
+  void DescribeRequest(OpType op, const horo_tensor_t& t, const horo_op_options_t& options, Request* r) const;
   // A call that failed ValidateTensor with an invalid argument (an unknown reduce op, a tensor of
   // more than 16 dimensions...), which this rank alone may have passed, is refused instead of
   // failed here, so that every member fails with this rank's reason instead of waiting for its

@@ -52,24 +52,7 @@ bool Runtime::RunExpress(const horo_tensor_t& t, const horo_op_options_t& option
     if (!agreement_->Idle()) return false;
   }
   Request& r = express_request_;
-  r.kind = RequestKind::kTensor;
-  r.rank = rank_;
-  r.process_set_id = options.process_set_id;
-  r.op_type = OpType::kAllreduce;
-  r.name.assign(t.name);
-  r.dtype = static_cast<DataType>(t.dtype);
-  r.shape.assign(t.shape, t.shape + t.ndim);
-  r.reduce_op = static_cast<ReduceOp>(options.reduce_op);
-  r.prescale_factor = options.prescale_factor;
-  r.postscale_factor = options.postscale_factor;
-  r.root_rank = options.root_rank;
-  r.splits.clear();
-  r.group_leader.clear();
-  r.group_size = 1;
-  r.ranks.clear();
-  r.device = t.device;
-  r.refusal.clear();
-  r.input = t.input;
+  DescribeRequest(OpType::kAllreduce, t, options, &r);
   const int64_t id = agreement_->FitsAlone(r);
   if (id < 0 || !queue_.Reserve(r.process_set_id, r.name)) return false;
 

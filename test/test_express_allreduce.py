@@ -172,6 +172,33 @@ def test_a_name_in_flight_in_an_express_call_is_refused_to_a_second_call():
         assert np.array_equal(out, np.full(2, 3.0, np.float32))
 
 
+def test_threads_of_a_rank_making_synchronous_calls_at_once_get_exact_values():
+    # Two threads per rank, each a loop of its own tensor: one may run alone while the other
+    # waits for the progress lock or goes through the queue, in any order on each rank.
+    steps = 150
+
+    def body(rt):
+        wrong = []
+
+        def loop(k):
+            for step in range(steps):
+                got = ops.allreduce(rt, np.full(k + 1, rt.rank + step, np.float32), f"thread.{k}")
+                if not np.array_equal(got, np.full(k + 1, sum(range(rt.size)) + rt.size * step, np.float32)):
+                    wrong.append((k, step, got.tolist()))
+
+        threads = [threading.Thread(target=loop, args=(k,)) for k in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        return wrong, [t.is_alive() for t in threads]
+
+    with World(3) as world:
+        results = world.run(body)
+    for wrong, alive in results:
+        assert wrong == [] and alive == [False, False], (wrong, alive)
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_random_mixes_of_express_calls_queued_calls_and_delays(seed):
     # Every rank makes the same calls in the same order (async ones waited for later), each rank

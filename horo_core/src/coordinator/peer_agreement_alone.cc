@@ -14,10 +14,7 @@ bool PeerAgreement::Idle() const {
 }
 
 int64_t PeerAgreement::FitsAlone(const Request& request) const {
-  if (request.op_type != OpType::kAllreduce || request.group_size > 1 || request.device != 0 ||
-      request.input == nullptr) {
-    return -1;
-  }
+  if (request.op_type != OpType::kAllreduce || request.device != 0 || request.input == nullptr) return -1;
   const int64_t id = cache_->Find(request.process_set_id, request.name);
   if (id < 0) return -1;
   const Response& cached = *cache_->Get(id);

@@ -77,27 +77,6 @@ void TensorQueue::TakeRequests(std::vector<Request>* out) {
   has_unsent_.store(false, std::memory_order_release);
 }
 
-bool TensorQueue::TakeSoleRequest(int64_t handle, Request* request, const void** input, void** output) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (unsent_.size() != 1) return false;
-  const Request& sole = unsent_.front();
-  auto it = table_.find(Lookup(sole.process_set_id, &sole.name));
-  if (it == table_.end() || it->second.handle != handle) return false;
-  *input = it->second.input;
-  *output = it->second.output;
-  std::swap(*request, unsent_.front());
-  unsent_.clear();
-  has_unsent_.store(false, std::memory_order_release);
-  return true;
-}
-
-void TensorQueue::PutBackRequest(Request* request) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  unsent_.emplace(unsent_.begin());
-  std::swap(unsent_.front(), *request);
-  has_unsent_.store(true, std::memory_order_release);
-}
-
 bool TensorQueue::Take(int32_t process_set_id, const std::string& name, TensorEntry* out) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = table_.find(Lookup(process_set_id, &name));

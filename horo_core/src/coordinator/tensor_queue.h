@@ -43,12 +43,6 @@ class TensorQueue {
   bool Reserve(int32_t process_set_id, const std::string& name);
   void AddReserved(TensorEntry* entry);
   void EndReservation();
-  // A wait on a handle that runs its call alone (Runtime::WaitExpress): when the only unsent request
-  // is that handle's, moves it into *request (swapped, so both keep their storage) and tells where
-  // its entry's input and output are; false otherwise. PutBackRequest returns it, ahead of any
-  // request added since.
-  bool TakeSoleRequest(int64_t handle, Request* request, const void** input, void** output);
-  void PutBackRequest(Request* request);
   // Removes and returns the entry, false if absent.
   bool Take(int32_t process_set_id, const std::string& name, TensorEntry* out);
   // Removes every entry (failure/shutdown); returns their handles.

@@ -80,9 +80,6 @@ class Runtime {
   // entry or a handle (runtime_express.cc). False when it did not take the call, which then goes
   // through Enqueue and Wait; true when it ran it, *status telling how.
   bool RunExpress(const horo_tensor_t& tensor, const horo_op_options_t& options, Status* status);
-  // The same for a wait on such an allreduce just enqueued (synchronize(allreduce_async_(t))): true
-  // when it ran alone and the handle completed; false when the wait goes on as any other.
-  bool WaitExpress(int64_t handle);
   // Announces that this rank cannot take part in op on the named tensors (count > 1: one grouped
   // call), for reason; the coordinator fails them on every member (horo_refuse in horo.h).
   Status Refuse(OpType op, const char* const* names, int32_t count, int32_t set_id, const std::string& reason,
@@ -163,18 +160,13 @@ class Runtime {
   bool IdleRound(DriveState* state, const std::atomic<bool>& done, bool timed);
   // The end of a drive (drivers_ counted it in): its counts, and the background thread told.
   void EndDrive(const DriveState& state, bool finished);
-  // RunExpress's and WaitExpress's parts (runtime_express.cc): whether a call may take that path
-  // at all; the progress lock, taken when nothing else is pending on this rank (false: not taken,
-  // or nothing to do alone); the round of the announced tensor, reduced into output (kRan), or
-  // left to the general path (kHandOver: the messages from *first on not taken yet, the request
-  // to be adopted), or ended by a stop; that hand-over, which releases *lock; and the wait for
-  // the round.
-  enum class ExpressEnd { kRan, kHandOver, kStopped };
-  bool ExpressAllowed() const;
-  bool LockForExpress(std::unique_lock<std::mutex>* lock);
-  ExpressEnd RunAlone(int64_t id, const void* input, void* output, DriveState* drive, size_t* first);
-  void HandOver(size_t first, const DriveState& drive, std::unique_lock<std::mutex>* lock);
+  // RunExpress's parts (runtime_express.cc): whether the call may take that path; its wait for the
+  // round (false: the call must continue as a queued one, with the messages from *first on not
+  // taken yet); and that hand-over, which releases *lock and waits for the call to complete.
+  bool ExpressAllowed(const horo_tensor_t& tensor, const horo_op_options_t& options) const;
   bool AwaitExpressRound(DriveState* drive, size_t* first);
+  Status HandOverExpress(int64_t id, const horo_tensor_t& tensor, size_t first, const DriveState* drive,
+                         std::unique_lock<std::mutex>* lock);
   // Drive's busy poll before it yields, while it pays off (see runtime_progress.cc): whether this drive may
   // poll; then one poll, true when a control message came or done was set within limit.
   bool PollAllowed();

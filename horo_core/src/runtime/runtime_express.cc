@@ -27,14 +27,16 @@
 
 namespace horo {
 
-bool Runtime::ExpressAllowed() const {
-  return agreement_ != nullptr && callers_drive_ && started_ && !stopped_ && !shutdown_requested_ &&
-         !timeline_->active();
+bool Runtime::ExpressAllowed(const horo_tensor_t& t, const horo_op_options_t& options) const {
+  return agreement_ != nullptr && callers_drive_ && t.device == HORO_DEVICE_HOST && t.output != nullptr &&
+         started_ && !stopped_ && !shutdown_requested_ && !timeline_->active() && !queue_.HasRequests() &&
+         ValidateTensor(OpType::kAllreduce, t, options).ok();
 }
 
-bool Runtime::LockForExpress(std::unique_lock<std::mutex>* lock) {
-  *lock = std::unique_lock<std::mutex>(progress_mutex_, std::try_to_lock);
-  if (!lock->owns_lock() || loop_ended_ || cycle_time_ms_ > 0 || !held_lists_.empty() || !agreement_->Idle()) {
+bool Runtime::RunExpress(const horo_tensor_t& t, const horo_op_options_t& options, Status* status) {
+  if (!ExpressAllowed(t, options)) return false;
+  std::unique_lock<std::mutex> lock(progress_mutex_, std::try_to_lock);
+  if (!lock.owns_lock() || loop_ended_ || cycle_time_ms_ > 0 || !held_lists_.empty() || !agreement_->Idle()) {
     return false;
   }
   if (rank_ == 0) {
@@ -43,110 +45,49 @@ bool Runtime::LockForExpress(std::unique_lock<std::mutex>* lock) {
     bool progress = false;
     if (!RespondAsCoordinator(&progress)) {
       loop_ended_ = true;
-      lock->unlock();
+      lock.unlock();
       WakeBackground();
-      return false;  // the general path reports the stop
+      return false;  // Enqueue reports the stop
     }
     if (!agreement_->Idle()) return false;
   }
-  return true;
-}
-
-bool Runtime::RunExpress(const horo_tensor_t& t, const horo_op_options_t& options, Status* status) {
-  if (!ExpressAllowed() || t.device != HORO_DEVICE_HOST || t.output == nullptr || queue_.HasRequests() ||
-      !ValidateTensor(OpType::kAllreduce, t, options).ok()) {
-    return false;
-  }
-  std::unique_lock<std::mutex> lock;
-  if (!LockForExpress(&lock)) return false;
   Request& r = express_request_;
   DescribeRequest(OpType::kAllreduce, t, options, &r);
   const int64_t id = agreement_->FitsAlone(r);
   if (id < 0 || !queue_.Reserve(r.process_set_id, r.name)) return false;
 
   drivers_.fetch_add(1);
+  agreement_->AnnounceAlone(id, t.input, &round_payload_);
   DriveState drive;
   size_t first = 0;
-  const ExpressEnd end = RunAlone(id, t.input, t.output, &drive, &first);
-  if (end == ExpressEnd::kHandOver) {
-    // The call becomes what Enqueue and a pass would have made of it: an entry with a handle,
-    // whose request is announced in the open round.
-    TensorEntry e;
-    e.request = express_request_;
-    e.input = t.input;
-    e.output = t.output;
-    e.output_bytes = t.output_bytes;
-    const int64_t handle = e.handle = handles_.Allocate();
-    agreement_->AdoptAlone(id, express_request_);
-    queue_.AddReserved(&e);
-    FailIfStoppedMeanwhile(&handle, 1);
-    HandOver(first, drive, &lock);
-    *status = Wait(handle, -1);
-    handles_.Release(handle);
-    return true;
-  }
-  queue_.EndReservation();
-  lock.unlock();
-  EndDrive(drive, /*finished=*/end == ExpressEnd::kRan);
-  if (end == ExpressEnd::kRan) {
-    *status = Status::OK();
-  } else {  // the runtime stopped while this rank waited for the round (SendRound or a message said so)
-    *status = StoppedStatus();
-    if (status->ok()) *status = Status::ShutDown("Horo has been shut down");  // stopping, reason not set yet
-  }
-  return true;
-}
-
-bool Runtime::WaitExpress(int64_t handle) {
-  if (!ExpressAllowed() || !queue_.HasRequests()) return false;
-  std::unique_lock<std::mutex> lock;
-  if (!LockForExpress(&lock)) return false;
-  const void* input = nullptr;
-  void* output = nullptr;
-  if (!queue_.TakeSoleRequest(handle, &express_request_, &input, &output)) return false;
-  const int64_t id = agreement_->FitsAlone(express_request_);
-  if (id < 0 || output == nullptr) {
-    queue_.PutBackRequest(&express_request_);  // the general path takes it
-    return false;
-  }
-  drivers_.fetch_add(1);
-  DriveState drive;
-  size_t first = 0;
-  const ExpressEnd end = RunAlone(id, input, output, &drive, &first);
-  if (end == ExpressEnd::kHandOver) {
-    agreement_->AdoptAlone(id, express_request_);  // its entry is in the queue already
-    HandOver(first, drive, &lock);
-    return false;
-  }
-  if (end == ExpressEnd::kRan) {
-    TensorEntry done;
-    queue_.Take(express_request_.process_set_id, express_request_.name, &done);
-    handles_.Complete(handle, Status::OK());
-  }
-  lock.unlock();
-  EndDrive(drive, /*finished=*/end == ExpressEnd::kRan);
-  return end == ExpressEnd::kRan;  // when stopped, the stop failed the handle with its entry
-}
-
-Runtime::ExpressEnd Runtime::RunAlone(int64_t id, const void* input, void* output, DriveState* drive,
-                                      size_t* first) {
-  agreement_->AnnounceAlone(id, input, &round_payload_);
   if (!SendRound(round_payload_)) {
     loop_ended_ = true;
-    return ExpressEnd::kStopped;
+  } else if (AwaitExpressRound(&drive, &first) && agreement_->CompleteAlone(id, &express_contributions_)) {
+    executor_->ReduceAnnounced(*cache_.Get(id), express_contributions_, t.output);
+    agreement_->EndAlone();
+    queue_.EndReservation();
+    agreed_rounds_.fetch_add(1, std::memory_order_relaxed);
+    agreed_responses_.fetch_add(1, std::memory_order_relaxed);
+    caller_passes_.fetch_add(1, std::memory_order_relaxed);
+    express_runs_.fetch_add(1, std::memory_order_relaxed);
+    if (rank_ != 0) heard_from_coordinator_ns_ = CoarseNanos();  // the round has rank 0's message
+    answer_owed_.store(agreement_->AnswerOwed(), std::memory_order_relaxed);
+    lock.unlock();
+    EndDrive(drive, /*finished=*/true);
+    *status = Status::OK();
+    return true;
   }
-  if (!AwaitExpressRound(drive, first) || !agreement_->CompleteAlone(id, &express_contributions_)) {
-    return loop_ended_ ? ExpressEnd::kStopped : ExpressEnd::kHandOver;
+  if (!loop_ended_) {
+    *status = HandOverExpress(id, t, first, &drive, &lock);
+    return true;
   }
-  executor_->ReduceAnnounced(*cache_.Get(id), express_contributions_, output);
-  agreement_->EndAlone();
-  agreed_rounds_.fetch_add(1, std::memory_order_relaxed);
-  agreed_responses_.fetch_add(1, std::memory_order_relaxed);
-  caller_passes_.fetch_add(1, std::memory_order_relaxed);
-  express_runs_.fetch_add(1, std::memory_order_relaxed);
-  if (rank_ != 0) heard_from_coordinator_ns_ = CoarseNanos();  // the round has rank 0's message
-  answer_owed_.store(agreement_->AnswerOwed(), std::memory_order_relaxed);
-  return ExpressEnd::kRan;
+  // The runtime stopped while this rank waited for the round (SendRound or a message said so).
+  queue_.EndReservation();
+  lock.unlock();
+  EndDrive(drive, /*finished=*/false);
+  *status = StoppedStatus();
+  if (status->ok()) *status = Status::ShutDown("Horo has been shut down");  // stopping, reason not set yet
+  return true;
 }
 
 bool Runtime::AwaitExpressRound(DriveState* drive, size_t* first) {
@@ -187,14 +128,29 @@ bool Runtime::AwaitExpressRound(DriveState* drive, size_t* first) {
   return true;
 }
 
-void Runtime::HandOver(size_t first, const DriveState& drive, std::unique_lock<std::mutex>* lock) {
+Status Runtime::HandOverExpress(int64_t id, const horo_tensor_t& t, size_t first, const DriveState* drive,
+                                 std::unique_lock<std::mutex>* lock) {
+  // Under progress_mutex_ (*lock): the call becomes what Enqueue and a pass would have
+  // made of it, an entry with a handle whose request is announced in the open round.
   express_handovers_.fetch_add(1, std::memory_order_relaxed);
+  TensorEntry e;
+  e.request = express_request_;
+  e.input = t.input;
+  e.output = t.output;
+  e.output_bytes = t.output_bytes;
+  const int64_t handle = e.handle = handles_.Allocate();
+  agreement_->AdoptAlone(id, express_request_);
+  queue_.AddReserved(&e);
+  FailIfStoppedMeanwhile(&handle, 1);
   // The messages the wait read and did not take, then a pass: it completes the round if it is
   // ready, runs what the coordinator's lists say, and sends what fell back to the coordinator.
   bool progress = false;
   if (!TakeControl(pass_messages_, first, pass_lost_) || !Pass(0, &progress)) loop_ended_ = true;
   lock->unlock();
-  EndDrive(drive, /*finished=*/false);
+  EndDrive(*drive, /*finished=*/false);
+  Status status = Wait(handle, -1);
+  handles_.Release(handle);
+  return status;
 }
 
 }  // namespace horo

@@ -144,8 +144,6 @@ Status Runtime::Wait(int64_t handle, double timeout_seconds) {
   // overflow, and the wait would end at once.
   if (timeout_seconds > 1e6) timeout_seconds = -1;
   if (callers_drive_ && timeout_seconds != 0) {
-    // A small allreduce enqueued just before and waited for at once runs alone (runtime_express.cc).
-    if (timeout_seconds < 0 && WaitExpress(handle)) return handles_.Wait(handle, -1);
     std::shared_ptr<const std::atomic<bool>> done = handles_.DoneFlag(handle);
     if (done && !done->load(std::memory_order_acquire)) {
       const bool forever = timeout_seconds < 0;

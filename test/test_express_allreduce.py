@@ -41,9 +41,12 @@ def test_repeated_synchronous_allreduces_are_exact_for_every_dtype_and_op(size):
 
     with World(size) as world:
         results = world.run(body)
-    for wrong, (runs, _) in results:
+    for wrong, _ in results:
         assert wrong == []
-        assert runs > 0  # the first step of each name is negotiated; most later ones run alone
+    # The first step of each name is negotiated. Later, a rank with nothing pending runs its call
+    # alone; one whose background thread already answered the round with an empty message (it came
+    # last) takes the general path.
+    assert sum(runs for _, (runs, _) in results) > 0
 
 
 def test_prescale_postscale_and_average_are_applied_by_the_caller():
@@ -277,6 +280,8 @@ def _process_job(steps):
 
 def test_processes_over_shared_memory_run_repeated_allreduces_alone():
     results = horo_runner.run(_process_job, args=(400,), num_proc=3)
-    for wrong, (runs, handovers) in results:
+    for wrong, _ in results:
         assert wrong == []
-        assert runs > 0 and handovers > 0, (runs, handovers)  # the late steps were handed over
+    counts = [c for _, c in results]
+    # Most steps ran alone; the ranks waiting for a late one handed theirs over.
+    assert sum(r for r, _ in counts) > 0 and sum(h for _, h in counts) > 0, counts

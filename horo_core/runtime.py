@@ -59,16 +59,25 @@ _result_slots = threading.local()
 _CACHE_LIMIT = 4096  # per cache: unnamed operations get fresh names, so the caches must not grow forever
 
 
-def _cached(cache, key, value):
-    """value, kept in cache under key unless key is None.
+def cache_lookup(cache, key):
+    """(key, the value cache holds under it or None), or (None, None) when key cannot be a key.
 
     The option caches' keys hold the caller's option values. One given as a value that cannot be
     a key (a NumPy array, a list, a tf.Tensor) makes the lookup raise TypeError; such a call is
-    then described anew each time, uncached (key None), and its options are checked there like any
-    other's: refused on every rank when invalid. Raised instead, the TypeError would fail this rank
-    alone while the others waited for it."""
+    then described anew each time, uncached (key None, which cache_store skips), and its options
+    are checked there like any other's: refused on every rank when invalid. Raised instead, the
+    TypeError would fail this rank alone while the others waited for it."""
+    try:
+        return key, cache.get(key)
+    except TypeError:
+        return None, None
+
+
+def cache_store(cache, key, value, limit=None):
+    """value, kept in cache under key (emptied first when it holds limit entries, _CACHE_LIMIT by
+    default) unless key is None (cache_lookup)."""
     if key is not None:
-        if len(cache) >= _CACHE_LIMIT:
+        if len(cache) >= (_CACHE_LIMIT if limit is None else limit):
             cache.clear()
         cache[key] = value
     return value
@@ -414,12 +423,9 @@ class Runtime:
         try:
             if splits is None and not ready_event:
                 described = (process_set_id, reduce_op, prescale_factor, postscale_factor, root_rank, caller_waits)
-                try:
-                    key, opts = described, self._c_options.get(described)
-                except TypeError:  # an option that cannot be a key (_cached)
-                    key, opts = None, None
+                key, opts = cache_lookup(self._c_options, described)
                 if opts is None:
-                    opts = _cached(self._c_options, key, self._options(*described))
+                    opts = cache_store(self._c_options, key, self._options(*described))
             else:
                 opts = self._options(process_set_id, reduce_op, prescale_factor, postscale_factor, root_rank,
                                      caller_waits)
@@ -436,10 +442,10 @@ class Runtime:
         for i, spec in enumerate(specs):
             name = self._c_names.get(spec.name)
             if name is None:
-                name = _cached(self._c_names, spec.name, _c_name(spec.name))
+                name = cache_store(self._c_names, spec.name, _c_name(spec.name))
             shape = self._c_shapes.get(spec.shape)
             if shape is None:
-                shape = _cached(self._c_shapes, spec.shape, ffi.new("int64_t[]", list(spec.shape) or [0]))
+                shape = cache_store(self._c_shapes, spec.shape, ffi.new("int64_t[]", list(spec.shape) or [0]))
             keep += [name, shape]
             t = tensors[i]
             t.name = name
@@ -496,12 +502,9 @@ class Runtime:
         path of the framework adapters. Raises the operation's error."""
         described = (op_type, name, dtype, shape, process_set_id, reduce_op, prescale_factor, postscale_factor,
                      root_rank)
-        try:
-            key, prepared = described, self._prepared.get(described)
-        except TypeError:  # an option that cannot be a key (_cached)
-            key, prepared = None, None
+        key, prepared = cache_lookup(self._prepared, described)
         if prepared is None:
-            prepared = _cached(self._prepared, key, prepare_run(*described, runtime=self))
+            prepared = cache_store(self._prepared, key, prepare_run(*described, runtime=self))
         self.run_prepared(prepared, input_ptr, output_ptr)
 
     def run_prepared(self, prepared, input_ptr, output_ptr):

@@ -34,7 +34,7 @@ import tensorflow as tf
 from horo_core import basics, dtypes
 from horo_core._binding import lib
 from horo_core.errors import HoroError, HoroInvalidArgument, HoroUnsupportedError
-from horo_core.runtime import TensorSpec, prepare_run
+from horo_core.runtime import TensorSpec, cache_lookup, cache_store, prepare_run
 from horo_tf import _chain, errors
 
 try:  # 0 when no GradientTape or forward accumulator on this thread watches any of the tensors.
@@ -347,17 +347,11 @@ def _run_sized(rt, op_type, name, array, code, set_id, options):
     splits = options.get("splits")
     key = (op_type, name, set_id, code, array.shape, options.get("reduce_op"), options.get("prescale_factor"),
            options.get("postscale_factor"), None if splits is None else tuple(splits))
-    try:
-        entry = _sized_runs.get(key)
-    except TypeError:  # an option given as a NumPy array or a tf.Tensor: described, and checked, every call
-        key, entry = None, None
+    key, entry = cache_lookup(_sized_runs, key)  # key None: an option given as an array or a tf.Tensor
     if entry is None:
         entry = [prepare_run(op_type, name, code, tuple(array.shape), set_id, runtime=rt, **options), None]
         # A call-order name (in a graph, of Python values) is never reused.
-        if key is not None and not basics.is_auto_name(name):
-            if len(_sized_runs) >= _SIZED_RUNS_LIMIT:
-                _sized_runs.clear()
-            _sized_runs[key] = entry
+        cache_store(_sized_runs, None if basics.is_auto_name(name) else key, entry, _SIZED_RUNS_LIMIT)
     prepared, shape = entry
     out = None if shape is None else host_empty(shape, array.dtype)
     handle, r = rt.run_result_prepared(prepared, array.ctypes.data, 0 if out is None else out.ctypes.data,

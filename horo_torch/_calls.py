@@ -8,7 +8,7 @@ import torch
 
 from horo_core import basics, dtypes
 from horo_core.errors import HoroInvalidArgument
-from horo_core.runtime import TensorSpec, prepare_run
+from horo_core.runtime import TensorSpec, cache_lookup, cache_store, prepare_run
 from horo_torch import device
 from horo_torch._handles import _register, synchronize
 
@@ -132,18 +132,12 @@ def _run_host_described(op_type, kind, name, tensor, output, process_set, reduce
                     tuple(tensor.shape), set_id, reduce_op, prescale_factor, postscale_factor, root_rank)
         return None
     key = (op_type, name, set_id, reduce_op, prescale_factor, postscale_factor, root_rank, tensor.dtype, tensor.shape)
-    try:
-        prepared = _prepared_runs.get(key)
-    except TypeError:  # an option given as a NumPy array or a list: described, and checked, every call
-        key, prepared = None, None
+    key, prepared = cache_lookup(_prepared_runs, key)  # key None: an option given as an array or a list
     if prepared is None:
         base = _op_name(kind, name, set_id)
         prepared = prepare_run(op_type, base, _dtype_code(tensor, base, op_type, set_id), tuple(tensor.shape), set_id,
                                reduce_op, prescale_factor, postscale_factor, root_rank, runtime=runtime)
-        if key is not None:
-            if len(_prepared_runs) >= _PREPARED_RUNS_LIMIT:
-                _prepared_runs.clear()
-            _prepared_runs[key] = prepared
+        cache_store(_prepared_runs, key, prepared, _PREPARED_RUNS_LIMIT)
     runtime.run_prepared(prepared, tensor.data_ptr(), output.data_ptr())
     return prepared
 

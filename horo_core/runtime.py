@@ -5,6 +5,7 @@ dtype_code, shape)`` and nothing else; this module turns specs into ``horo_enque
 reads results back. All blocking calls release the GIL (cffi does so around every C call).
 """
 import dataclasses
+import functools
 import operator
 import os
 import threading
@@ -183,6 +184,15 @@ def _refuse_invalid(runtime, op_type, names, process_set_id, error):
     runtime.refuse(op_type, names, process_set_id, f"passed an invalid argument: {error}")
 
 
+def bound_run_failed(run, status):
+    """After run (Runtime.bind_run) returned status, not HORO_OK: raises the call's error. Returns
+    instead when run's runtime has been destroyed (or forsaken in a forked child) since it was
+    bound: the caller then takes its general path, which raises what a call without a runtime
+    raises, or runs on the runtime that init() has made since."""
+    if run.runtime._rt is not None:
+        check(status, last_error())
+
+
 class _CallGuard:
     """Counts a call into the C runtime for its duration (see Runtime._use); cheaper than a
     generator-based context manager on the per-operation path."""
@@ -315,7 +325,10 @@ class Runtime:
         opts.loopback = loopback.pointer if loopback is not None else ffi.NULL
         out = ffi.new("horo_runtime_t**")
         check(lib.horo_runtime_create(opts, out))
-        self._rt = out[0]
+        # destroy() closes the runtime, which keeps the handle itself (every call on it is then
+        # refused): bound runs (bind_run) and threads still in a call may hold it. It is freed
+        # once the last of them lets go of it.
+        self._rt = ffi.gc(out[0], lib.horo_runtime_release)
         self._loopback = loopback  # keeps the hub alive as long as the runtime
         self.rank, self.size = rank, size
         # Calls in progress, so that destroy() never frees the runtime under another thread.
@@ -327,7 +340,7 @@ class Runtime:
         self._calls_lock = threading.Lock()
         self._calls_done = threading.Condition(self._calls_lock)
         self._use_guard = _CallGuard(self)
-        self._active = []  # calls through run_prepared in progress (see there)
+        self._active = []  # copies out of the core's memory in progress (see copy_result)
         # Steady-state steps repeat the same names, shapes and options: their C copies are kept.
         self._c_names = {}
         self._c_shapes = {}
@@ -367,6 +380,8 @@ class Runtime:
         """In a process forked from this rank: every later call raises a HoroShutdownError with
         reason instead of reaching the rank's core, which the child must not drive (the core's
         threads stayed in the rank, and its shared-memory rings are the rank's). Nothing is freed."""
+        if self._rt is not None:
+            lib.horo_runtime_forsake(self._rt)  # refuses the calls of runs bound before the fork
         self._rt, self._gone = None, reason
         self._calls = 0
         self._calls_lock = threading.Lock()  # another thread may have held it at the fork
@@ -393,7 +408,7 @@ class Runtime:
                 self._calls_done.wait_for(lambda: self._calls == 0)
             while self._active:  # shut down, they return promptly
                 time.sleep(0.001)
-            lib.horo_runtime_destroy(rt)
+            lib.horo_runtime_close(rt)
 
     # Operations ---------------------------------------------------------------------------------
 
@@ -510,19 +525,26 @@ class Runtime:
     def run_prepared(self, prepared, input_ptr, output_ptr):
         """run() of a description made once by prepare_run(): per call, only the two addresses
         cross into the core (horo_run_at)."""
-        # Counted in _active (list appends and pops are atomic) rather than under _calls_lock: this
-        # is the per-step path, and destroy() waits for both counts.
-        active = self._active
-        active.append(None)
-        try:
-            rt = self._rt
-            if rt is None:
-                check(lib.HORO_ERR_SHUT_DOWN, self._gone)
-            status = lib.horo_run_at(rt, prepared.op_type, prepared.tensor, input_ptr, output_ptr, prepared.options)
-            if status != lib.HORO_OK:
-                check(status, last_error())
-        finally:
-            active.pop()
+        rt = self._rt
+        if rt is None:
+            check(lib.HORO_ERR_SHUT_DOWN, self._gone)
+        status = lib.horo_run_at(rt, prepared.op_type, prepared.tensor, prepared.options, input_ptr, output_ptr)
+        if status != lib.HORO_OK:
+            check(status, last_error())
+
+    def bind_run(self, prepared):
+        """run_prepared() of prepared on this runtime as one C-level callable, for an adapter's
+        per-step path: run(input_ptr, output_ptr) calls the core (horo_run_at) with no Python frame
+        of its own and returns the core's status; a status other than HORO_OK goes to
+        bound_run_failed(run, status). The Python frames it saves (this method's and the lookup of
+        the runtime) were a fifth of a 4-byte allreduce_ with 4 ranks on 2 cores (docs/benchmarks.md).
+        run holds the runtime's handle: once the runtime is destroyed, its calls are refused."""
+        rt = self._rt
+        if rt is None:
+            check(lib.HORO_ERR_SHUT_DOWN, self._gone)
+        run = functools.partial(lib.horo_run_at, rt, prepared.op_type, prepared.tensor, prepared.options)
+        run.runtime, run.prepared = self, prepared  # prepared: keeps the description's C memory
+        return run
 
     def run_result_prepared(self, prepared, input_ptr, output_ptr, output_bytes):
         """run_prepared() of an allgather, alltoall or reducescatter, whose result the core sizes
@@ -538,18 +560,13 @@ class Runtime:
             out = slots["result"] = ffi.new("horo_result_t*")
             slots["handle"] = ffi.new("horo_handle_t*")
         handle = slots["handle"]
-        active = self._active  # as in run_prepared
-        active.append(None)
-        try:
-            rt = self._rt
-            if rt is None:
-                check(lib.HORO_ERR_SHUT_DOWN, self._gone)
-            status = lib.horo_run_result_at(rt, prepared.op_type, prepared.tensor, input_ptr, output_ptr, output_bytes,
-                                            prepared.options, out, handle)
-            if status != lib.HORO_OK:
-                check(status, last_error())
-        finally:
-            active.pop()
+        rt = self._rt
+        if rt is None:
+            check(lib.HORO_ERR_SHUT_DOWN, self._gone)
+        status = lib.horo_run_result_at(rt, prepared.op_type, prepared.tensor, prepared.options, input_ptr, output_ptr,
+                                        output_bytes, out, handle)
+        if status != lib.HORO_OK:
+            check(status, last_error())
         return handle[0], out
 
     @staticmethod
@@ -569,19 +586,14 @@ class Runtime:
         out = _result_slots.__dict__.get("enqueued")  # this thread's, read back at once
         if out is None:
             out = _result_slots.enqueued = ffi.new("horo_handle_t*")
-        active = self._active  # as in run_prepared
-        active.append(None)
-        try:
-            rt = self._rt
-            if rt is None:
-                check(lib.HORO_ERR_SHUT_DOWN, self._gone)
-            status = lib.horo_enqueue_at(rt, prepared.op_type, prepared.tensor, input_ptr, output_ptr,
-                                         prepared.options, out)
-            if status != lib.HORO_OK:
-                check(status, last_error())
-            return out[0]
-        finally:
-            active.pop()
+        rt = self._rt
+        if rt is None:
+            check(lib.HORO_ERR_SHUT_DOWN, self._gone)
+        status = lib.horo_enqueue_at(rt, prepared.op_type, prepared.tensor, prepared.options, input_ptr, output_ptr,
+                                     out)
+        if status != lib.HORO_OK:
+            check(status, last_error())
+        return out[0]
 
     def poll(self, handle, driving=False) -> bool:
         """Whether the handle completed. driving: for a thread that polls in a loop, which then
@@ -599,17 +611,12 @@ class Runtime:
     def wait_release(self, handle):
         """wait() then release() in one call, for operations whose outputs the caller gave. The
         handle is released even when the operation failed; its error is raised afterwards."""
-        active = self._active  # as in run_prepared: synchronize() of every asynchronous allreduce comes here
-        active.append(None)
-        try:
-            rt = self._rt
-            if rt is None:
-                check(lib.HORO_ERR_SHUT_DOWN, self._gone)
-            status = lib.horo_wait(rt, handle, -1.0)
-            message = last_error() if status != lib.HORO_OK else ""
-            lib.horo_release(rt, handle)
-        finally:
-            active.pop()
+        rt = self._rt
+        if rt is None:
+            check(lib.HORO_ERR_SHUT_DOWN, self._gone)
+        status = lib.horo_wait(rt, handle, -1.0)
+        message = last_error() if status != lib.HORO_OK else ""
+        lib.horo_release(rt, handle)
         check(status, message)
 
     def result(self, handle) -> Result:
@@ -624,8 +631,9 @@ class Runtime:
 
     def copy_result(self, result: Result, dest_ptr: int):
         """Copies a core-owned result into caller memory of at least result.nbytes bytes. Counted as
-        a call (as in run_prepared), so that another thread's shutdown() cannot free the result
-        under the copy; once the runtime is destroyed it raises HoroShutdownError instead."""
+        a call (in _active, which destroy() waits for), so that another thread's shutdown() cannot
+        free the result under the copy; once the runtime is destroyed it raises HoroShutdownError
+        instead."""
         if not result.nbytes:
             return
         active = self._active

@@ -11,7 +11,7 @@ from horo_core.errors import HoroUnsupportedError
 from horo_core.process_sets import global_process_set
 from horo_core.reduce_ops import (Max, Min, Product, handle_average_backwards_compatibility,  # noqa: F401 (re-exported)
                                    resolve_op)
-from horo_core.runtime import prepare_run
+from horo_core.runtime import bound_run_failed, prepare_run
 from horo_torch import device
 from horo_torch._calls import (_caller, _copy_back, _dtype_code, _enqueue, _host_output, _is_host_contiguous,
                                _is_host_dense, _last_description, _now, _op_name, _records_graph,
@@ -26,8 +26,8 @@ from horo_torch.compression import Compression
 # The last in-place allreduce_ of each name on a host tensor, checked field by field before the
 # dictionary of descriptions (_calls._prepared_runs) is consulted: a loop of metric allreduces then
 # skips building and hashing that dictionary's key (0.3 us of a 2.6 us call on one rank;
-# docs/benchmarks.md).
-# Entries: (average, op, prescale, postscale, process set, its id, dtype, shape, description).
+# docs/benchmarks.md), and calls the core through the run bound to the runtime (Runtime.bind_run).
+# Entries: (average, op, prescale, postscale, process set, its id, dtype, shape, bound run).
 _last_allreduce = {}
 # The same for the out-of-place allreduce without compression or a graph (a loop of metric
 # averages, the most common call of all): its output is a new tensor every call, made with
@@ -37,11 +37,13 @@ _last_allreduce_copy = {}
 
 def _allreduce_host(tensor, output, memo, average, name, op, prescale_factor, postscale_factor, process_set):
     """The allreduce of a dense host tensor into output (tensor itself, in place), waited for; its
-    description is remembered in memo (_last_allreduce or _last_allreduce_copy). Returns output."""
+    description, bound to the runtime, is remembered in memo (_last_allreduce or
+    _last_allreduce_copy). Returns output."""
     prepared = _run_host_described(lib.HORO_ALLREDUCE, "allreduce", name, tensor, output, process_set,
                                    resolve_op(average, op, stacklevel=4), prescale_factor, postscale_factor, 0)
     if prepared is not None:
-        _remember(memo, name, tensor, average, op, prescale_factor, postscale_factor, process_set, prepared)
+        _remember(memo, name, tensor, average, op, prescale_factor, postscale_factor, process_set,
+                  basics.runtime().bind_run(prepared))
     return output
 
 
@@ -221,12 +223,14 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
         ValueError: invalid arguments. HorovodInternalError: the collective failed (e.g. a mismatch).
     """
     if compression is Compression.none:
-        prepared = _last_description(_last_allreduce_copy, name, tensor, average, op, prescale_factor,
-                                     postscale_factor, process_set)
-        if prepared is not None and not (tensor.requires_grad and torch.is_grad_enabled()):
+        run = _last_description(_last_allreduce_copy, name, tensor, average, op, prescale_factor, postscale_factor,
+                                process_set)
+        if run is not None and not (tensor.requires_grad and torch.is_grad_enabled()):
             output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
-            basics.runtime().run_prepared(prepared, tensor.data_ptr(), output.data_ptr())
-            return output
+            status = run(tensor.data_ptr(), output.data_ptr())
+            if status == 0:  # HORO_OK
+                return output
+            bound_run_failed(run, status)  # returned: bound to a runtime since destroyed
     _refuse_unless_dense(lib.HORO_ALLREDUCE, "allreduce", name, [tensor], process_set)
     compressed, ctx = compression.compress(tensor)
     records_graph = _records_graph((compressed,))
@@ -248,12 +252,14 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                process_set=global_process_set):
     """In-place allreduce; returns tensor."""
-    prepared = _last_description(_last_allreduce, name, tensor, average, op, prescale_factor, postscale_factor,
-                                 process_set)
-    if prepared is not None:
+    run = _last_description(_last_allreduce, name, tensor, average, op, prescale_factor, postscale_factor,
+                            process_set)
+    if run is not None:
         address = tensor.data_ptr()
-        basics.runtime().run_prepared(prepared, address, address)
-        return tensor
+        status = run(address, address)
+        if status == 0:  # HORO_OK
+            return tensor
+        bound_run_failed(run, status)  # returned: bound to a runtime since destroyed
     _refuse_unless_dense(lib.HORO_ALLREDUCE, "allreduce", name, [tensor], process_set)
     if _is_host_dense(tensor):
         return _allreduce_host(tensor, tensor, _last_allreduce, average, name, op, prescale_factor, postscale_factor,

@@ -451,6 +451,8 @@ FORKING_WORKER = REPORT + """
             wrong = (hvd.rank(), hvd.size(), hvd.is_initialized()) != (1, 3, True)
             wrong |= (not refused(lambda: hvd.synchronize(pending))) << 1
             wrong |= (not refused(lambda: hvd.allreduce(torch.ones(1), name="in_child"))) << 2
+            # "before" ran in the rank: its run, bound to the rank's runtime, is refused too.
+            wrong |= (not refused(lambda: hvd.allreduce(torch.ones(4), op=hvd.Sum, name="before"))) << 3
             hvd.init()  # does nothing in a forked child
             sys.exit(int(wrong))
         report("child", lambda: torch.tensor([os.waitpid(child, 0)[1]]))

@@ -54,7 +54,7 @@ def main():
     hvd.allreduce_(t, op=hvd.Max, name=name)
     # The description allreduce_ prepared for this name, reused by the lower loops.
     from horo_torch import _allreduce_ops
-    prepared = _allreduce_ops._last_allreduce[name][-1]
+    prepared = _allreduce_ops._last_allreduce[name][-1].prepared
     runtime = basics.runtime()
     address = t.data_ptr()
     rt, op_type, tensor, options, run_at = runtime._rt, prepared.op_type, prepared.tensor, prepared.options, \
@@ -80,12 +80,12 @@ def main():
             if not (t.dtype is dtype and t.shape == shape and t.is_cpu and t.is_contiguous()):
                 raise SystemExit("the tensor changed")
             at = t.data_ptr()
-            if run_at(rt, op_type, tensor, at, at, options) != lib.HORO_OK:
+            if run_at(rt, op_type, tensor, options, at, at) != lib.HORO_OK:
                 raise SystemExit("horo_run_at failed")
 
     def core(n):
         for _ in range(n):
-            if run_at(rt, op_type, tensor, address, address, options) != lib.HORO_OK:
+            if run_at(rt, op_type, tensor, options, address, address) != lib.HORO_OK:
                 raise SystemExit("horo_run_at failed")
 
     rows = [("hvd.allreduce_", adapter), ("hvd.allreduce_ unwrapped", unwrapped), ("Runtime.run_prepared", wrapper),

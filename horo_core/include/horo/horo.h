@@ -13,7 +13,7 @@
  *   horo_runtime_connect()       connects to every peer and starts the background thread
  *   horo_enqueue() ... horo_wait() / horo_poll() ... horo_handle_result() ... horo_release()
  *   horo_runtime_shutdown()      fails outstanding handles, stops the thread, closes connections
- *   horo_runtime_destroy()
+ *   horo_runtime_destroy()       frees it all (or horo_runtime_close(), later horo_runtime_release())
  */
 #ifndef HORO_HORO_H_
 #define HORO_HORO_H_
@@ -223,6 +223,16 @@ horo_status_t horo_runtime_address(horo_runtime_t* rt, char* buffer, size_t buff
 horo_status_t horo_runtime_connect(horo_runtime_t* rt, const char* const* addresses, int32_t count);
 horo_status_t horo_runtime_shutdown(horo_runtime_t* rt);
 horo_status_t horo_runtime_destroy(horo_runtime_t* rt);
+/* horo_runtime_destroy in two steps, for a binding that keeps the handle in prepared calls (see
+ * horo_run_at) that other threads may be making. horo_runtime_close shuts the runtime down, waits
+ * for the calls in progress on other threads and frees everything but the handle, on which every
+ * later call fails with HORO_ERR_SHUT_DOWN; a second close waits for the first. Once nothing
+ * holds the handle, horo_runtime_release frees it; it leaves a handle that was not closed alone. */
+horo_status_t horo_runtime_close(horo_runtime_t* rt);
+horo_status_t horo_runtime_release(horo_runtime_t* rt);
+/* In a process forked from the one that created rt: every later call on rt fails with
+ * HORO_ERR_SHUT_DOWN, and nothing of it is touched (its threads and shared memory are the parent's). */
+horo_status_t horo_runtime_forsake(horo_runtime_t* rt);
 
 horo_status_t horo_runtime_rank(horo_runtime_t* rt, int32_t* rank);
 horo_status_t horo_runtime_size(horo_runtime_t* rt, int32_t* size);
@@ -267,18 +277,20 @@ horo_status_t horo_refuse(horo_runtime_t* rt, int32_t op_type, const char* const
 horo_status_t horo_run(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t* tensors, int32_t count,
                        const horo_op_options_t* options);
 
-/* horo_run of one tensor described by tensor (kept by the caller and reused call after call), whose
- * input and output pointers are given as addresses instead: a binding then prepares the
- * description once per tensor and passes two integers per call. tensor->input and ->output are
- * ignored. */
-horo_status_t horo_run_at(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t* tensor, uintptr_t input,
-                          uintptr_t output, const horo_op_options_t* options);
+/* horo_run of one tensor described by tensor and options (kept by the caller and reused call after
+ * call), whose input and output pointers are given as addresses instead: a binding then prepares
+ * the description once per tensor and passes two integers per call. tensor->input and ->output are
+ * ignored. The arguments a binding keeps come first, so that it can bind them once (Python's
+ * functools.partial) and make each call with the two addresses alone. */
+horo_status_t horo_run_at(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t* tensor,
+                          const horo_op_options_t* options, uintptr_t input, uintptr_t output);
 
 /* horo_enqueue of one tensor described the same way (tensor->input and ->output ignored, the
  * addresses given instead): the asynchronous counterpart of horo_run_at, for a binding that
  * enqueues the same tensors step after step (gradients). */
-horo_status_t horo_enqueue_at(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t* tensor, uintptr_t input,
-                              uintptr_t output, const horo_op_options_t* options, horo_handle_t* handle);
+horo_status_t horo_enqueue_at(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t* tensor,
+                              const horo_op_options_t* options, uintptr_t input, uintptr_t output,
+                              horo_handle_t* handle);
 
 /* horo_run_at for an operation whose result the core sizes (allgather, alltoall, reducescatter):
  * output and output_bytes are the guess of horo_tensor_t. On success *result describes the result,
@@ -288,9 +300,9 @@ horo_status_t horo_enqueue_at(horo_runtime_t* rt, int32_t op_type, const horo_te
  * *handle is not 0. result->received_splits (an alltoall's) are the calling thread's copy, valid
  * until its next call of horo_run_result_at, whatever *handle is. On failure nothing is left to
  * release. */
-horo_status_t horo_run_result_at(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t* tensor, uintptr_t input,
-                                 uintptr_t output, int64_t output_bytes, const horo_op_options_t* options,
-                                 horo_result_t* result, horo_handle_t* handle);
+horo_status_t horo_run_result_at(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t* tensor,
+                                 const horo_op_options_t* options, uintptr_t input, uintptr_t output,
+                                 int64_t output_bytes, horo_result_t* result, horo_handle_t* handle);
 
 horo_status_t horo_poll(horo_runtime_t* rt, horo_handle_t handle, int32_t* done);
 /* horo_poll for a thread that polls in a loop (the user's poll()): while the handle is pending, the

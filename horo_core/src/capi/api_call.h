@@ -6,6 +6,7 @@
 // their handles).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <exception>
 #include <memory>
@@ -15,35 +16,47 @@
 #include "horo/horo.h"
 #include "runtime/runtime.h"
 
-// The runtime plus a count of API calls in progress on it: horo_runtime_destroy must not free it
-// while another thread is still inside horo_wait or horo_poll (it shuts down first, which
-// completes every handle, then waits for those calls to return).
+// The runtime plus a count of API calls in progress on it. horo_runtime_close must not free the
+// runtime while another thread is still inside horo_wait or horo_poll: it refuses new calls first,
+// shuts down (which completes every handle, so those calls return), then waits for the count to
+// fall to zero. The handle itself outlives the runtime until horo_runtime_release or
+// horo_runtime_destroy: a binding may keep it in prepared calls, which are then refused.
 struct horo_runtime {
   std::unique_ptr<horo::Runtime> impl;
-  std::mutex mutex;
+  std::atomic<int> in_flight{0};
+  std::atomic<bool> closing{false};  // refuse new calls: closing, closed, or forsaken (a forked child's copy)
+  std::atomic<bool> freed{false};    // horo_runtime_close freed impl: horo_runtime_release may free the handle
+  bool closed = false;               // a horo_runtime_close began (under mutex)
+  std::mutex mutex;                  // with idle: horo_runtime_close waits for in_flight to reach zero
   std::condition_variable idle;
-  int in_flight = 0;
-  bool closing = false;
 };
 
 namespace horo_capi {
 
-// Registers one API call on a runtime for its duration; refused once the runtime is closing.
+// Registers one API call on a runtime for its duration; refused once the runtime is closing. Two
+// atomic operations per call, no lock (the per-step path of every collective comes through here);
+// the count and the flag are sequentially consistent, so a call that saw no closing flag is
+// counted before horo_runtime_close reads the count.
 class CallGuard {
  public:
   explicit CallGuard(horo_runtime* rt) : rt_(rt) {
-    std::lock_guard<std::mutex> lock(rt_->mutex);
-    admitted_ = !rt_->closing;
-    if (admitted_) ++rt_->in_flight;
+    rt_->in_flight.fetch_add(1);
+    admitted_ = !rt_->closing.load();
+    if (!admitted_) Leave();
   }
   ~CallGuard() {
-    if (!admitted_) return;
-    std::lock_guard<std::mutex> lock(rt_->mutex);
-    if (--rt_->in_flight == 0) rt_->idle.notify_all();
+    if (admitted_) Leave();
   }
   bool admitted() const { return admitted_; }
 
  private:
+  void Leave() {
+    if (rt_->in_flight.fetch_sub(1) == 1 && rt_->closing.load()) {
+      std::lock_guard<std::mutex> lock(rt_->mutex);  // the closer checks the count under it, then waits
+      rt_->idle.notify_all();
+    }
+  }
+
   horo_runtime* rt_;
   bool admitted_ = false;
 };
@@ -76,9 +89,9 @@ inline horo_status_t Fail(horo_status_t code, const std::string& message) {
     return horo_capi::Fail(HORO_ERR_INTERNAL, "internal error: unknown exception");        \
   }
 
-#define HORO_REQUIRE_RUNTIME(rt)                                                                       \
-  if ((rt) == nullptr || !(rt)->impl)                                                                  \
-    return horo_capi::Fail(HORO_ERR_NOT_INITIALIZED, "Horo runtime is not initialized");               \
-  horo_capi::CallGuard call_guard(rt);                                                                 \
-  if (!call_guard.admitted())                                                                          \
-    return horo_capi::Fail(HORO_ERR_SHUT_DOWN, "Horo has been shut down: the runtime is being destroyed")
+#define HORO_REQUIRE_RUNTIME(rt)                                                          \
+  if ((rt) == nullptr)                                                                    \
+    return horo_capi::Fail(HORO_ERR_NOT_INITIALIZED, "Horo runtime is not initialized");  \
+  horo_capi::CallGuard call_guard(rt);                                                    \
+  if (!call_guard.admitted())                                                             \
+    return horo_capi::Fail(HORO_ERR_SHUT_DOWN, "Horo has been shut down: the runtime is closed")

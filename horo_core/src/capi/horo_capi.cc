@@ -178,20 +178,49 @@ horo_status_t horo_runtime_shutdown(horo_runtime_t* rt) {
   HORO_API_END();
 }
 
+horo_status_t horo_runtime_close(horo_runtime_t* rt) {
+  HORO_API_BEGIN();
+  if (rt == nullptr) return HORO_OK;
+  std::unique_lock<std::mutex> lock(rt->mutex);
+  if (rt->closed) {  // closed, or closing on another thread: wait for it to end
+    rt->idle.wait(lock, [rt] { return rt->freed.load(); });
+    return HORO_OK;
+  }
+  rt->closed = true;
+  rt->closing.store(true);  // refuse new calls; the ones already admitted are counted
+  lock.unlock();
+  // Shutting down completes every handle, so calls blocked in horo_wait return; then wait for
+  // every call still inside the API before freeing.
+  rt->impl->Shutdown();
+  lock.lock();
+  rt->idle.wait(lock, [rt] { return rt->in_flight.load() == 0; });
+  rt->impl.reset();
+  rt->freed.store(true);
+  rt->idle.notify_all();
+  return HORO_OK;
+  HORO_API_END();
+}
+
+horo_status_t horo_runtime_release(horo_runtime_t* rt) {
+  HORO_API_BEGIN();
+  // No lock: in a process forked while another thread held the mutex, it stays held for good.
+  if (rt != nullptr && rt->freed.load()) delete rt;
+  return HORO_OK;
+  HORO_API_END();
+}
+
+horo_status_t horo_runtime_forsake(horo_runtime_t* rt) {
+  HORO_API_BEGIN();
+  if (rt != nullptr) rt->closing.store(true);
+  return HORO_OK;
+  HORO_API_END();
+}
+
 horo_status_t horo_runtime_destroy(horo_runtime_t* rt) {
   HORO_API_BEGIN();
   if (rt == nullptr) return HORO_OK;
-  {
-    std::lock_guard<std::mutex> lock(rt->mutex);
-    rt->closing = true;
-  }
-  // Shutting down completes every handle, so calls blocked in horo_wait return; then wait for
-  // every call still inside the API before freeing.
-  if (rt->impl) rt->impl->Shutdown();
-  {
-    std::unique_lock<std::mutex> lock(rt->mutex);
-    rt->idle.wait(lock, [rt] { return rt->in_flight == 0; });
-  }
+  const horo_status_t status = horo_runtime_close(rt);
+  if (status != HORO_OK) return status;
   delete rt;
   return HORO_OK;
   HORO_API_END();

@@ -103,15 +103,16 @@ horo_status_t horo_run(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t*
   HORO_API_END();
 }
 
-horo_status_t horo_run_at(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t* tensor, uintptr_t input,
-                          uintptr_t output, const horo_op_options_t* options) {
+horo_status_t horo_run_at(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t* tensor,
+                          const horo_op_options_t* options, uintptr_t input, uintptr_t output) {
   if (tensor == nullptr) return Fail(HORO_ERR_INVALID_ARGUMENT, "null tensor");
   const horo_tensor_t t = AtAddresses(*tensor, input, output);
   return horo_run(rt, op_type, &t, 1, options);
 }
 
-horo_status_t horo_enqueue_at(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t* tensor, uintptr_t input,
-                              uintptr_t output, const horo_op_options_t* options, horo_handle_t* handle) {
+horo_status_t horo_enqueue_at(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t* tensor,
+                              const horo_op_options_t* options, uintptr_t input, uintptr_t output,
+                              horo_handle_t* handle) {
   if (tensor == nullptr) return Fail(HORO_ERR_INVALID_ARGUMENT, "null tensor");
   const horo_tensor_t t = AtAddresses(*tensor, input, output);
   return horo_enqueue(rt, op_type, &t, 1, options, handle);
@@ -131,9 +132,9 @@ void DescribeResult(const horo::HandleResult& r, horo_result_t* out) {
 
 }  // namespace
 
-horo_status_t horo_run_result_at(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t* tensor, uintptr_t input,
-                                 uintptr_t output, int64_t output_bytes, const horo_op_options_t* options,
-                                 horo_result_t* result, horo_handle_t* handle) {
+horo_status_t horo_run_result_at(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t* tensor,
+                                 const horo_op_options_t* options, uintptr_t input, uintptr_t output,
+                                 int64_t output_bytes, horo_result_t* result, horo_handle_t* handle) {
   HORO_API_BEGIN();
   HORO_REQUIRE_RUNTIME(rt);
   if (tensor == nullptr || result == nullptr || handle == nullptr) {

@@ -1,0 +1,176 @@
+"""Bound runs (``Runtime.bind_run``): a synchronous host operation called through one C-level
+callable that holds the runtime's handle, horo_torch's per-step path for ``allreduce_`` and
+``allreduce``. The handle outlives the runtime (``horo_runtime_close`` frees everything else), so a
+run bound before a shutdown, or one in progress on another thread while the runtime is destroyed,
+is refused with HORO_ERR_SHUT_DOWN instead of reaching freed memory."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from horo_core import dtypes
+from horo_core._binding import last_error, lib
+from horo_core.errors import HoroShutdownError
+from horo_core.runtime import LoopbackHub, Runtime, bound_run_failed, prepare_run
+from loopback_world import World
+
+TEST_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _bound_sum(rt, name, count):
+    prepared = prepare_run(lib.HORO_ALLREDUCE, name, dtypes.FLOAT32, (count,), 0, lib.HORO_OP_SUM)
+    return rt.bind_run(prepared)
+
+
+def test_bound_runs_give_the_exact_sum_on_every_rank():
+    with World(3) as world:
+        def body(rt):
+            run = _bound_sum(rt, "bound.sum", 5)
+            x = np.full(5, rt.rank + 1.0, np.float32)
+            out = np.empty_like(x)
+            statuses = [run(x.ctypes.data, out.ctypes.data) for _ in range(20)]  # cached after the first
+            in_place = np.arange(5, dtype=np.float32) * (rt.rank + 1)
+            status = run(in_place.ctypes.data, in_place.ctypes.data)
+            return statuses + [status], out.tolist(), in_place.tolist()
+        for statuses, out, in_place in world.run(body):
+            assert statuses == [lib.HORO_OK] * 21
+            assert out == [6.0] * 5  # 1 + 2 + 3
+            assert in_place == [6.0 * i for i in range(5)]
+
+
+def test_a_bound_run_is_refused_after_shutdown_and_after_destroy():
+    hub = LoopbackHub(1)
+    rt = Runtime(0, 1, loopback=hub)
+    rt.connect()
+    run = _bound_sum(rt, "bound.late", 2)
+    x = np.ones(2, np.float32)
+    assert run(x.ctypes.data, x.ctypes.data) == lib.HORO_OK
+    rt.shutdown()
+    # Shut down but not destroyed: the runtime is still this process's, so its error is raised.
+    status = run(x.ctypes.data, x.ctypes.data)
+    assert status == lib.HORO_ERR_SHUT_DOWN
+    with pytest.raises(HoroShutdownError, match="shut down"):
+        bound_run_failed(run, status)
+    rt.destroy()
+    hub.close()
+    # Destroyed: the handle the run holds is closed, not freed; the caller takes its general path.
+    status = run(x.ctypes.data, x.ctypes.data)
+    assert status == lib.HORO_ERR_SHUT_DOWN
+    assert "the runtime is closed" in last_error()
+    assert bound_run_failed(run, status) is None
+    with pytest.raises(HoroShutdownError, match="shut down"):
+        rt.bind_run(run.prepared)
+
+
+CALLS_DURING_DESTROY = """
+import sys, threading
+sys.path.insert(0, {test_dir!r})
+import numpy as np
+from horo_core import dtypes
+from horo_core._binding import lib
+from horo_core.runtime import LoopbackHub, Runtime, prepare_run
+
+hub = LoopbackHub(1)
+rt = Runtime(0, 1, loopback=hub)
+rt.connect()
+prepared = prepare_run(lib.HORO_ALLREDUCE, "bound.race", dtypes.FLOAT32, (4,), 0, lib.HORO_OP_SUM)
+runs = [rt.bind_run(prepared) for _ in range(4)]
+started = threading.Barrier(len(runs) + 1)
+statuses = [set() for _ in runs]
+
+def hammer(i):
+    x = np.ones(4, np.float32)
+    started.wait()
+    while True:
+        status = runs[i](x.ctypes.data, x.ctypes.data)
+        statuses[i].add(status)
+        if status != lib.HORO_OK:
+            return
+
+threads = [threading.Thread(target=hammer, args=(i,)) for i in range(len(runs))]
+for t in threads:
+    t.start()
+started.wait()
+rt.shutdown()
+rt.destroy()
+for t in threads:
+    t.join(30)
+print("statuses", sorted(set().union(*statuses)), "alive", sum(t.is_alive() for t in threads))
+"""
+
+
+def test_runs_in_progress_on_other_threads_while_the_runtime_is_destroyed():
+    """Four threads call bound runs in a loop while the main thread destroys the runtime: each call
+    either completes or is refused (the runtime is shut down, or closed), and none reaches freed
+    memory. In a subprocess, so that a crash or a hang fails the test instead of the suite."""
+    script = CALLS_DURING_DESTROY.format(test_dir=TEST_DIR)
+    try:
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("destroying the runtime under bound runs did not return within 120 s") from None
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"statuses [{lib.HORO_OK}, {lib.HORO_ERR_SHUT_DOWN}] alive 0" in out.stdout, out.stdout + out.stderr[-3000:]
+
+
+TORCH_SHUTDOWN_UNDER_CALLS = """
+import threading
+import torch
+import horo_torch as hvd
+
+hvd.init()
+t = torch.ones(3)
+for _ in range(3):  # the description, and the run bound to this runtime, are remembered
+    hvd.allreduce_(t, op=hvd.Max, name="metric")
+    hvd.allreduce(t, op=hvd.Max, name="metric.copy")
+errors = []
+started = threading.Event()
+
+def loop(call):
+    started.set()
+    try:
+        while True:
+            call()
+    except (hvd.HoroShutdownError, hvd.HoroNotInitializedError) as e:
+        errors.append(type(e).__name__)
+
+threads = [threading.Thread(target=loop, args=(c,)) for c in (
+    lambda: hvd.allreduce_(t, op=hvd.Max, name="metric"), lambda: hvd.allreduce(t, op=hvd.Max, name="metric.copy"))]
+for th in threads:
+    th.start()
+started.wait()
+hvd.shutdown()
+for th in threads:
+    th.join(30)
+# After shutdown: the remembered runs are refused, and the calls say that Horo is not initialized.
+late = []
+for call in (lambda: hvd.allreduce_(t, op=hvd.Max, name="metric"), lambda: hvd.allreduce(t, op=hvd.Max, name="metric.copy")):
+    try:
+        call()
+        late.append("returned")
+    except hvd.HoroNotInitializedError:
+        late.append("not initialized")
+# init() again: the runs bound to the old runtime give way to the new one's.
+hvd.init()
+again = [hvd.allreduce_(torch.full((3,), 2.0), op=hvd.Sum, name="metric").tolist(),
+         hvd.allreduce(torch.full((3,), 5.0), op=hvd.Max, name="metric.copy").tolist()]
+hvd.shutdown()
+print("errors", len(errors), "alive", sum(th.is_alive() for th in threads), "late", late, "again", again)
+"""
+
+
+def test_torch_calls_through_bound_runs_across_shutdown_and_init():
+    """horo_torch's allreduce_ and allreduce call the core through runs bound to the runtime. Two
+    threads calling them in a loop while the main thread shuts down stop with Horo's shutdown or
+    not-initialized error; later calls say Horo is not initialized; after init() again they run on
+    the new runtime."""
+    try:
+        out = subprocess.run([sys.executable, "-c", TORCH_SHUTDOWN_UNDER_CALLS], capture_output=True, text=True,
+                             timeout=180)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("the torch shutdown under calls did not return within 180 s") from None
+    assert out.returncode == 0, out.stderr[-3000:]
+    expected = ("errors 2 alive 0 late ['not initialized', 'not initialized'] "
+                "again [[2.0, 2.0, 2.0], [5.0, 5.0, 5.0]]")
+    assert expected in out.stdout, out.stdout + out.stderr[-3000:]

@@ -75,24 +75,30 @@ from horo_core.runtime import LoopbackHub, Runtime, prepare_run
 hub = LoopbackHub(1)
 rt = Runtime(0, 1, loopback=hub)
 rt.connect()
-prepared = prepare_run(lib.HORO_ALLREDUCE, "bound.race", dtypes.FLOAT32, (4,), 0, lib.HORO_OP_SUM)
-runs = [rt.bind_run(prepared) for _ in range(4)]
-started = threading.Barrier(len(runs) + 1)
+# One name per thread: two calls of one name at once are refused as a duplicate.
+runs = [rt.bind_run(prepare_run(lib.HORO_ALLREDUCE, f"bound.race.{{i}}", dtypes.FLOAT32, (4,), 0, lib.HORO_OP_SUM))
+        for i in range(4)]
+busy = [threading.Event() for _ in runs]  # set once a thread has made 50 calls
 statuses = [set() for _ in runs]
 
 def hammer(i):
     x = np.ones(4, np.float32)
-    started.wait()
+    calls = 0
     while True:
         status = runs[i](x.ctypes.data, x.ctypes.data)
         statuses[i].add(status)
+        calls += 1
+        if calls == 50:
+            busy[i].set()
         if status != lib.HORO_OK:
+            busy[i].set()
             return
 
 threads = [threading.Thread(target=hammer, args=(i,)) for i in range(len(runs))]
 for t in threads:
     t.start()
-started.wait()
+for b in busy:
+    b.wait()
 rt.shutdown()
 rt.destroy()
 for t in threads:

@@ -86,8 +86,8 @@ def run_benchmark(script, *args, np=None):
     return proc
 
 
-CALL_OVERHEAD_LAYERS = ["hvd.allreduce_", "hvd.allreduce_ unwrapped", "Runtime.run_prepared", "lib.horo_run_at + reads",
-                        "lib.horo_run_at (cffi)"]
+CALL_OVERHEAD_LAYERS = ["hvd.allreduce_", "hvd.allreduce_ unwrapped", "Runtime.run_prepared", "bound run",
+                        "lib.horo_run_at + reads", "lib.horo_run_at (cffi)"]
 
 
 def test_call_overhead_times_each_layer_on_one_rank():

@@ -4,13 +4,16 @@
     python examples/benchmarks/call_overhead.py --bytes 4096 --calls 100000
     hororun -np 4 python examples/benchmarks/call_overhead.py --calls 3000 --repeats 20
 
-Times five loops over the same prepared 4-byte (or --bytes) allreduce (op Max, so that the tensor
+Times six loops over the same prepared 4-byte (or --bytes) allreduce (op Max, so that the tensor
 keeps its value however many calls run):
 
 * ``hvd.allreduce_(t, op=Max, name=...)``: what a user pays (the adapter's checks included);
 * ``hvd.allreduce_.__wrapped__``: the same without the wrapper that looks for torch.compile
   (horo_torch/_compile.py);
-* ``Runtime.run_prepared``: the core call through the Python wrapper that guards against shutdown;
+* ``Runtime.run_prepared``: the core call through the Runtime's Python method (what the adapters'
+  other synchronous calls use);
+* the bound run that ``allreduce_`` calls (``Runtime.bind_run``: a ``functools.partial`` of
+  ``lib.horo_run_at``), without the adapter's checks;
 * ``lib.horo_run_at`` plus the five reads of the tensor that the adapter makes per call (dtype,
   shape, device, layout, address), without the rest of the adapter;
 * ``lib.horo_run_at`` straight through cffi: the core alone (enqueue, negotiation with the peer
@@ -52,9 +55,10 @@ def main():
     t = torch.ones(args.bytes // 4)
     name = "call_overhead"
     hvd.allreduce_(t, op=hvd.Max, name=name)
-    # The description allreduce_ prepared for this name, reused by the lower loops.
+    # The run allreduce_ bound for this name, and its description, reused by the lower loops.
     from horo_torch import _allreduce_ops
-    prepared = _allreduce_ops._last_allreduce[name][-1].prepared
+    bound = _allreduce_ops._last_allreduce[name][-1]
+    prepared = bound.prepared
     runtime = basics.runtime()
     address = t.data_ptr()
     rt, op_type, tensor, options, run_at = runtime._rt, prepared.op_type, prepared.tensor, prepared.options, \
@@ -75,6 +79,11 @@ def main():
         for _ in range(n):
             runtime.run_prepared(prepared, address, address)
 
+    def bound_run(n):
+        for _ in range(n):
+            if bound(address, address) != lib.HORO_OK:
+                raise SystemExit("the bound run failed")
+
     def core_and_reads(n):
         for _ in range(n):
             if not (t.dtype is dtype and t.shape == shape and t.is_cpu and t.is_contiguous()):
@@ -89,7 +98,7 @@ def main():
                 raise SystemExit("horo_run_at failed")
 
     rows = [("hvd.allreduce_", adapter), ("hvd.allreduce_ unwrapped", unwrapped), ("Runtime.run_prepared", wrapper),
-            ("lib.horo_run_at + reads", core_and_reads), ("lib.horo_run_at (cffi)", core)]
+            ("bound run", bound_run), ("lib.horo_run_at + reads", core_and_reads), ("lib.horo_run_at (cffi)", core)]
     for _, loop in rows:
         loop(min(args.calls, 20000))  # warm-up
     times = {label: [] for label, _ in rows}

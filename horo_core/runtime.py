@@ -537,7 +537,8 @@ class Runtime:
         per-step path: run(input_ptr, output_ptr) calls the core (horo_run_at) with no Python frame
         of its own and returns the core's status; a status other than HORO_OK goes to
         bound_run_failed(run, status). The Python frames it saves (this method's and the lookup of
-        the runtime) were a fifth of a 4-byte allreduce_ with 4 ranks on 2 cores (docs/benchmarks.md).
+        the runtime) were a fifth of a 4-byte allreduce_ with 4 ranks on 2 cores (docs/benchmarks.md,
+        "The adapter calls the core through a bound run").
         run holds the runtime's handle: once the runtime is destroyed, its calls are refused."""
         rt = self._rt
         if rt is None:

@@ -13,9 +13,9 @@ from horo_core.reduce_ops import (Max, Min, Product, handle_average_backwards_co
                                    resolve_op)
 from horo_core.runtime import bound_run_failed, prepare_run
 from horo_torch import device
-from horo_torch._calls import (_caller, _copy_back, _dtype_code, _enqueue, _host_output, _is_host_contiguous,
-                               _is_host_dense, _last_description, _now, _op_name, _records_graph,
-                               _refuse_unless_dense, _remember, _run_host, _run_host_described)
+from horo_torch._calls import (_caller, _compressed, _copy_back, _dtype_code, _enqueue, _host_output,
+                               _is_host_contiguous, _is_host_dense, _last_description, _now, _op_name,
+                               _records_graph, _refuse_unless_dense, _remember, _run_host, _run_host_described)
 from horo_torch._compile import eager_under_compile
 from horo_torch._handles import _register, synchronize
 from horo_torch.compression import Compression
@@ -232,7 +232,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
                 return output
             bound_run_failed(run, status)  # returned: bound to a runtime since destroyed
     _refuse_unless_dense(lib.HORO_ALLREDUCE, "allreduce", name, [tensor], process_set)
-    compressed, ctx = compression.compress(tensor)
+    (compressed, ctx), = _compressed(compression, lib.HORO_ALLREDUCE, "allreduce", name, [tensor], process_set)
     records_graph = _records_graph((compressed,))
     if not records_graph and compression is Compression.none and _is_host_dense(tensor):
         # _allreduce_host resolves (average, op) itself, and remembers them for the path above.
@@ -313,7 +313,7 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
     tensors = list(tensors)
     _refuse_unless_dense(lib.HORO_ALLREDUCE, "grouped_allreduce", name, tensors, process_set)
     op = resolve_op(average, op)
-    pairs = [compression.compress(t) for t in tensors]
+    pairs = _compressed(compression, lib.HORO_ALLREDUCE, "grouped_allreduce", name, tensors, process_set)
     compressed = [p[0] for p in pairs]
     if _records_graph(compressed):
         reduced = HorovodGroupedAllreduce.apply(name, op, prescale_factor, postscale_factor, process_set, *compressed)

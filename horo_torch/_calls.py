@@ -65,6 +65,20 @@ def _refuse_unless_dense(op_type, kind, name, tensors, process_set):
                 ".to_dense(), or reduce a sparse gradient with sparse_allreduce_async or DistributedOptimizer")
 
 
+def _compressed(compression, op_type, kind, name, tensors, process_set):
+    """compression.compress(t) of each of tensors, as (compressed, context) pairs. A compression
+    that fails on this rank (not a compressor at all, or one that raises for this rank's data)
+    fails the operation on every member (_refuse) instead of on this rank alone, which would leave
+    the others waiting for its tensors."""
+    try:
+        return [compression.compress(t) for t in tensors]
+    except Exception as error:  # noqa: BLE001 - every kind of failure is passed on to every member
+        set_id = _process_set_id(process_set)
+        what = getattr(compression, "__name__", type(compression).__name__)
+        _refuse(op_type, basics.member_names(_op_name(kind, name, set_id), len(tensors)), set_id,
+                f"could not compress its tensor with compression {what}: {type(error).__name__}: {error}")
+
+
 def _is_host_contiguous(tensor):
     return tensor.device.type == "cpu" and tensor.is_contiguous()
 

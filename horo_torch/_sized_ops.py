@@ -13,8 +13,8 @@ from horo_core.process_sets import global_process_set
 from horo_core.reduce_ops import Average, Sum
 from horo_core.runtime import prepare_run
 from horo_torch import _sized_runs, device
-from horo_torch._calls import (_PREPARED_RUNS_LIMIT, _dtype_code, _enqueue, _from_result, _now, _op_name,
-                               _records_graph, _refuse_unless_dense)
+from horo_torch._calls import (_PREPARED_RUNS_LIMIT, _compressed, _dtype_code, _enqueue, _from_result, _now,
+                               _op_name, _records_graph, _refuse_unless_dense)
 from horo_torch._compile import eager_under_compile
 from horo_torch._handles import synchronize
 from horo_torch.compression import Compression
@@ -326,7 +326,8 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average, p
         ValueError: invalid arguments. HorovodInternalError: the collective failed.
     """
     _refuse_unless_dense(lib.HORO_REDUCESCATTER, "reducescatter", name, [tensor], process_set)
-    compressed, ctx = compression.compress(tensor)
+    (compressed, ctx), = _compressed(compression, lib.HORO_REDUCESCATTER, "reducescatter", name, [tensor],
+                                     process_set)
     if _records_graph((compressed,)):
         out = HorovodReducescatter.apply(compressed, name, op, process_set, prescale_factor, postscale_factor)
     else:
@@ -390,7 +391,7 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
     """
     tensors = list(tensors)
     _refuse_unless_dense(lib.HORO_REDUCESCATTER, "grouped_reducescatter", name, tensors, process_set)
-    pairs = [compression.compress(t) for t in tensors]
+    pairs = _compressed(compression, lib.HORO_REDUCESCATTER, "grouped_reducescatter", name, tensors, process_set)
     compressed = [p[0] for p in pairs]
     if _records_graph(compressed):
         outs = HorovodGroupedReducescatter.apply(name, op, process_set, prescale_factor, postscale_factor,

@@ -306,14 +306,34 @@ def refused_input_job():
                                                                 else 1.0, name="scale.big"))
     attempt("reducescatter, a scale that is no number", lambda: hvd.reducescatter(
         torch.ones(3), prescale_factor="x" if rank == 2 else 1.0, name="rs.scale"))
+
+    # A compression that fails on one rank: not a compressor at all, or one that raises there.
+    class Failing:
+        @staticmethod
+        def compress(tensor):
+            raise ValueError("no room")
+
+        @staticmethod
+        def decompress(tensor, ctx):
+            return tensor
+
+    def compression_on(bad_rank, bad):
+        return bad if rank == bad_rank else hvd.Compression.none
+
+    attempt("not a compression", lambda: hvd.allreduce(torch.ones(2), compression=compression_on(1, object()),
+                                                       name="compress.not"))
+    attempt("a compression that raises, grouped", lambda: hvd.grouped_allreduce(
+        [torch.ones(2)] * 2, compression=compression_on(2, Failing), name="compress.g"))
+    attempt("reducescatter, a compression that raises", lambda: hvd.reducescatter(
+        torch.ones(3), compression=compression_on(0, Failing), name="compress.rs"))
     hvd.shutdown()
     return out
 
 
 def test_input_only_one_rank_refuses_raises_on_every_rank():
     """A tensor that one rank's binding cannot pass to the core (an unsupported dtype, a sparse
-    layout, not a tensor at all) fails the collective on every rank, named after that rank, instead of raising on that
-    rank alone while the others wait for it."""
+    layout, not a tensor at all, a compression that fails on it) fails the collective on every rank,
+    named after that rank, instead of raising on that rank alone while the others wait for it."""
     supported = "(supported: uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64, bool, uint16)"
     sparse = ("passed a tensor of layout torch.sparse_coo; collectives take dense (strided) tensors: call "
               ".to_dense(), or reduce a sparse gradient with sparse_allreduce_async or DistributedOptimizer")
@@ -362,6 +382,13 @@ def test_input_only_one_rank_refuses_raises_on_every_rank():
                                       f"prescale_factor must be a number, got {10**400}",
         "reducescatter, a scale that is no number": "reducescatter tensor 'reducescatter.rs.scale': rank 2 passed an "
                                                     "invalid argument: prescale_factor must be a number, got 'x'",
+        "not a compression": "allreduce tensor 'allreduce.compress.not': rank 1 could not compress its tensor with "
+                             "compression object: AttributeError: 'object' object has no attribute 'compress'",
+        "a compression that raises, grouped": "allreduce tensor 'grouped_allreduce.compress.g.0': rank 2 could not "
+                                              "compress its tensor with compression Failing: ValueError: no room",
+        "reducescatter, a compression that raises": "reducescatter tensor 'reducescatter.compress.rs': rank 0 could "
+                                                    "not compress its tensor with compression Failing: ValueError: "
+                                                    "no room",
     }
     for rank, out in enumerate(horo_runner.run(refused_input_job, num_proc=N)):
         assert list(out) == list(expected), f"rank {rank}"

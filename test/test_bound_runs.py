@@ -64,7 +64,20 @@ def test_a_bound_run_is_refused_after_shutdown_and_after_destroy():
         rt.bind_run(run.prepared)
 
 
-CALLS_DURING_DESTROY = """
+# Both scripts below: start the calling threads, wait until they are busy, stop the runtime from
+# the main thread, and count the threads still alive 30 s later.
+STOP_UNDER_THREADS = """
+def stop_under(threads, busy, stop):
+    for th in threads:
+        th.start()
+    busy()
+    stop()
+    for th in threads:
+        th.join(30)
+    return sum(th.is_alive() for th in threads)
+"""
+
+CALLS_DURING_DESTROY = STOP_UNDER_THREADS + """
 import sys, threading
 sys.path.insert(0, {test_dir!r})
 import numpy as np
@@ -95,15 +108,8 @@ def hammer(i):
             return
 
 threads = [threading.Thread(target=hammer, args=(i,)) for i in range(len(runs))]
-for t in threads:
-    t.start()
-for b in busy:
-    b.wait()
-rt.shutdown()
-rt.destroy()
-for t in threads:
-    t.join(30)
-print("statuses", sorted(set().union(*statuses)), "alive", sum(t.is_alive() for t in threads))
+alive = stop_under(threads, lambda: [b.wait() for b in busy], lambda: (rt.shutdown(), rt.destroy()))
+print("statuses", sorted(set().union(*statuses)), "alive", alive)
 """
 
 
@@ -120,7 +126,7 @@ def test_runs_in_progress_on_other_threads_while_the_runtime_is_destroyed():
     assert f"statuses [{lib.HORO_OK}, {lib.HORO_ERR_SHUT_DOWN}] alive 0" in out.stdout, out.stdout + out.stderr[-3000:]
 
 
-TORCH_SHUTDOWN_UNDER_CALLS = """
+TORCH_SHUTDOWN_UNDER_CALLS = STOP_UNDER_THREADS + """
 import threading
 import torch
 import horo_torch as hvd
@@ -141,17 +147,12 @@ def loop(call):
     except (hvd.HoroShutdownError, hvd.HoroNotInitializedError) as e:
         errors.append(type(e).__name__)
 
-threads = [threading.Thread(target=loop, args=(c,)) for c in (
-    lambda: hvd.allreduce_(t, op=hvd.Max, name="metric"), lambda: hvd.allreduce(t, op=hvd.Max, name="metric.copy"))]
-for th in threads:
-    th.start()
-started.wait()
-hvd.shutdown()
-for th in threads:
-    th.join(30)
+calls = (lambda: hvd.allreduce_(t, op=hvd.Max, name="metric"),
+         lambda: hvd.allreduce(t, op=hvd.Max, name="metric.copy"))
+alive = stop_under([threading.Thread(target=loop, args=(c,)) for c in calls], started.wait, hvd.shutdown)
 # After shutdown: the remembered runs are refused, and the calls say that Horo is not initialized.
 late = []
-for call in (lambda: hvd.allreduce_(t, op=hvd.Max, name="metric"), lambda: hvd.allreduce(t, op=hvd.Max, name="metric.copy")):
+for call in calls:
     try:
         call()
         late.append("returned")
@@ -162,7 +163,7 @@ hvd.init()
 again = [hvd.allreduce_(torch.full((3,), 2.0), op=hvd.Sum, name="metric").tolist(),
          hvd.allreduce(torch.full((3,), 5.0), op=hvd.Max, name="metric.copy").tolist()]
 hvd.shutdown()
-print("errors", len(errors), "alive", sum(th.is_alive() for th in threads), "late", late, "again", again)
+print("errors", len(errors), "alive", alive, "late", late, "again", again)
 """
 
 

@@ -194,8 +194,9 @@ def bound_run_failed(run, status):
 
 
 class _CallGuard:
-    """Counts a call into the C runtime for its duration (see Runtime._use); cheaper than a
-    generator-based context manager on the per-operation path."""
+    """The C runtime pointer for one call (see Runtime._use), refused once destroy() began; cheaper
+    than a generator-based context manager on the per-operation path. Nothing is counted: the C
+    handle outlives the runtime, and horo_runtime_close waits for the calls inside the core."""
 
     __slots__ = ("_owner",)
 
@@ -204,19 +205,12 @@ class _CallGuard:
 
     def __enter__(self):
         owner = self._owner
-        with owner._calls_lock:
-            rt = owner._rt
-            if rt is None:
-                check(lib.HORO_ERR_SHUT_DOWN, owner._gone)
-            owner._calls += 1
+        rt = owner._rt
+        if rt is None:
+            check(lib.HORO_ERR_SHUT_DOWN, owner._gone)
         return rt
 
     def __exit__(self, *exc):
-        owner = self._owner
-        with owner._calls_lock:
-            owner._calls -= 1
-            if owner._calls == 0 and owner._rt is None:  # destroy() is waiting
-                owner._calls_done.notify_all()
         return False
 
 
@@ -331,14 +325,9 @@ class Runtime:
         self._rt = ffi.gc(out[0], lib.horo_runtime_release)
         self._loopback = loopback  # keeps the hub alive as long as the runtime
         self.rank, self.size = rank, size
-        # Calls in progress, so that destroy() never frees the runtime under another thread.
-        self._calls = 0
         self._gone = _SHUT_DOWN  # why a call finds no C runtime (see forsake_in_forked_child)
-        self._destroying = False  # destroy() began: it alone frees the runtime
-        # _CallGuard takes the lock itself (a C-level context manager, cheaper per call than the
-        # Condition's Python-level one); destroy() waits on the Condition over the same lock.
-        self._calls_lock = threading.Lock()
-        self._calls_done = threading.Condition(self._calls_lock)
+        self._destroying = False  # destroy() began: it alone closes the runtime
+        self._destroy_lock = threading.Lock()
         self._use_guard = _CallGuard(self)
         self._active = []  # copies out of the core's memory in progress (see copy_result)
         # Steady-state steps repeat the same names, shapes and options: their C copies are kept.
@@ -383,17 +372,15 @@ class Runtime:
         if self._rt is not None:
             lib.horo_runtime_forsake(self._rt)  # refuses the calls of runs bound before the fork
         self._rt, self._gone = None, reason
-        self._calls = 0
-        self._calls_lock = threading.Lock()  # another thread may have held it at the fork
-        self._calls_done = threading.Condition(self._calls_lock)
+        self._destroy_lock = threading.Lock()  # another thread may have held it at the fork
         self._active = []
 
     def destroy(self, settle=None):
-        """Shuts down (failing outstanding handles), waits for other threads' calls to return, frees.
-        settle: called after the shutdown and before the free. Every handle is complete then and can
-        still be read (wait, result, release); the core refuses new operations. The runtime is freed
-        even when settle raises, which then propagates."""
-        with self._calls_done:
+        """Shuts down (failing outstanding handles), waits for other threads' calls to return, frees
+        all but the C handle (see __init__). settle: called after the shutdown and before the free.
+        Every handle is complete then and can still be read (wait, result, release); the core
+        refuses new operations. The runtime is freed even when settle raises, which then propagates."""
+        with self._destroy_lock:
             rt = None if self._destroying else self._rt
             self._destroying = True
         if rt is None:
@@ -403,9 +390,7 @@ class Runtime:
             if settle is not None:
                 settle()
         finally:
-            with self._calls_done:
-                self._rt = None
-                self._calls_done.wait_for(lambda: self._calls == 0)
+            self._rt = None  # later calls raise here; calls already past _use are refused by the core
             while self._active:  # shut down, they return promptly
                 time.sleep(0.001)
             lib.horo_runtime_close(rt)

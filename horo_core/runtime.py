@@ -187,9 +187,10 @@ def _refuse_invalid(runtime, op_type, names, process_set_id, error):
 def bound_run_failed(run, status):
     """After run (Runtime.bind_run) returned status, not HORO_OK: raises the call's error. Returns
     instead when run's runtime has been destroyed (or forsaken in a forked child) since it was
-    bound: the caller then takes its general path, which raises what a call without a runtime
-    raises, or runs on the runtime that init() has made since."""
-    if run.runtime._rt is not None:
+    bound, or when the tensors run was given no longer match its reading (HORO_ERR_TENSOR_CHANGED):
+    the caller then takes its general path, which raises what a call without a runtime raises, or
+    runs on the runtime that init() has made since, or describes the tensors anew."""
+    if status != lib.HORO_ERR_TENSOR_CHANGED and run.runtime._rt is not None:
         check(status, last_error())
 
 
@@ -517,19 +518,27 @@ class Runtime:
         if status != lib.HORO_OK:
             check(status, last_error())
 
-    def bind_run(self, prepared):
+    def bind_run(self, prepared, reader=None, expected=None):
         """run_prepared() of prepared on this runtime as one C-level callable, for an adapter's
         per-step path: run(input_ptr, output_ptr) calls the core (horo_run_at) with no Python frame
         of its own and returns the core's status; a status other than HORO_OK goes to
         bound_run_failed(run, status). The Python frames it saves (this method's and the lookup of
         the runtime) were a fifth of a 4-byte allreduce_ with 4 ranks on 2 cores (docs/benchmarks.md,
         "The adapter calls the core through a bound run").
+        With a tensor reader (horo_tensor_reader_t) and expected, its reading of the tensor that
+        prepared describes, run takes the two tensors instead, as the reader's handles
+        (horo_run_read): the core checks them against expected and reads their addresses.
         run holds the runtime's handle: once the runtime is destroyed, its calls are refused."""
         rt = self._rt
         if rt is None:
             check(lib.HORO_ERR_SHUT_DOWN, self._gone)
-        run = functools.partial(lib.horo_run_at, rt, prepared.op_type, prepared.tensor, prepared.options)
-        run.runtime, run.prepared = self, prepared  # prepared: keeps the description's C memory
+        if reader is None:
+            run = functools.partial(lib.horo_run_at, rt, prepared.op_type, prepared.tensor, prepared.options)
+        else:
+            run = functools.partial(lib.horo_run_read, rt, prepared.op_type, prepared.tensor, prepared.options,
+                                    reader, expected)
+        # prepared and expected: keep the C memory run points to.
+        run.runtime, run.prepared, run.expected = self, prepared, expected
         return run
 
     def run_result_prepared(self, prepared, input_ptr, output_ptr, output_bytes):

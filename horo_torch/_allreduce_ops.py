@@ -18,6 +18,7 @@ from horo_torch._calls import (_caller, _compressed, _copy_back, _dtype_code, _e
                                _records_graph, _refuse_unless_dense, _remember, _run_host, _run_host_described)
 from horo_torch._compile import eager_under_compile
 from horo_torch._handles import _register, synchronize
+from horo_torch._reading import facts_of, reader
 from horo_torch.compression import Compression
 
 
@@ -26,8 +27,10 @@ from horo_torch.compression import Compression
 # The last in-place allreduce_ of each name on a host tensor, checked field by field before the
 # dictionary of descriptions (_calls._prepared_runs) is consulted: a loop of metric allreduces then
 # skips building and hashing that dictionary's key (0.3 us of a 2.6 us call on one rank;
-# docs/benchmarks.md), and calls the core through the run bound to the runtime (Runtime.bind_run).
-# Entries: (average, op, prescale, postscale, process set, its id, dtype, shape, bound run).
+# docs/benchmarks.md), and calls the core through the run bound to the runtime and to the core's
+# reading of the tensor (Runtime.bind_run, _reading): the core, not Python, checks the tensor's
+# dtype, shape, device and layout and reads its address.
+# Entries: (average, op, prescale, postscale, process set, its id, None, None, bound run).
 _last_allreduce = {}
 # The same for the out-of-place allreduce without compression or a graph (a loop of metric
 # averages, the most common call of all): its output is a new tensor every call, made with
@@ -37,13 +40,14 @@ _last_allreduce_copy = {}
 
 def _allreduce_host(tensor, output, memo, average, name, op, prescale_factor, postscale_factor, process_set):
     """The allreduce of a dense host tensor into output (tensor itself, in place), waited for; its
-    description, bound to the runtime, is remembered in memo (_last_allreduce or
-    _last_allreduce_copy). Returns output."""
+    description, bound to the runtime and to the core's reading of the tensor (_reading), is
+    remembered in memo (_last_allreduce or _last_allreduce_copy). Returns output."""
     prepared = _run_host_described(lib.HORO_ALLREDUCE, "allreduce", name, tensor, output, process_set,
                                    resolve_op(average, op, stacklevel=4), prescale_factor, postscale_factor, 0)
-    if prepared is not None:
-        _remember(memo, name, tensor, average, op, prescale_factor, postscale_factor, process_set,
-                  basics.runtime().bind_run(prepared))
+    expected = None if prepared is None else facts_of(tensor)
+    if expected is not None:
+        _remember(memo, name, None, average, op, prescale_factor, postscale_factor, process_set,
+                  basics.runtime().bind_run(prepared, reader(), expected))
     return output
 
 
@@ -227,10 +231,10 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
                                 process_set)
         if run is not None and not (tensor.requires_grad and torch.is_grad_enabled()):
             output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
-            status = run(tensor.data_ptr(), output.data_ptr())
+            status = run(tensor._cdata, output._cdata)
             if status == 0:  # HORO_OK
                 return output
-            bound_run_failed(run, status)  # returned: bound to a runtime since destroyed
+            bound_run_failed(run, status)  # returned: a changed tensor, or a runtime since destroyed
     _refuse_unless_dense(lib.HORO_ALLREDUCE, "allreduce", name, [tensor], process_set)
     (compressed, ctx), = _compressed(compression, lib.HORO_ALLREDUCE, "allreduce", name, [tensor], process_set)
     records_graph = _records_graph((compressed,))
@@ -255,11 +259,11 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, po
     run = _last_description(_last_allreduce, name, tensor, average, op, prescale_factor, postscale_factor,
                             process_set)
     if run is not None:
-        address = tensor.data_ptr()
-        status = run(address, address)
+        impl = tensor._cdata
+        status = run(impl, impl)
         if status == 0:  # HORO_OK
             return tensor
-        bound_run_failed(run, status)  # returned: bound to a runtime since destroyed
+        bound_run_failed(run, status)  # returned: a changed tensor, or a runtime since destroyed
     _refuse_unless_dense(lib.HORO_ALLREDUCE, "allreduce", name, [tensor], process_set)
     if _is_host_dense(tensor):
         return _allreduce_host(tensor, tensor, _last_allreduce, average, name, op, prescale_factor, postscale_factor,

@@ -64,6 +64,58 @@ def test_a_bound_run_is_refused_after_shutdown_and_after_destroy():
         rt.bind_run(run.prepared)
 
 
+def test_the_core_reads_torch_tensors_as_torch_describes_them():
+    torch = pytest.importorskip("torch")
+    from horo_core._binding import ffi
+    from horo_torch import _calls, _reading
+    opened = _reading.reader()
+    assert opened is not None  # this torch exports the shim and its handles point at _cdata
+    for dtype in _calls._TORCH_DTYPES:
+        t = torch.zeros((3, 1, 4), dtype=dtype)[1:]
+        facts = _reading.facts_of(t)
+        assert (facts.ndim, list(facts.shape[0:3]), facts.data, facts.contiguous) == (3, [2, 1, 4], t.data_ptr(), 1)
+        assert facts.dtype == _reading._state["dtypes"][dtype] and facts.device_type == _reading._state["cpu"]
+    # What a run cannot be bound to: not contiguous, no strides (sparse), more dimensions than the
+    # core describes, a subclass that may answer reads itself, not a tensor.
+    class Sub(torch.Tensor):
+        pass
+    for refused in (torch.zeros(4, 2).t(), torch.zeros(2).to_sparse(), torch.zeros([1] * 17),
+                    torch.zeros(2).as_subclass(Sub), np.zeros(2)):
+        assert _reading.facts_of(refused) is None
+    out = ffi.new("horo_tensor_facts_t*")
+    assert lib.horo_tensor_reader_read(opened, torch.zeros([1] * 17)._cdata, out) == lib.HORO_ERR_UNSUPPORTED
+    assert "more than 16 dimensions" in last_error()
+    assert lib.horo_tensor_reader_open(b"/nonexistent/libtorch_cpu.so", ffi.new("horo_tensor_reader_t**")) \
+        == lib.HORO_ERR_UNSUPPORTED
+    assert "/nonexistent/libtorch_cpu.so" in last_error()
+
+
+def test_a_run_bound_to_a_reading_refuses_a_changed_tensor_and_starts_nothing():
+    torch = pytest.importorskip("torch")
+    from horo_torch import _reading
+    with World(2) as world:
+        def body(rt):
+            prepared = prepare_run(lib.HORO_ALLREDUCE, "read.sum", dtypes.FLOAT32, (2, 3), 0, lib.HORO_OP_SUM)
+            x = torch.full((2, 3), rt.rank + 1.0)
+            run = rt.bind_run(prepared, _reading.reader(), _reading.facts_of(x))
+            y = torch.full((2, 3), 10.0 * (rt.rank + 1))
+            out = torch.empty(2, 3)
+            statuses = [run(x._cdata, x._cdata), run(y._cdata, out._cdata)]
+            # Each differs from the reading in one way; none may start the collective, so the
+            # ranks stay in step and the last call still runs.
+            changed = [torch.zeros(3, 2), torch.zeros(2, 3, dtype=torch.float64), torch.zeros(3, 2).t(),
+                       torch.zeros(2, 3, 1), torch.zeros(6)]
+            refusals = [run(c._cdata, c._cdata) for c in changed] + [run(x._cdata, changed[0]._cdata)]
+            refused_ok = all(bound_run_failed(run, status) is None for status in refusals)
+            statuses.append(run(x._cdata, x._cdata))
+            return statuses, refusals, refused_ok, x.tolist(), out.tolist()
+        for statuses, refusals, refused_ok, x, out in world.run(body):
+            assert statuses == [lib.HORO_OK] * 3
+            assert refusals == [lib.HORO_ERR_TENSOR_CHANGED] * 6 and refused_ok
+            assert out == [[30.0] * 3] * 2
+            assert x == [[6.0] * 3] * 2  # 1 + 2 on each rank, then 3 + 3
+
+
 # Both scripts below: start the calling threads, wait until they are busy, stop the runtime from
 # the main thread, and count the threads still alive 30 s later.
 STOP_UNDER_THREADS = """

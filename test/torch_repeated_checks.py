@@ -79,6 +79,7 @@ def check_repeated_named_calls(hvd, c, env):
         run("then a non-contiguous view", column, torch.full((6,), float(total)), op=hvd.Sum)
         c.equal(f"{mode} ... the other column untouched", base[:, 1], torch.full((6,), -1.0))
         run("Sum once more", torch.full((6,), float(r + 1)), torch.full((6,), float(total)), op=hvd.Sum)
+    check_tensor_changed_in_place(hvd, c)
     for index, (result, held) in enumerate(earlier):
         c.equal(f"out-of-place result {index} unchanged by the later calls", result, held)
     # Repeated named async calls in flight together, waited for in reverse order: each result lands
@@ -258,3 +259,54 @@ def check_repeated_reducescatters_and_alltoalls(hvd, c, env):
                  lambda: hvd.reducescatter(torch.ones(n + r, 2), name="repeat.rs", op=hvd.Sum))
         c.raises("named alltoall of rows not divisible by size", [ValueError], "divisible",
                  lambda: hvd.alltoall(torch.ones(n + 1, 2), name="repeat.a2a"))
+
+
+def check_tensor_changed_in_place(hvd, c):
+    """The same tensor object, changed between two calls of one name in ways that keep its data
+    pointer, or that torch's version counter does not see (``.data =``): the core reads the tensor
+    on every call of a repeated allreduce (horo_torch/_reading.py) and must notice each change,
+    so that every call reduces the tensor as it is now."""
+    from horo_core._binding import lib
+    from horo_torch import _allreduce_ops, _reading
+    r, n = hvd.rank(), hvd.size()
+    total = n * (n + 1) // 2
+    for name, reduce in (("changed.in_place", lambda t: hvd.allreduce_(t, name="changed.in_place", op=hvd.Sum)),
+                         ("changed.copy", lambda t: hvd.allreduce(t, name="changed.copy", op=hvd.Sum))):
+        memo = _allreduce_ops._last_allreduce if name.endswith("in_place") else _allreduce_ops._last_allreduce_copy
+
+        def run(what, tensor, want):
+            got = reduce(tensor)
+            c.equal(f"{name}: {what}", got, want)
+            return got
+
+        t = torch.full((8,), float(r + 1))
+        for i in range(2):
+            run(f"call {i}", t, torch.full((8,), float(total)))
+            t.fill_(float(r + 1))
+        bound = memo[name][8]
+        c.same(f"{name}: the repeated call runs through the core's reading of the tensor",
+               (_reading.reader() is not None, bound.func is lib.horo_run_read), (True, True))
+        # The same memory seen as int32 through .data: the same address, another dtype.
+        t.data = t.data.view(torch.int32)
+        t.fill_(r + 1)
+        run("after .data = another dtype at the same address", t, torch.full((8,), total, dtype=torch.int32))
+        # A shorter view of the same memory: the same address, fewer elements.
+        t = torch.full((8,), float(r + 1))
+        reduce(t)
+        backing = t.data
+        backing.fill_(float(r + 1))
+        t.data = backing[:3]
+        run("after .data = a shorter view at the same address", t, torch.full((3,), float(total)))
+        c.equal(f"{name}: ... the memory past the view untouched", backing[3:], torch.full((5,), float(r + 1)))
+        t.fill_(float(r + 1))
+        t.resize_(2, 2)
+        t.fill_(float(r + 1))
+        run("after resize_ to another shape", t, torch.full((2, 2), float(total)))
+        t = torch.full((4, 2), float(r + 1))
+        reduce(t)
+        t.fill_(float(r + 1))
+        t.t_()
+        run("after t_(): the same shape's elements, transposed and not contiguous", t, torch.full((2, 4), float(total)))
+        p = torch.nn.Parameter(torch.full((2, 4), float(r + 1)), requires_grad=False)
+        run("a Parameter", p, torch.full((2, 4), float(total)))
+        run("the Parameter again", p.fill_(float(r + 1)), torch.full((2, 4), float(total)))

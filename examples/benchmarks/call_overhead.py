@@ -13,7 +13,8 @@ keeps its value however many calls run):
 * ``Runtime.run_prepared``: the core call through the Runtime's Python method (what the adapters'
   other synchronous calls use);
 * the bound run that ``allreduce_`` calls (``Runtime.bind_run``: a ``functools.partial`` of
-  ``lib.horo_run_at``), without the adapter's checks;
+  ``lib.horo_run_read``, which reads the tensor in the core, given its ``_cdata``), without the
+  adapter's checks of its other arguments;
 * ``lib.horo_run_at`` plus the five reads of the tensor that the adapter makes per call (dtype,
   shape, device, layout, address), without the rest of the adapter;
 * ``lib.horo_run_at`` straight through cffi: the core alone (enqueue, negotiation with the peer
@@ -81,7 +82,8 @@ def main():
 
     def bound_run(n):
         for _ in range(n):
-            if bound(address, address) != lib.HORO_OK:
+            impl = t._cdata
+            if bound(impl, impl) != lib.HORO_OK:
                 raise SystemExit("the bound run failed")
 
     def core_and_reads(n):

@@ -41,7 +41,9 @@ enum horo_status_code {
   HORO_ERR_IN_PROGRESS = 8,      /* horo_wait with a timeout that expired */
   HORO_ERR_DUPLICATE_NAME = 9,   /* a tensor of that name is already in flight */
   HORO_ERR_AUTH = 10,            /* a connection failed the shared-secret challenge */
-  HORO_ERR_UNSUPPORTED = 11
+  HORO_ERR_UNSUPPORTED = 11,
+  HORO_ERR_TENSOR_CHANGED = 12   /* horo_run_read: a tensor no longer matches its description; nothing
+                                    was started, and the caller takes its general path */
 };
 
 enum horo_dtype {
@@ -284,6 +286,35 @@ horo_status_t horo_run(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t*
  * functools.partial) and make each call with the two addresses alone. */
 horo_status_t horo_run_at(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t* tensor,
                           const horo_op_options_t* options, uintptr_t input, uintptr_t output);
+
+/* Reading a framework's tensors in the core, for a binding that runs the same small collective on
+ * the same tensor step after step. PyTorch exports a C interface for ahead-of-time compiled code
+ * (the AOTInductor shim, torch/csrc/inductor/aoti_torch/c/shim.h); horo_tensor_reader_open loads
+ * it from library_path, the libtorch_cpu library this process has already loaded. A tensor is
+ * given by the address of its TensorImpl (Python's tensor._cdata); the binding checks first that
+ * this is what the shim's handles point to. horo_tensor_reader_read describes a tensor: dtype and
+ * device_type are torch's codes; HORO_ERR_UNSUPPORTED when torch cannot describe it (no storage or
+ * no strides: sparse, a wrapper subclass) or it has more than HORO_MAX_DIMS dimensions. */
+typedef struct horo_tensor_reader horo_tensor_reader_t;
+typedef struct horo_tensor_facts {
+  int32_t dtype;
+  int32_t device_type;
+  int32_t ndim;
+  int32_t contiguous;       /* 1: contiguous in row-major order */
+  int64_t shape[16];        /* HORO_MAX_DIMS */
+  uintptr_t data;
+} horo_tensor_facts_t;
+horo_status_t horo_tensor_reader_open(const char* library_path, horo_tensor_reader_t** out);
+horo_status_t horo_tensor_reader_free(horo_tensor_reader_t* reader);
+horo_status_t horo_tensor_reader_read(const horo_tensor_reader_t* reader, uintptr_t tensor, horo_tensor_facts_t* out);
+
+/* horo_run_at of tensors given as TensorImpl addresses, which reader reads: each must have
+ * expected's dtype, device type and shape and be contiguous (expected: a reading of a tensor that
+ * the binding described with tensor), else HORO_ERR_TENSOR_CHANGED, with nothing started. The
+ * addresses the run reads and writes are their data pointers. */
+horo_status_t horo_run_read(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t* tensor,
+                            const horo_op_options_t* options, const horo_tensor_reader_t* reader,
+                            const horo_tensor_facts_t* expected, uintptr_t input, uintptr_t output);
 
 /* horo_enqueue of one tensor described the same way (tensor->input and ->output ignored, the
  * addresses given instead): the asynchronous counterpart of horo_run_at, for a binding that

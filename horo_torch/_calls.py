@@ -11,7 +11,6 @@ from horo_core.errors import HoroInvalidArgument
 from horo_core.runtime import TensorSpec, cache_lookup, cache_store, prepare_run
 from horo_torch import device
 from horo_torch._handles import _register, synchronize
-from horo_torch._reading import READABLE
 
 
 _TORCH_DTYPES = {
@@ -158,31 +157,28 @@ def _run_host_described(op_type, kind, name, tensor, output, process_set, reduce
 
 
 def _last_description(memo, name, tensor, average, op, prescale_factor, postscale_factor, process_set):
-    """The description memo holds for name when this call matches the one that made it: the same
-    objects for average, op and process set (an equal but different object does not match), equal
-    scales, the set's id unchanged, and a dense host tensor of the same dtype and shape. Else None.
-    An entry without dtype and shape holds a run bound to the core's reading of the tensor
-    (horo_run_read), which checks the tensor itself: here only its type is checked (_reading)."""
+    """The description memo holds for name when this call matches the one that made it: equal
+    arguments (average, op, scales, process set), the set's id unchanged, and a dense host tensor
+    of the same dtype and shape. Else None."""
     last = memo.get(name)
     try:
-        if (last is not None and last[0] is average and last[1] is op and last[2] == prescale_factor
-                and last[3] == postscale_factor and last[4] is process_set and last[5] == process_set.process_set_id):
-            if last[6] is None:
-                return last[8] if type(tensor) in READABLE else None
-            if tensor.dtype is last[6] and tensor.shape == last[7] and tensor.is_cpu and tensor.is_contiguous():
-                return last[8]
+        if (last is not None and last[0] == (average, op, prescale_factor, postscale_factor, process_set)
+                and last[1] == process_set.process_set_id and tensor.dtype is last[2] and tensor.shape == last[3]
+                and tensor.is_cpu and tensor.is_contiguous()):
+            return last[4]
     except AttributeError:  # not a tensor: the caller's general path refuses it on every rank
         pass
     return None
 
 
 def _remember(memo, name, tensor, average, op, prescale_factor, postscale_factor, process_set, prepared):
-    """Keeps prepared for _last_description; tensor None: prepared is a run bound to the core's
-    reading of the tensor."""
+    """Keeps prepared for _last_description. tensor None: prepared is a run bound to the core's
+    reading of the tensor, which checks the tensor itself, and the entry has no dtype or shape
+    (allreduce_ and allreduce check its other fields)."""
     if len(memo) >= _PREPARED_RUNS_LIMIT:
         memo.clear()
     dtype, shape = (None, None) if tensor is None else (tensor.dtype, tensor.shape)
-    memo[name] = (average, op, prescale_factor, postscale_factor, process_set, process_set.process_set_id,
+    memo[name] = ((average, op, prescale_factor, postscale_factor, process_set), process_set.process_set_id,
                   dtype, shape, prepared)
 
 

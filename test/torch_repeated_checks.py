@@ -283,7 +283,7 @@ def check_tensor_changed_in_place(hvd, c):
         for i in range(2):
             run(f"call {i}", t, torch.full((8,), float(total)))
             t.fill_(float(r + 1))
-        bound = memo[name][8]
+        bound = memo[name][-1]
         c.same(f"{name}: the repeated call runs through the core's reading of the tensor",
                (_reading.reader() is not None, bound.func is lib.horo_run_read), (True, True))
         # The same memory seen as int32 through .data: the same address, another dtype.

@@ -2,17 +2,12 @@
 
 #include <dlfcn.h>
 
+#include "common/symbols.h"
+
 namespace horo {
 namespace {
 
 constexpr int32_t kShimSuccess = 0;  // AOTI_TORCH_SUCCESS
-
-template <typename Fn>
-bool Resolve(void* library, const char* symbol, Fn* out, std::string* missing) {
-  *out = reinterpret_cast<Fn>(dlsym(library, symbol));
-  if (*out == nullptr && missing->empty()) *missing = symbol;
-  return *out != nullptr;
-}
 
 // Row-major contiguity as torch defines it: no elements, or every dimension longer than one
 // strided by the product of the sizes after it.
@@ -39,12 +34,12 @@ Status TensorReader::Load(const std::string& library_path, TensorReader* out) {
   }
   TensorReader r;
   std::string missing;
-  Resolve(library, "aoti_torch_get_dtype", &r.get_dtype_, &missing);
-  Resolve(library, "aoti_torch_get_device_type", &r.get_device_type_, &missing);
-  Resolve(library, "aoti_torch_get_dim", &r.get_dim_, &missing);
-  Resolve(library, "aoti_torch_get_sizes", &r.get_sizes_, &missing);
-  Resolve(library, "aoti_torch_get_strides", &r.get_strides_, &missing);
-  Resolve(library, "aoti_torch_get_data_ptr", &r.get_data_ptr_, &missing);
+  ResolveSymbol(library, "aoti_torch_get_dtype", &r.get_dtype_, &missing);
+  ResolveSymbol(library, "aoti_torch_get_device_type", &r.get_device_type_, &missing);
+  ResolveSymbol(library, "aoti_torch_get_dim", &r.get_dim_, &missing);
+  ResolveSymbol(library, "aoti_torch_get_sizes", &r.get_sizes_, &missing);
+  ResolveSymbol(library, "aoti_torch_get_strides", &r.get_strides_, &missing);
+  ResolveSymbol(library, "aoti_torch_get_data_ptr", &r.get_data_ptr_, &missing);
   // The reference dlopen took is kept: torch's library stays loaded for the life of the process.
   if (!missing.empty()) return Status::Unsupported(library_path + " does not export " + missing);
   *out = r;

@@ -2,19 +2,9 @@
 
 #include <dlfcn.h>
 
+#include "common/symbols.h"
+
 namespace horo {
-namespace {
-
-// Resolves one symbol; versioned names (cuMemcpyDtoHAsync_v2) are the ABI the driver keeps for
-// the unversioned prototypes of today's headers.
-template <typename Fn>
-bool Resolve(void* library, const char* symbol, Fn* out, std::string* missing) {
-  *out = reinterpret_cast<Fn>(dlsym(library, symbol));
-  if (*out == nullptr && missing->empty()) *missing = symbol;
-  return *out != nullptr;
-}
-
-}  // namespace
 
 Status CudaDriver::Load(const std::string& path, CudaDriver* out) {
   dlerror();
@@ -25,23 +15,25 @@ Status CudaDriver::Load(const std::string& path, CudaDriver* out) {
   }
   CudaDriver d;
   d.path_ = path;
+  // Versioned names (cuMemcpyDtoHAsync_v2) are the ABI the driver keeps for the unversioned
+  // prototypes of today's headers.
   std::string missing;
-  Resolve(library, "cuInit", &d.cuInit, &missing);
-  Resolve(library, "cuDeviceGet", &d.cuDeviceGet, &missing);
-  Resolve(library, "cuDeviceGetCount", &d.cuDeviceGetCount, &missing);
-  Resolve(library, "cuDeviceGetUuid", &d.cuDeviceGetUuid, &missing);
-  Resolve(library, "cuDevicePrimaryCtxRetain", &d.cuDevicePrimaryCtxRetain, &missing);
-  Resolve(library, "cuCtxSetCurrent", &d.cuCtxSetCurrent, &missing);
-  Resolve(library, "cuCtxGetCurrent", &d.cuCtxGetCurrent, &missing);
-  Resolve(library, "cuStreamCreate", &d.cuStreamCreate, &missing);
-  Resolve(library, "cuStreamWaitEvent", &d.cuStreamWaitEvent, &missing);
-  Resolve(library, "cuStreamQuery", &d.cuStreamQuery, &missing);
-  Resolve(library, "cuMemcpyDtoHAsync_v2", &d.cuMemcpyDtoHAsync, &missing);
-  Resolve(library, "cuMemcpyHtoDAsync_v2", &d.cuMemcpyHtoDAsync, &missing);
-  Resolve(library, "cuMemHostAlloc", &d.cuMemHostAlloc, &missing);
-  Resolve(library, "cuMemFreeHost", &d.cuMemFreeHost, &missing);
-  Resolve(library, "cuGetErrorName", &d.cuGetErrorName, &missing);
-  Resolve(library, "cuGetErrorString", &d.cuGetErrorString, &missing);
+  ResolveSymbol(library, "cuInit", &d.cuInit, &missing);
+  ResolveSymbol(library, "cuDeviceGet", &d.cuDeviceGet, &missing);
+  ResolveSymbol(library, "cuDeviceGetCount", &d.cuDeviceGetCount, &missing);
+  ResolveSymbol(library, "cuDeviceGetUuid", &d.cuDeviceGetUuid, &missing);
+  ResolveSymbol(library, "cuDevicePrimaryCtxRetain", &d.cuDevicePrimaryCtxRetain, &missing);
+  ResolveSymbol(library, "cuCtxSetCurrent", &d.cuCtxSetCurrent, &missing);
+  ResolveSymbol(library, "cuCtxGetCurrent", &d.cuCtxGetCurrent, &missing);
+  ResolveSymbol(library, "cuStreamCreate", &d.cuStreamCreate, &missing);
+  ResolveSymbol(library, "cuStreamWaitEvent", &d.cuStreamWaitEvent, &missing);
+  ResolveSymbol(library, "cuStreamQuery", &d.cuStreamQuery, &missing);
+  ResolveSymbol(library, "cuMemcpyDtoHAsync_v2", &d.cuMemcpyDtoHAsync, &missing);
+  ResolveSymbol(library, "cuMemcpyHtoDAsync_v2", &d.cuMemcpyHtoDAsync, &missing);
+  ResolveSymbol(library, "cuMemHostAlloc", &d.cuMemHostAlloc, &missing);
+  ResolveSymbol(library, "cuMemFreeHost", &d.cuMemFreeHost, &missing);
+  ResolveSymbol(library, "cuGetErrorName", &d.cuGetErrorName, &missing);
+  ResolveSymbol(library, "cuGetErrorString", &d.cuGetErrorString, &missing);
   if (!missing.empty()) {
     dlclose(library);
     return Status::Unsupported(path + " is not a usable CUDA driver library: symbol " + missing + " is missing");

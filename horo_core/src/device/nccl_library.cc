@@ -2,16 +2,9 @@
 
 #include <dlfcn.h>
 
+#include "common/symbols.h"
+
 namespace horo {
-namespace {
-
-template <typename Fn>
-void Resolve(void* library, const char* symbol, Fn* out, std::string* missing) {
-  *out = reinterpret_cast<Fn>(dlsym(library, symbol));
-  if (*out == nullptr && missing != nullptr && missing->empty()) *missing = symbol;
-}
-
-}  // namespace
 
 Status NcclLibrary::Load(const std::string& path, NcclLibrary* out) {
   if (path.empty()) return Status::InvalidArgument("NCCL library path is empty");
@@ -26,17 +19,17 @@ Status NcclLibrary::Load(const std::string& path, NcclLibrary* out) {
   NcclLibrary lib;
   lib.path_ = path;
   std::string missing;
-  Resolve(library, "ncclGetVersion", &lib.ncclGetVersion, &missing);
-  Resolve(library, "ncclGetUniqueId", &lib.ncclGetUniqueId, &missing);
-  Resolve(library, "ncclCommInitRank", &lib.ncclCommInitRank, &missing);
-  Resolve(library, "ncclCommAbort", &lib.ncclCommAbort, &missing);
-  Resolve(library, "ncclCommGetAsyncError", &lib.ncclCommGetAsyncError, &missing);
-  Resolve(library, "ncclAllReduce", &lib.ncclAllReduce, &missing);
-  Resolve(library, "ncclBroadcast", &lib.ncclBroadcast, &missing);
-  Resolve(library, "ncclGroupStart", &lib.ncclGroupStart, &missing);
-  Resolve(library, "ncclGroupEnd", &lib.ncclGroupEnd, &missing);
-  Resolve(library, "ncclGetErrorString", &lib.ncclGetErrorString, &missing);
-  Resolve(library, "ncclGetLastError", &lib.ncclGetLastError, nullptr);
+  ResolveSymbol(library, "ncclGetVersion", &lib.ncclGetVersion, &missing);
+  ResolveSymbol(library, "ncclGetUniqueId", &lib.ncclGetUniqueId, &missing);
+  ResolveSymbol(library, "ncclCommInitRank", &lib.ncclCommInitRank, &missing);
+  ResolveSymbol(library, "ncclCommAbort", &lib.ncclCommAbort, &missing);
+  ResolveSymbol(library, "ncclCommGetAsyncError", &lib.ncclCommGetAsyncError, &missing);
+  ResolveSymbol(library, "ncclAllReduce", &lib.ncclAllReduce, &missing);
+  ResolveSymbol(library, "ncclBroadcast", &lib.ncclBroadcast, &missing);
+  ResolveSymbol(library, "ncclGroupStart", &lib.ncclGroupStart, &missing);
+  ResolveSymbol(library, "ncclGroupEnd", &lib.ncclGroupEnd, &missing);
+  ResolveSymbol(library, "ncclGetErrorString", &lib.ncclGetErrorString, &missing);
+  ResolveSymbol(library, "ncclGetLastError", &lib.ncclGetLastError, nullptr);
   if (!missing.empty()) {
     dlclose(library);
     return Status::Unsupported(path + " is not an NCCL library: symbol " + missing + " is missing");

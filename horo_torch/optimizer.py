@@ -18,7 +18,9 @@ import weakref
 
 import torch
 
+from horo_core._binding import lib
 from horo_core.process_sets import global_process_set
+from horo_torch._calls import _compressed
 from horo_torch._compile import eager_under_compile
 from horo_torch._weak_hooks import hook_gradients_ready
 from horo_torch.adasum_optimizer import _DistributedAdasumOptimizer
@@ -182,7 +184,10 @@ class _DistributedOptimizer:
             sparse = [n for n, g in zip(names, grads) if g.is_sparse]
             raise ValueError(f"DistributedOptimizer: groups cannot hold parameters with sparse gradients ({sparse}); "
                              "leave them out of groups or pass sparse_as_dense=True")
-        pairs = [self._compression.compress(g.to_dense() if g.is_sparse else g) for g in grads]
+        # A compression that fails on this rank fails these gradients' reduction on every rank.
+        pairs = _compressed(self._compression, lib.HORO_ALLREDUCE, "allreduce" if len(unit) == 1 else
+                            "grouped_allreduce", names[0], [g.to_dense() if g.is_sparse else g for g in grads],
+                            self.process_set)
         tensors = [t for t, _ in pairs]
         prescale, postscale = self._scale_factors()
         if len(unit) == 1:

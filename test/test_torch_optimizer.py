@@ -457,6 +457,20 @@ def run_behaviour(size, rank):
         return lambda: hvd.DistributedOptimizer(sgd(model.parameters()), named_parameters=model.named_parameters(),
                                                 **options)
 
+    # A compression that raises on rank 1 alone: rank 1's backward raises, and the other rank's step
+    # gets the same error instead of waiting for rank 1's gradient (one gradient, so that no other
+    # reduction is left waiting for the rank whose backward stopped).
+    class Failing:
+        @staticmethod
+        def compress(tensor):
+            raise ValueError("no room")
+
+    lone = torch.nn.Linear(2, 1, bias=False)
+    failing = hvd.DistributedOptimizer(sgd(lone.parameters()), named_parameters=lone.named_parameters(),
+                                       compression=Failing if rank == 1 else hvd.Compression.none)
+    report["compression that raises on rank 1"] = capture(
+        lambda: (lone(torch.ones(1, 2)).sum().backward(), failing.step()))
+
     m = Net()
     named = list(m.named_parameters())
     report["errors"] = {
@@ -559,6 +573,10 @@ def test_distributed_optimizer_behaves_as_horovods(two_rank_reports):
         assert b["user hook after wrapping: wrong updates"] == 0
         is_sparse, difference = b["sparse gradient missing on rank 1"]
         assert is_sparse and difference <= 1e-7
+
+        assert b["compression that raises on rank 1"][:2] == (
+            "HoroInvalidArgument", "allreduce tensor 'allreduce.weight': rank 1 could not compress its tensor with "
+            "compression Failing: ValueError: no room"), f"rank {rank}"
 
         errors = b["errors"]
         want = {

@@ -14,7 +14,9 @@ import weakref
 
 import torch
 
+from horo_core._binding import lib
 from horo_core.errors import HoroUnsupportedError
+from horo_torch._calls import _compressed
 from horo_torch._weak_hooks import hook_gradients_ready
 from horo_torch.mpi_ops import Adasum, abandon, allreduce_async_, synchronize
 
@@ -72,9 +74,11 @@ class _DistributedAdasumOptimizer:
                 group["params"] = params
         with torch.no_grad():
             p.sub_(start)  # p holds its delta until step() sets it
-        compressed, context = self._compression.compress(p.detach())
-        handle = allreduce_async_(compressed, name=f"adasum.{self._parameter_names[p]}", op=Adasum,
-                                  process_set=self.process_set)
+        name = f"adasum.{self._parameter_names[p]}"
+        # A compression that fails on this rank fails the delta's Adasum on every rank.
+        (compressed, context), = _compressed(self._compression, lib.HORO_ALLREDUCE, "allreduce", name, [p.detach()],
+                                             self.process_set)
+        handle = allreduce_async_(compressed, name=name, op=Adasum, process_set=self.process_set)
         return handle, context, compressed
 
     def step(self, closure=None):

@@ -671,6 +671,18 @@ def _adasum_training(steps=3):
     opt.step()
     behaviour["meta parameters"] = capture(lambda: hvd.DistributedOptimizer(
         torch.optim.SGD(torch.nn.Linear(2, 2).to("meta").parameters(), lr=0.1), op=hvd.Adasum))
+
+    class Failing:  # a compression that raises on the last rank alone: every rank gets its error
+        @staticmethod
+        def compress(tensor):
+            raise ValueError("no room")
+
+    lone = torch.nn.Linear(2, 1, bias=False).double()
+    failing = hvd.DistributedOptimizer(torch.optim.SGD(lone.parameters(), lr=0.1), op=hvd.Adasum,
+                                       named_parameters=lone.named_parameters(),
+                                       compression=Failing if rank == size - 1 else hvd.Compression.none)
+    behaviour["compression that raises"] = capture(
+        lambda: (lone(torch.ones(1, 2).double()).sum().backward(), failing.step()))
     hvd.shutdown()
     return differences, behaviour
 
@@ -684,3 +696,6 @@ def test_adasum_optimizer_combines_each_ranks_step(size):
         assert behaviour["zero_grad while accumulating"][0] == "AssertionError", behaviour
         assert behaviour["meta parameters"][0] == "HoroUnsupportedError", behaviour
         assert "host (CPU) tensors only" in behaviour["meta parameters"][1], behaviour
+        assert behaviour["compression that raises"][:2] == (
+            "HoroInvalidArgument", f"allreduce tensor 'allreduce.adasum.weight': rank {size - 1} could not compress "
+            "its tensor with compression Failing: ValueError: no room"), behaviour

@@ -40,8 +40,11 @@ Status TensorReader::Load(const std::string& library_path, TensorReader* out) {
   ResolveSymbol(library, "aoti_torch_get_sizes", &r.get_sizes_, &missing);
   ResolveSymbol(library, "aoti_torch_get_strides", &r.get_strides_, &missing);
   ResolveSymbol(library, "aoti_torch_get_data_ptr", &r.get_data_ptr_, &missing);
+  if (!missing.empty()) {
+    dlclose(library);
+    return Status::Unsupported(library_path + " does not export " + missing);
+  }
   // The reference dlopen took is kept: torch's library stays loaded for the life of the process.
-  if (!missing.empty()) return Status::Unsupported(library_path + " does not export " + missing);
   *out = r;
   return Status::OK();
 }

@@ -208,7 +208,11 @@ def test_an_async_call_waited_for_at_once_leaves_the_background_thread_asleep():
     it is now left to the waiting caller (or to the park's end, 1 ms at most). Measured: 2-8
     background passes in 500 calls on a quiet host, 109 beside another job's 2 busy ranks (a rank
     switched out between its calls comes back past the 50 us window), against 438-492 with the
-    wake-up: the bound is half the calls."""
+    wake-up. A wait that finds its call done (run by the background thread) counts as a drive
+    too: before, such a caller's next enqueue woke the thread again, which often ran that call as
+    well, and so on; on a host of 2 AMD EPYC vCPUs that made 25-293 background passes in 500 calls
+    (256 in one run of the suite), and 16-65 since, 37-48 beside two busy processes. The bound is a quarter of
+    the calls."""
     import horo_runner
 
     calls = 500
@@ -217,7 +221,7 @@ def test_an_async_call_waited_for_at_once_leaves_the_background_thread_asleep():
     for rank, (failures, background, callers) in enumerate(reports):
         assert failures == [], f"rank {rank}: {failures[:5]}"
         assert callers > 0, f"rank {rank}: callers ran no pass"
-        assert background < calls // 2, f"rank {rank}: the background thread ran {background} passes in {calls} calls"
+        assert background < calls // 4, f"rank {rank}: the background thread ran {background} passes in {calls} calls"
 
 
 def _shared_core_job(blocks, calls, pair_calls, done_file):

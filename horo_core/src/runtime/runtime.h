@@ -272,7 +272,7 @@ class Runtime {
   std::atomic<int64_t> background_passes_{0};
   std::atomic<int64_t> caller_polls_{0};
   std::atomic<int64_t> caller_yields_{0};
-  std::atomic<int64_t> last_drive_ns_{0};  // steady-clock time the last Drive ended
+  std::atomic<int64_t> last_drive_ns_{0};  // steady-clock time the last Drive, or Wait found done, ended
   bool poll_allowed_ = false;              // set by Connect: this host has a CPU per local rank
   std::atomic<int> poll_score_{0};         // PollAllowed: on while > 0
   std::atomic<int> poll_skip_{0};          // while the score is 0: drives until the next probe

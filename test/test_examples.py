@@ -112,8 +112,10 @@ def test_async_step_checks_its_values_on_two_ranks():
 def test_wait_at_once_times_each_entry_point_on_two_ranks():
     proc = run_benchmark("wait_at_once.py", "--calls", "50", "--repeats", "1", np=2)
     lines = [line.split(":", 1)[1] for line in proc.stdout.splitlines() if line.startswith("[0]<stdout>:")]
-    assert [line.split("  ")[0] for line in lines if line.endswith("us per call")] == [
+    timed = [line for line in lines if line.endswith(" background passes per call")]
+    assert [line.split("  ")[0] for line in timed] == [
         "allreduce_", "allreduce", "allreduce_async_ + synchronize", "allreduce_async + synchronize"], proc.stdout
+    assert all(0 <= float(line.split(", ")[1].split()[0]) <= 1 for line in timed), proc.stdout
 
 
 def test_poll_loop_bench_checks_each_way_of_waiting():

@@ -6,7 +6,9 @@
 Loops of --calls named allreduces (op Sum) of --elements float32 elements: ``allreduce_``,
 ``allreduce``, ``allreduce_async_`` + ``synchronize`` and ``allreduce_async`` + ``synchronize``,
 taking turns within each of --repeats repeats. Rank 0 prints, per entry point, the median over the
-repeats of the slowest rank's time per call, after checking that every result is the sum.
+repeats of the slowest rank's time per call, after checking that every result is the sum, and the
+passes the background thread ran per call (the most of any rank, over all repeats): a caller that
+waits at once runs its collective itself, so they should stay near 0.
 """
 import argparse
 import statistics
@@ -15,6 +17,7 @@ import time
 import torch
 
 import horo_torch as hvd
+from horo_core import basics
 
 
 def main():
@@ -41,17 +44,23 @@ def main():
         if not bool((got == total).all()):
             raise SystemExit(f"{label}: got {got[:4].tolist()}, want {total}")
     times = {label: [] for label in entry_points}
+    background = dict.fromkeys(entry_points, 0)
+    runtime = basics.runtime()
     for _ in range(args.repeats):
         for label, call in entry_points.items():
             hvd.barrier()
+            passes = runtime.stats().passes_by_background
             start = time.perf_counter()
             for _ in range(args.calls):
                 call()
             times[label].append((time.perf_counter() - start) / args.calls * 1e6)
+            background[label] += runtime.stats().passes_by_background - passes
     for label in entry_points:
-        slowest = hvd.allreduce(torch.tensor(times[label], dtype=torch.float64), op=hvd.Max, name=f"wait.{label}")
+        slowest = hvd.allreduce(torch.tensor(times[label] + [background[label]], dtype=torch.float64), op=hvd.Max,
+                                name=f"wait.{label}").tolist()
         if r == 0:
-            print(f"{label:32s} {statistics.median(slowest.tolist()):7.1f} us per call", flush=True)
+            print(f"{label:32s} {statistics.median(slowest[:-1]):7.1f} us per call, "
+                  f"{slowest[-1] / (args.calls * args.repeats):.3f} background passes per call", flush=True)
     hvd.shutdown()
 
 

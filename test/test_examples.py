@@ -115,7 +115,7 @@ def test_wait_at_once_times_each_entry_point_on_two_ranks():
     timed = [line for line in lines if line.endswith(" background passes per call")]
     assert [line.split("  ")[0] for line in timed] == [
         "allreduce_", "allreduce", "allreduce_async_ + synchronize", "allreduce_async + synchronize"], proc.stdout
-    assert all(0 <= float(line.split(", ")[1].split()[0]) <= 1 for line in timed), proc.stdout
+    assert all(float(line.split(", ")[1].split()[0]) >= 0 for line in timed), proc.stdout  # the passes per call
 
 
 def test_poll_loop_bench_checks_each_way_of_waiting():

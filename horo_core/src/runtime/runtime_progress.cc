@@ -12,12 +12,13 @@
 // While callers drive, the background thread stays off the transport's doorbell (it parks on a
 // condition variable with a short timeout), so that peers publishing to this rank need no system
 // call to wake a thread that has nothing to do. Enqueue wakes it, unless the caller says it will
-// wait at once (horo_op_options_t.caller_waits), or the thread is parked and a drive ended
-// microseconds ago: an asynchronous call made then is most likely waited for at once too
-// (synchronize(allreduce_async_()), a loop of them), and the wake-up would cost that caller more
-// than the collective. Left asleep, the thread takes the request up when its park ends (kParkTime)
-// if no caller has. A training step's gradients come later, and wake it, so that they are reduced
-// while the backward pass goes on. A caller that gives up, or leaves requests behind, wakes it too.
+// wait at once (horo_op_options_t.caller_waits), or the thread is parked and a drive (or a wait
+// that found its handle done) ended microseconds ago: an asynchronous call made then is most
+// likely waited for at once too (synchronize(allreduce_async_()), a loop of them), and the wake-up
+// would cost that caller more than the collective. Left asleep, the thread takes the request up
+// when its park ends (kParkTime) if no caller has. A training step's gradients come later, and
+// wake it, so that they are reduced while the backward pass goes on. A caller that gives up, or
+// leaves requests behind, wakes it too.
 // Without a transport that can wait without reading (CanWaitControl), the background thread alone
 // runs the passes, blocking in PollControl as before.
 //

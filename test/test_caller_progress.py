@@ -211,7 +211,7 @@ def test_an_async_call_waited_for_at_once_leaves_the_background_thread_asleep():
     wake-up. A wait that finds its call done (run by the background thread) counts as a drive
     too: before, such a caller's next enqueue woke the thread again, which often ran that call as
     well, and so on; on a host of 2 AMD EPYC vCPUs that made 25-293 background passes in 500 calls
-    (256 in one run of the suite), and 16-65 since, 37-48 beside two busy processes. The bound is
+    (256 in one run of the suite), and 16-89 since, 37-48 beside two busy processes. The bound is
     a quarter of the calls."""
     import horo_runner
 

@@ -210,18 +210,28 @@ def test_an_async_call_waited_for_at_once_leaves_the_background_thread_asleep():
     switched out between its calls comes back past the 50 us window), against 438-492 with the
     wake-up. A wait that finds its call done (run by the background thread) counts as a drive
     too: before, such a caller's next enqueue woke the thread again, which often ran that call as
-    well, and so on; on a host of 2 AMD EPYC vCPUs that made 25-293 background passes in 500 calls
-    (256 in one run of the suite), and 16-89 since, 37-48 beside two busy processes. The bound is
-    a quarter of the calls."""
+    well, and so on.
+
+    The count depends on how the host schedules the ranks. On a host of 2 AMD EPYC vCPUs it was
+    25-293 per rank before that fix (256 in one run of the suite) and 16-158 in most jobs since,
+    but 206-438 in some jobs of one bad period of a few minutes, with either build: then a tenth of
+    the calls took about half a millisecond (left alone, see docs/benchmarks.md). So a job over the
+    bound of half the calls is run again, up to three jobs in all; with the wake-up on every
+    enqueue every job is over it."""
     import horo_runner
 
-    calls = 500
-    reports = horo_runner.run(_async_then_wait_job, args=(calls,), num_proc=2,
-                              env={"HORO_PEER_TIMEOUT_SECONDS": "60"})
-    for rank, (failures, background, callers) in enumerate(reports):
-        assert failures == [], f"rank {rank}: {failures[:5]}"
-        assert callers > 0, f"rank {rank}: callers ran no pass"
-        assert background < calls // 4, f"rank {rank}: the background thread ran {background} passes in {calls} calls"
+    calls, jobs = 500, 3
+    counts = []
+    for _ in range(jobs):
+        reports = horo_runner.run(_async_then_wait_job, args=(calls,), num_proc=2,
+                                  env={"HORO_PEER_TIMEOUT_SECONDS": "60"})
+        for rank, (failures, _, callers) in enumerate(reports):
+            assert failures == [], f"rank {rank}: {failures[:5]}"
+            assert callers > 0, f"rank {rank}: callers ran no pass"
+        counts.append([background for _, background, _ in reports])
+        if max(counts[-1]) < calls // 2:
+            return
+    pytest.fail(f"the background thread ran {counts} passes (per job, per rank) in {calls} calls")
 
 
 def _shared_core_job(blocks, calls, pair_calls, done_file):

@@ -214,8 +214,8 @@ def test_an_async_call_waited_for_at_once_leaves_the_background_thread_asleep():
 
     The count depends on how the host schedules the ranks. On a host of 2 AMD EPYC vCPUs it was
     25-293 per rank before that fix (256 in one run of the suite) and 16-158 in most jobs since,
-    but 206-438 in some jobs of one bad period of a few minutes, with either build: then a tenth of
-    the calls took about half a millisecond (left alone, see docs/benchmarks.md). So a job over the
+    but 206-438 in some jobs of one bad period of a few minutes, in which a tenth of the calls took
+    about half a millisecond with either build (left alone, see docs/benchmarks.md). So a job over the
     bound of half the calls is run again, up to three jobs in all; with the wake-up on every
     enqueue every job is over it."""
     import horo_runner

@@ -185,9 +185,9 @@ class _DistributedOptimizer:
             raise ValueError(f"DistributedOptimizer: groups cannot hold parameters with sparse gradients ({sparse}); "
                              "leave them out of groups or pass sparse_as_dense=True")
         # A compression that fails on this rank fails these gradients' reduction on every rank.
-        pairs = _compressed(self._compression, lib.HORO_ALLREDUCE, "allreduce" if len(unit) == 1 else
-                            "grouped_allreduce", names[0], [g.to_dense() if g.is_sparse else g for g in grads],
-                            self.process_set)
+        kind = "allreduce" if len(unit) == 1 else "grouped_allreduce"
+        pairs = _compressed(self._compression, lib.HORO_ALLREDUCE, kind, names[0],
+                            [g.to_dense() if g.is_sparse else g for g in grads], self.process_set)
         tensors = [t for t, _ in pairs]
         prescale, postscale = self._scale_factors()
         if len(unit) == 1:

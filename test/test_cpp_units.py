@@ -23,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = os.path.join(ROOT, "horo_core", "src")
 INCLUDE = os.path.join(ROOT, "horo_core", "include")
 TESTS = sorted(glob.glob(os.path.join(ROOT, "test", "cpp", "test_*.cc")))
-FLAGS = ["-std=c++17", "-O2", "-g", "-pthread", "-I", SRC, "-I", INCLUDE]
+FLAGS = ["-std=c++17", "-O2", "-g1", "-pthread", "-I", SRC, "-I", INCLUDE]
 
 
 def _sources_of(test_path):

@@ -1,6 +1,7 @@
 """Fixtures shared by the hororun tests (test_hororun*.py): the launcher package (top-level
-runner/) made importable as horo_runner, and a child environment without HORO_ settings; and the
-order in which the files run."""
+runner/) made importable as horo_runner, and a child environment without HORO_ settings; the order
+in which the files run, and the tests that run while no other test does."""
+import fcntl
 import os
 import sys
 
@@ -46,6 +47,8 @@ LONGEST_FIRST = ["test_torch_errors.py",   # 178
 
 
 def pytest_configure(config):
+    config.addinivalue_line("markers", "alone: a test whose measurement another test's load spoils (rounds or "
+                                       "background passes per call); it runs while no other test does")
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False  # xdist follows the collection order below
 
@@ -53,3 +56,18 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(os.path.basename(str(item.path)), len(rank)))  # stable
+
+
+@pytest.fixture(autouse=True)
+def _alone_or_beside_others(request, tmp_path_factory):
+    """Under xdist, every test holds a shared lock on a file that all workers see, and a test marked
+    alone an exclusive one: it waits for the other worker's test to end, and that worker's next test
+    waits for it."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    exclusive = request.node.get_closest_marker("alone") is not None
+    # Each worker's base folder is <the run's base>/popen-gw<N>: the parent is common to all.
+    with open(tmp_path_factory.getbasetemp().parent / "alone.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield  # closing the file releases the lock

@@ -201,6 +201,7 @@ def _async_then_wait_job(calls):
             after.passes_by_callers - before.passes_by_callers)
 
 
+@pytest.mark.alone
 def test_an_async_call_waited_for_at_once_leaves_the_background_thread_asleep():
     """An asynchronous enqueue woke the background thread, though a caller that waits at once runs
     the collective itself: on 2 ranks of 2 cores the wake-up tripled the cost of
@@ -299,6 +300,7 @@ def _shared_core_job(blocks, calls, pair_calls, done_file):
     return failures, rounds, end.passes_by_callers - start.passes_by_callers, background
 
 
+@pytest.mark.alone
 @pytest.mark.parametrize("np_", [2, 3])
 def test_ranks_sharing_a_core_agree_one_round_per_call(np_, tmp_path):
     """On a shared core a rank often reads a peer's next round message in the pass that finishes its
@@ -375,6 +377,7 @@ def _run_poll_job(np_, pin, blocks=8, calls=250):
     return [per_block for _, per_block in reports], calls
 
 
+@pytest.mark.alone
 def test_waiting_callers_poll_when_each_rank_has_a_core():
     """A caller waiting on a peer that runs on another core busy-polls for a few microseconds
     before it yields its core, so a loop of small synchronous allreduces rarely makes the system

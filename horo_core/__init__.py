@@ -3,6 +3,25 @@ detection and rendezvous, shared by horo_torch and horo_tf."""
 __version__ = "0.1.0"
 
 
+def installed_version(module):
+    """The version of the distribution that installs module (tensorflow-cpu's for tensorflow),
+    found without importing module; "installed" where no distribution names it, None where module
+    is not found. hororun --check-build took 14 s when it imported the frameworks instead."""
+    import importlib.metadata
+    import importlib.util
+    try:
+        if importlib.util.find_spec(module) is None:
+            return None
+    except (ImportError, ValueError):
+        return None
+    for distribution in importlib.metadata.packages_distributions().get(module, [module]):
+        try:
+            return importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "installed"
+
+
 def require_framework(module, adapter, framework, requirements):
     """Imports module (the framework an adapter wraps) and returns it; where it is not installed,
     the error names what to install (requirements, pip's words) instead of failing deep inside the

@@ -14,15 +14,8 @@ def main(argv=None):
     print(f"  reduction kernels: {ffi.string(lib.horo_cpu_features()).decode() or 'baseline'}")
     print("  transports: tcp, shared memory (ranks on one host), loopback (one rank)")
     print(f"  nccl: {_nccl_found()}")
-    # TensorFlow's import logs its CPU features to stderr unless told not to; a report has no use for it.
-    import os
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    for name in ("torch", "tensorflow"):
-        try:
-            module = __import__(name)
-            print(f"  {name}: {module.__version__}")
-        except ImportError:
-            print(f"  {name}: not installed")
+    for name in ("torch", "tensorflow"):  # not imported: importing TensorFlow takes 9 s of CPU
+        print(f"  {name}: {horo_core.installed_version(name) or 'not installed'}")
     print("Settings (HORO_<NAME>, or HOROVOD_<NAME>):")
     for s in config.settings():
         print(f"  {s.name:<28} {s.value:<12} default {s.default:<10} {s.doc}")

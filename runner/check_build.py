@@ -6,11 +6,9 @@ or fails to load is reported instead of crashing the launcher.
 """
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import subprocess
 import sys
-from typing import IO, Optional
+from typing import IO
 
 __all__ = ["launcher_version", "check_build"]
 
@@ -25,19 +23,6 @@ def launcher_version() -> str:
     except Exception:  # not built, or a broken build: the launcher still reports its own
         from .version import __version__
         return __version__
-
-
-def _installed(module: str, distribution: Optional[str] = None) -> Optional[str]:
-    """Version string (or "installed") when ``module`` can be found, else None."""
-    try:
-        if importlib.util.find_spec(module) is None:
-            return None
-    except (ImportError, ValueError):
-        return None
-    try:
-        return importlib.metadata.version(distribution or module)
-    except importlib.metadata.PackageNotFoundError:
-        return "installed"
 
 
 def _mark(value: object) -> str:
@@ -66,9 +51,10 @@ def check_build(out: IO[str]) -> int:
     Returns:
         0 (the report itself says what is missing).
     """
-    torch, tensorflow = _installed("torch"), _installed("tensorflow")
-    horo_torch, horo_tf = _installed("horo_torch"), _installed("horo_tf")
-    mpi4py = _installed("mpi4py")
+    from horo_core import installed_version  # the package's __init__ alone: it needs no build
+    torch, tensorflow = installed_version("torch"), installed_version("tensorflow")
+    horo_torch, horo_tf = installed_version("horo_torch"), installed_version("horo_tf")
+    mpi4py = installed_version("mpi4py")
     core_ok, core_text = _core_info()
     lines = [
         f"Horo v{launcher_version()}:",

@@ -4,6 +4,7 @@ Workers are small ``python -c`` programs that read HORO_RANK. The launcher packa
 top-level ``runner/`` folder; for tests it is made importable as ``horo_runner`` through a
 symlink in a temporary directory (setup.py does the mapping for installs).
 """
+import importlib.util
 import io
 import json
 import os
@@ -756,6 +757,13 @@ def test_check_build_reports_without_crashing(child_env):
                     "Available Tensor Operations:"):
         assert heading in out
     assert re.search(r"\[[X ]\] PyTorch", out) and re.search(r"\[[X ]\] TensorFlow", out)
+    # The versions come from the installed distributions (tensorflow-cpu's for tensorflow): importing
+    # the frameworks made the report take 14 s.
+    import torch
+    assert f"[X] PyTorch {torch.__version__} (horo_torch adapter found)" in out, out
+    assert f"\n      torch: {torch.__version__}\n" in out, out
+    if importlib.util.find_spec("tensorflow") is not None:
+        assert re.search(r"\[X\] TensorFlow \d+\.\d+", out) and re.search(r"\n      tensorflow: \d+\.\d+", out), out
 
 
 def test_ignored_and_refused_horovod_flags(child_env):

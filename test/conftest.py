@@ -34,7 +34,7 @@ def child_env(runner_path):
 # most tests first, which left the TensorFlow files (two or three long tests each) running together
 # at the end. A file not listed runs after these, in the usual order.
 LONGEST_FIRST = ["test_torch_errors.py",   # 178
-                 "test_examples.py",       # 159 (before --help shared a process per framework: 44 s less)
+                 "test_examples.py",       # 159, before --help shared a process per framework
                  "test_cpp_units.py",      # 134
                  "test_tf_ops.py",         # 120
                  "test_bootstrap.py",      # 105

@@ -9,11 +9,11 @@ has its own GPU and gloo when ranks share one (NCCL refuses two ranks on one GPU
 
 The model is a stack of square Linear layers (default 48 x 720: about 25M parameters in 98
 tensors). After one untimed round of every mode, every mode runs the same number of timed steps
-after warm-up; the modes take turns in each repeat so that drift on a shared machine hits them alike. Reported: samples/s of the whole job
-(median over repeats), the ratios Horo/DDP and Horo/ceiling of those medians, and Horo/ceiling per
-repeat (both measured within the same repeat, one after the other without DDP) with its median. At the
-end the job checks that the modes that synchronise (Horo, DDP) left the same parameters on every
-rank.
+after warm-up; the modes take turns in each repeat so that drift on a shared machine hits them
+alike. Reported: samples/s of the whole job (median over repeats), the ratios Horo/DDP and
+Horo/ceiling of those medians, and Horo/ceiling per repeat (both measured within the same repeat,
+one after the other without DDP) with its median. At the end the job checks that the modes that
+synchronise (Horo, DDP) left the same parameters on every rank.
 """
 import argparse
 import os

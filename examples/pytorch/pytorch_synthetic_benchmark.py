@@ -142,7 +142,7 @@ def main():
         print(f"model: {params / 1e6:.1f}M parameters in {tensors} tensors; batch {args.batch_size} per rank; "
               f"{hvd.size()} ranks; {device.type}: {where}", flush=True)
     # A round of every mode before the timed ones: the first second or so of a job runs slower
-    # whatever runs in it (about 0.7x on the 2-vCPU hosts here), which made the first repeat's
+    # whatever runs in it (about 0.7x; docs/benchmarks.md, stop 57), which made the first repeat's
     # ratio of the first mode to the second meaningless.
     for mode in modes:
         measure(mode, args, device)

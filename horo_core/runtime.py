@@ -232,9 +232,11 @@ class Stats:
     such a caller gave up its core (sched_yield); allgather_from_announcements counts the small
     agreed allgathers whose data came with the announcements (not counted in allgather_ring), and
     reducescatter_from_announcements and alltoall_from_announcements the small agreed
-    reducescatters and alltoalls likewise; express_runs counts the synchronous allreduces of one
-    small repeated tensor that the caller ran alone (no queued entry, no handle), and
-    express_handovers those it began so and then handed over to the queue.
+    reducescatters and alltoalls likewise; express_runs counts the synchronous allreduces and
+    broadcasts of one small repeated tensor that the caller ran alone (no queued entry, no
+    handle), and express_handovers those it began so and then handed over to the queue;
+    broadcast_from_announcements counts the small agreed broadcasts whose data came with the
+    root's announcement.
     """
     allreduce_recursive_doubling: int
     allreduce_ring: int
@@ -256,6 +258,7 @@ class Stats:
     alltoall_from_announcements: int
     express_runs: int
     express_handovers: int
+    broadcast_from_announcements: int
 
 
 class LoopbackHub:

@@ -49,6 +49,46 @@ def test_repeated_synchronous_allreduces_are_exact_for_every_dtype_and_op(size):
     assert sum(runs for _, (runs, _) in results) > 0
 
 
+@pytest.mark.parametrize("size", [2, 3])
+def test_repeated_synchronous_broadcasts_run_alone_and_copy_the_roots_tensor(size):
+    """horo_run of a small repeated broadcast takes the allreduce's path: the root alone announces
+    its bytes, and every member copies them, in place or into another output, for every dtype and
+    root. 4100 bytes take the data plane, as before."""
+    from core_values import ALL, name
+
+    def run_broadcast(rt, array, root, tag, out):  # out None: in place
+        out = array if out is None else out
+        spec = ops._spec(tag, array, out, None)
+        rt.run(lib.HORO_BROADCAST, tag, spec.input_ptr, spec.output_ptr, spec.dtype, spec.shape, root_rank=root)
+        return out
+
+    def values(root, step, count):
+        return np.arange(count, dtype=np.float64) % 50 + 3.0 * root + step
+
+    def body(rt):
+        wrong = []
+        for step in range(4):
+            for dtype in ALL:
+                for root in range(size):
+                    mine = make(dtype, values(rt.rank, step, 5))
+                    want = read(dtype, make(dtype, values(root, step, 5)))
+                    got = run_broadcast(rt, mine, root, f"b.{name(dtype)}.{root}", np.empty_like(mine))
+                    inplace = run_broadcast(rt, mine.copy(), root, f"b.in.{name(dtype)}.{root}", None)
+                    for tag, out in (("out", got), ("in place", inplace)):
+                        if not np.array_equal(read(dtype, out), want):
+                            wrong.append((step, name(dtype), root, tag, read(dtype, out).tolist()))
+            big = values(rt.rank, step, 1025).astype(np.float32)
+            if not np.array_equal(run_broadcast(rt, big, 0, "b.big", None), values(0, step, 1025).astype(np.float32)):
+                wrong.append((step, "4100 bytes"))
+        return wrong, express_counts(rt)
+
+    with World(size) as world:
+        results = world.run(body)
+    for wrong, _ in results:
+        assert wrong == []
+    assert sum(runs for _, (runs, _) in results) > 0
+
+
 def test_prescale_postscale_and_average_are_applied_by_the_caller():
     def body(rt):
         got = []

@@ -500,6 +500,52 @@ def test_small_alltoalls_take_this_ranks_rows_from_the_announcements(size):
         assert from_announcements == 2 * eager_per_step, from_announcements
 
 
+@pytest.mark.parametrize("size", [2, 3])
+def test_small_broadcasts_copy_the_roots_tensor_from_its_announcement(size):
+    """A repeated broadcast of at most 4096 bytes travels with the root's announcement (the other
+    members announce no bytes) and every member copies the root's tensor itself: every dtype and
+    every root, in place and into another output. An empty tensor (no bytes from anyone, as an
+    allgather without rows) and one of 4100 bytes take the data plane. The first step, through the
+    coordinator and the data plane, must give the same values."""
+    from core_values import ALL
+
+    def values(root, step, count):
+        return np.arange(count, dtype=np.float64) % 50 + 3.0 * root + step
+
+    def body(rt):
+        failures = []
+        start = rt.stats()
+        for step in range(3):
+            for dtype in ALL:
+                for root in range(size):
+                    mine = make(dtype, values(rt.rank, step, 6).reshape(2, 3))
+                    want = read(dtype, make(dtype, values(root, step, 6).reshape(2, 3)))
+                    got = ops.broadcast(rt, mine.copy(), root, f"bc.{name(dtype)}.{root}", dtype=dtype)
+                    inplace = mine.copy()
+                    ops.broadcast(rt, inplace, root, f"bc.in.{name(dtype)}.{root}", out=inplace, dtype=dtype)
+                    for tag, out in (("out", got), ("in place", inplace)):
+                        if out.shape != (2, 3) or not np.array_equal(read(dtype, out), want):
+                            failures.append(f"{name(dtype)} root {root} step {step} {tag}: {read(dtype, out).tolist()}")
+            empty = ops.broadcast(rt, np.zeros((0, 4), np.float32), size - 1, "bc.empty")
+            if empty.shape != (0, 4):
+                failures.append(f"empty: {empty.shape}")
+            # 1024 float32 go with the root's announcement, 1025 take the data plane.
+            for count in (1024, 1025):
+                got = ops.broadcast(rt, values(rt.rank, step, count).astype(np.float32), 1, f"bc.edge.{count}")
+                if not np.array_equal(got, values(1, step, count).astype(np.float32)):
+                    failures.append(f"edge {count} step {step}")
+        end = rt.stats()
+        return failures, end.broadcast_from_announcements - start.broadcast_from_announcements
+
+    with World(size) as world:
+        results = world.run(body)
+    eager_per_step = len(ALL) * size * 2 + 1  # every dtype, root and output, and the 1024-element edge
+    for failures, from_announcements in results:
+        assert failures == [], failures[:10]
+        # The first step goes through the coordinator and the data plane.
+        assert from_announcements == 2 * eager_per_step, from_announcements
+
+
 def test_announced_data_is_reduced_alike_on_every_rank():
     """Random float32 values: the sum depends on the order of the additions, so every rank must
     reduce the contributions in the same (member) order to get the same bytes."""

@@ -185,12 +185,15 @@ typedef struct horo_runtime_stats {
                                                whose data came with the announcements */
   int64_t alltoall_from_announcements;   /* small host alltoalls agreed between the ranks, whose data
                                             came with the announcements */
-  int64_t express_runs;                  /* synchronous allreduces of one small repeated tensor that
-                                            the caller ran alone, without a queued entry (counted in
-                                            allreduce_from_announcements too) ... */
+  int64_t express_runs;                  /* synchronous allreduces and broadcasts of one small
+                                            repeated tensor that the caller ran alone, without a
+                                            queued entry (counted in allreduce_from_announcements or
+                                            broadcast_from_announcements too) ... */
   int64_t express_handovers;             /* ... and those it began so and handed over to the queue,
                                             when the round brought other news or took longer than
                                             HORO_SPIN_MICROSECONDS */
+  int64_t broadcast_from_announcements;  /* small host broadcasts agreed between the ranks, whose data
+                                            came with the root's announcement */
 } horo_runtime_stats_t;
 
 /* One setting of the configuration table. */

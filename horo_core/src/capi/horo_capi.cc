@@ -261,6 +261,7 @@ horo_status_t horo_runtime_stats(horo_runtime_t* rt, horo_runtime_stats_t* out) 
   out->allgather_from_announcements = stats.allgather_from_announcements;
   out->reducescatter_from_announcements = stats.reducescatter_from_announcements;
   out->alltoall_from_announcements = stats.alltoall_from_announcements;
+  out->broadcast_from_announcements = stats.broadcast_from_announcements;
   rt->impl->CountExpress(&out->express_runs, &out->express_handovers);
   return HORO_OK;
   HORO_API_END();

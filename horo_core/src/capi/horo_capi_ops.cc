@@ -83,9 +83,9 @@ horo_status_t horo_run(horo_runtime_t* rt, int32_t op_type, const horo_tensor_t*
                                                        "horo_enqueue and horo_handle_result for ") +
                                                horo::OpTypeName(op));
   }
-  if (op == horo::OpType::kAllreduce && count == 1 && tensors != nullptr) {
+  if (op != horo::OpType::kBarrier && count == 1 && tensors != nullptr) {  // an allreduce or a broadcast
     horo::Status express;
-    if (rt->impl->RunExpress(tensors[0], run_options, &express)) return SetError(express);
+    if (rt->impl->RunExpress(op, tensors[0], run_options, &express)) return SetError(express);
   }
   const int32_t handle_count = op == horo::OpType::kBarrier || op == horo::OpType::kJoin ? 1 : std::max(count, 1);
   horo_handle_t one = 0;

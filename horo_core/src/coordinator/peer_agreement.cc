@@ -179,7 +179,9 @@ void PeerAgreement::Announce(int64_t id, Request request, int64_t unit) {
   if (Eager(cached)) {
     const std::vector<int32_t>* members = members_view_.Get(set);  // this rank is one (Matches)
     const auto me = members ? std::find(members->begin(), members->end(), rank_) : std::vector<int32_t>::const_iterator();
-    if (members && me != members->end()) eager = EagerBytes(cached, static_cast<size_t>(me - members->begin()));
+    if (members && me != members->end()) {
+      eager = EagerBytes(cached, *members, static_cast<size_t>(me - members->begin()));
+    }
   }
   if (eager > 0 && input != nullptr && next_data_bytes_ + eager <= kEagerBytesPerMessage) {
     next_.data.emplace_back(static_cast<const char*>(input), static_cast<size_t>(eager));
@@ -211,16 +213,22 @@ bool PeerAgreement::Eager(const Response& r) {
     }
     return true;
   }
+  if (r.op_type == OpType::kBroadcast) {  // the root's whole tensor; every member copies it
+    return r.NumElements() * static_cast<int64_t>(DataTypeSize(r.dtype)) <= kEagerBytes;
+  }
   return false;
 }
 
-int64_t PeerAgreement::EagerBytes(const Response& r, size_t member_index) {
+int64_t PeerAgreement::EagerBytes(const Response& r, const std::vector<int32_t>& members, size_t member_index) {
   if (r.op_type == OpType::kAllgather) {
     return member_index < r.member_dims.size() ? r.member_dims[member_index] * RowBytes(r) : 0;
   }
   if (r.op_type == OpType::kAlltoall) {
     const size_t n = AlltoallMembers(r);
     return member_index < n ? AlltoallRowsOf(r, n, member_index) * RowBytes(r) : 0;
+  }
+  if (r.op_type == OpType::kBroadcast && (member_index >= members.size() || members[member_index] != r.root_rank)) {
+    return 0;
   }
   return r.NumElements() * static_cast<int64_t>(DataTypeSize(r.dtype));
 }

@@ -18,11 +18,12 @@
 //   3. announcements of ids still cached; the ids that every member has announced run, in id order,
 //      fused as the coordinator fuses (up to the threshold stamped in the responses, so that ranks
 //      with different settings still fuse alike).
-// A small host allreduce, reducescatter, allgather or alltoall (Eager) travels with its data: each
-// rank puts its input bytes in the announcement, so once every member's announcement is in, every
-// rank holds every contribution and reduces them (in member order: the same arithmetic on every
-// rank; a reducescatter only the rows of its own part) or lays them end to end itself (an alltoall
-// only the rows each member sent it), with no data-plane step at all.
+// A small host allreduce, reducescatter, allgather, alltoall or broadcast (Eager) travels with its
+// data: each rank puts its input bytes in the announcement (the root alone, for a broadcast), so
+// once every member's announcement is in, every rank holds every contribution and reduces them (in
+// member order: the same arithmetic on every rank; a reducescatter only the rows of its own part),
+// lays them end to end itself (an alltoall only the rows each member sent it) or copies the root's,
+// with no data-plane step at all.
 // An id this rank announced that is forgotten before it runs (evicted by the coordinator, dropped in
 // step 2, its set being joined or removed) becomes a full request to the coordinator instead, so
 // nothing waits forever. The members of a grouped call are announced together or not at all, run in
@@ -63,18 +64,20 @@ struct AgreedStep {
 
 class PeerAgreement {
  public:
-  // Largest allreduce, reducescatter or alltoall input (and allgather result) announced with its
-  // data, and the data one message carries at most.
+  // Largest allreduce, reducescatter, alltoall or broadcast input (and allgather result) announced
+  // with its data, and the data one message carries at most.
   static constexpr int64_t kEagerBytes = 4096;
   static constexpr int64_t kEagerBytesPerMessage = 64 << 10;
   // Whether this cached response travels with its data in the announcements rather than on the
   // data plane: host allreduces and reducescatters (not Adasum) up to kEagerBytes and the
   // response's latency-optimal crossover, host allgathers whose result is at most kEagerBytes,
-  // host alltoalls whose every member's input is at most kEagerBytes. Then EagerBytes is what the
-  // member at member_index of the set announces: the whole tensor of an allreduce, a reducescatter
-  // or an alltoall (all the rows it sends), its own rows of an allgather (which may be none).
+  // host alltoalls whose every member's input is at most kEagerBytes, host broadcasts of at most
+  // kEagerBytes. Then EagerBytes is what the member at member_index of the set (members, in rank
+  // order) announces: the whole tensor of an allreduce, a reducescatter or an alltoall (all the
+  // rows it sends), its own rows of an allgather (which may be none), and of a broadcast the whole
+  // tensor from the root and nothing from the other members.
   static bool Eager(const Response& response);
-  static int64_t EagerBytes(const Response& response, size_t member_index);
+  static int64_t EagerBytes(const Response& response, const std::vector<int32_t>& members, size_t member_index);
 
   PeerAgreement(int rank, int size, ResponseCache* cache, ProcessSetTable* sets);
 
@@ -100,14 +103,14 @@ class PeerAgreement {
   // Completes that round: *run receives the steps every rank runs now, in order.
   void CompleteRound(std::vector<AgreedStep>* run);
 
-  // A round of one synchronous allreduce, for a caller that runs it by itself
+  // A round of one synchronous collective, for a caller that runs it by itself
   // (Runtime::RunExpress): with nothing else pending on this rank (Idle), a cached small host
-  // allreduce that request matches (FitsAlone: its id) is announced alone (AnnounceAlone, which
-  // makes the round's message; *payload then goes to every peer). When the round is ready and
-  // every member announced just that, with its data, and no rank sent anything else,
-  // CompleteAlone completes it: true, and *contributions points to every member's input bytes, in
-  // member order, until EndAlone. Otherwise the caller hands the request over (AdoptAlone), and
-  // the round completes as any other.
+  // allreduce or broadcast that request matches (FitsAlone: its id) is announced alone
+  // (AnnounceAlone, which makes the round's message; *payload then goes to every peer). When the
+  // round is ready and every member announced just that, with its data (EagerBytes), and no rank
+  // sent anything else, CompleteAlone completes it: true, and *contributions points to every
+  // member's input bytes, in member order, until EndAlone. Otherwise the caller hands the request
+  // over (AdoptAlone), and the round completes as any other.
   bool Idle() const;
   int64_t FitsAlone(const Request& request) const;
   void AnnounceAlone(int64_t id, const void* input, std::string* payload);

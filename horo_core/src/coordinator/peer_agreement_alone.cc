@@ -1,9 +1,11 @@
-// PeerAgreement's rounds of one synchronous allreduce announced alone (peer_agreement.h, "A round
-// of one synchronous allreduce"; runtime/runtime_express.cc runs them): the checks that the rank
-// has nothing else pending and that the request matches its cached response, the announcement, and
-// the completion of a round in which every member announced that tensor alone, with its data,
-// which skips the general bookkeeping of CompleteRound. Any other round completes there, after the
-// caller hands its request over (AdoptAlone).
+// PeerAgreement's rounds of one synchronous allreduce or broadcast announced alone
+// (peer_agreement.h, "A round of one synchronous collective"; runtime/runtime_express.cc runs
+// them): the checks that the rank has nothing else pending and that the request matches its cached
+// response, the announcement, and the completion of a round in which every member announced that
+// tensor alone, with its data, which skips the general bookkeeping of CompleteRound. Any other
+// round completes there, after the caller hands its request over (AdoptAlone).
+#include <algorithm>
+
 #include "coordinator/peer_agreement.h"
 
 namespace horo {
@@ -14,7 +16,10 @@ bool PeerAgreement::Idle() const {
 }
 
 int64_t PeerAgreement::FitsAlone(const Request& request) const {
-  if (request.op_type != OpType::kAllreduce || request.device != 0 || request.input == nullptr) return -1;
+  if ((request.op_type != OpType::kAllreduce && request.op_type != OpType::kBroadcast) || request.device != 0 ||
+      request.input == nullptr) {
+    return -1;
+  }
   const int64_t id = cache_->Find(request.process_set_id, request.name);
   if (id < 0) return -1;
   const Response& cached = *cache_->Get(id);
@@ -24,10 +29,12 @@ int64_t PeerAgreement::FitsAlone(const Request& request) const {
 
 void PeerAgreement::AnnounceAlone(int64_t id, const void* input, std::string* payload) {
   const Response& cached = *cache_->Get(id);
+  const std::vector<int32_t>& members = *members_view_.Get(cached.process_set_id);  // this rank is one (Matches)
+  const size_t me = static_cast<size_t>(std::find(members.begin(), members.end(), rank_) - members.begin());
   next_.hits.push_back(id);
   next_.units.push_back(id);
   next_.data.emplace_back();
-  next_.data.back().assign(static_cast<const char*>(input), static_cast<size_t>(EagerBytes(cached, 0)));
+  next_.data.back().assign(static_cast<const char*>(input), static_cast<size_t>(EagerBytes(cached, members, me)));
   NextMessage(payload, /*answer=*/true);
 }
 
@@ -39,7 +46,6 @@ bool PeerAgreement::CompleteAlone(int64_t id, std::vector<const char*>* contribu
   const Response* cached = cache_->Get(id);
   const std::vector<int32_t>* members = cached ? members_view_.Get(cached->process_set_id) : nullptr;
   if (members == nullptr) return false;
-  const int64_t bytes = EagerBytes(*cached, 0);
   Inbox& slot = InboxOf(round);
   // Every member announced id alone, with its bytes; the other ranks sent nothing but an answer.
   size_t next_member = 0;
@@ -51,11 +57,11 @@ bool PeerAgreement::CompleteAlone(int64_t id, std::vector<const char*>* contribu
       if (!m.hits.empty()) return false;
       continue;
     }
-    ++next_member;
     if (m.hits.size() != 1 || m.hits[0] != id || m.units[0] != id ||
-        static_cast<int64_t>(m.data[0].size()) != bytes) {
+        static_cast<int64_t>(m.data[0].size()) != EagerBytes(*cached, *members, next_member)) {
       return false;
     }
+    ++next_member;
   }
   round_done_ = round;
   alone_round_ = round;

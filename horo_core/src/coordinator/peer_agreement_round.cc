@@ -131,10 +131,11 @@ void PeerAgreement::CompleteRound(std::vector<AgreedStep>* run) {
     const std::vector<int32_t>* found = members_view_.Get(r.process_set_id);
     const std::vector<int32_t>& members = found ? *found : kNone;  // found above; never gone
     // Every member sent its bytes (all ranks see the same messages, so all decide alike). A member
-    // of an allgather or an alltoall may have no rows: its empty contribution then counts as sent.
+    // of an allgather or an alltoall may have no rows, and a broadcast's members but the root send
+    // none: an empty contribution then counts as sent.
     bool with_data = Eager(r) && !a.data.empty();
     for (size_t i = 0; i < members.size() && with_data; ++i) {
-      with_data = static_cast<int64_t>(a.data[static_cast<size_t>(members[i])].size()) == EagerBytes(r, i);
+      with_data = static_cast<int64_t>(a.data[static_cast<size_t>(members[i])].size()) == EagerBytes(r, members, i);
     }
     const int64_t bytes = r.NumElements() * static_cast<int64_t>(DataTypeSize(r.dtype));
     if (with_data) {

@@ -97,6 +97,7 @@ ExecutorStats Executor::Stats() const {
   stats.allgather_from_announcements = allgather_from_announcements_.load(std::memory_order_relaxed);
   stats.reducescatter_from_announcements = reducescatter_from_announcements_.load(std::memory_order_relaxed);
   stats.alltoall_from_announcements = alltoall_from_announcements_.load(std::memory_order_relaxed);
+  stats.broadcast_from_announcements = broadcast_from_announcements_.load(std::memory_order_relaxed);
   return stats;
 }
 

@@ -43,6 +43,7 @@ struct ExecutorStats {
   int64_t allgather_from_announcements = 0;  // gathered from them
   int64_t reducescatter_from_announcements = 0;  // this rank's part reduced from them
   int64_t alltoall_from_announcements = 0;  // this rank's rows taken from them
+  int64_t broadcast_from_announcements = 0;  // the root's tensor copied from them
 };
 
 class Executor {
@@ -53,15 +54,16 @@ class Executor {
   ~Executor();
 
   Status Execute(const FusedResponse& fused);
-  // A small allreduce, reducescatter, allgather or alltoall whose every member's input bytes
-  // arrived with the ranks' announcements (coordinator/peer_agreement.h), in member order: reduced
-  // here, in that order, so that every member computes the same bytes (a reducescatter only its
-  // own part), or laid end to end (an alltoall only the rows each member sent this one); no
-  // data-plane step.
+  // A small allreduce, reducescatter, allgather, alltoall or broadcast whose every member's input
+  // bytes arrived with the ranks' announcements (coordinator/peer_agreement.h), in member order:
+  // reduced here, in that order, so that every member computes the same bytes (a reducescatter
+  // only its own part), laid end to end (an alltoall only the rows each member sent this one) or
+  // the root's copied; no data-plane step.
   Status RunFromContributions(const Response& response, const std::vector<std::string>& contributions);
-  // The same for an allreduce of every member's contribution (checked by the caller) that no
-  // queued entry waits for: reduced into out (Runtime::RunExpress).
-  void ReduceAnnounced(const Response& response, const std::vector<const char*>& contributions, void* out);
+  // The same for an allreduce or a broadcast of every member's contribution (checked by the
+  // caller) that no queued entry waits for: reduced, or the root's copied, into out
+  // (Runtime::RunExpress).
+  void RunAnnounced(const Response& response, const std::vector<const char*>& contributions, void* out);
   // Safe to call from any thread.
   ExecutorStats Stats() const;
 
@@ -113,6 +115,11 @@ class Executor {
   Status GatherContributions(const Response& r, const std::vector<std::string>& contributions);
   Status ExchangeContributions(const Response& r, const std::vector<std::string>& contributions, int group_size,
                                int member_index);
+  Status BroadcastContributions(const Response& r, const std::vector<std::string>& contributions,
+                                const std::vector<int32_t>& members);
+  // Copies the root's contribution of a broadcast into out (members: the set, sorted).
+  void CopyRoot(const Response& r, const std::vector<const char*>& contributions, const std::vector<int32_t>& members,
+                void* out);
   // Reduces elements [first, first + count) of every contribution into out, in member order, each
   // prescaled first (no postscale).
   void ReduceFrom(const std::vector<const char*>& contributions, size_t first, int64_t count, const Response& r,
@@ -142,7 +149,7 @@ class Executor {
   int rank_;
   CountingTransport transport_;  // the collectives' view of the transport
   ProcessSetTable* sets_;
-  MembersView members_view_;  // ReduceContributions' set, read in place
+  MembersView members_view_;  // RunFromContributions' and RunAnnounced's set, read in place
   TensorQueue* queue_;
   HandleManager* handles_;
   AllreduceOptions allreduce_options_;
@@ -160,6 +167,7 @@ class Executor {
   std::atomic<int64_t> allgather_from_announcements_{0};
   std::atomic<int64_t> reducescatter_from_announcements_{0};
   std::atomic<int64_t> alltoall_from_announcements_{0};
+  std::atomic<int64_t> broadcast_from_announcements_{0};
   std::vector<uint8_t> contribution_;  // ReduceContributions: one prescaled contribution
   std::vector<const char*> contribution_bytes_;
   std::vector<uint8_t> adasum_vectors_;  // every member's vector of one Adasum

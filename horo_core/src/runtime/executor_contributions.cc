@@ -1,6 +1,7 @@
 // The Executor's steps agreed between the peers whose data came with the announcements
-// (coordinator/peer_agreement.h): small allreduces, reducescatters, allgathers and alltoalls that
-// every member computes from every member's contribution, with no data-plane step.
+// (coordinator/peer_agreement.h): small allreduces, reducescatters, allgathers, alltoalls and
+// broadcasts that every member computes from every member's contribution (a broadcast: the root's),
+// with no data-plane step.
 #include "runtime/executor.h"
 
 #include <algorithm>
@@ -26,13 +27,14 @@ Status Executor::RunFromContributions(const Response& r, const std::vector<std::
                             std::to_string(group_size) + " members");
   }
   for (size_t m = 0; m < contributions.size(); ++m) {
-    const int64_t want = PeerAgreement::EagerBytes(r, m);
+    const int64_t want = PeerAgreement::EagerBytes(r, *members, m);
     if (static_cast<int64_t>(contributions[m].size()) != want) {
       return Status::Internal(what() + ": a contribution of " + std::to_string(contributions[m].size()) +
                               " bytes from member " + std::to_string(m) + ", expected " + std::to_string(want));
     }
   }
   if (r.op_type == OpType::kAllgather) return GatherContributions(r, contributions);
+  if (r.op_type == OpType::kBroadcast) return BroadcastContributions(r, contributions, *members);
   const int index = static_cast<int>(std::lower_bound(members->begin(), members->end(), rank_) - members->begin());
   if (r.op_type == OpType::kReducescatter) return ScatterContributions(r, contributions, group_size, index);
   if (r.op_type == OpType::kAlltoall) {
@@ -113,8 +115,33 @@ Status Executor::ReduceContributions(const Response& r, const std::vector<std::s
   return Status::OK();
 }
 
-void Executor::ReduceAnnounced(const Response& r, const std::vector<const char*>& contributions, void* out) {
-  ReduceAll(r, contributions, static_cast<int>(contributions.size()), out);
+Status Executor::BroadcastContributions(const Response& r, const std::vector<std::string>& contributions,
+                                        const std::vector<int32_t>& members) {
+  Slot slot;
+  HORO_RETURN_IF_ERROR(TakeSlot(r, &slot));
+  trace_.Open(r);
+  trace_.Activity("BROADCAST_FROM_ANNOUNCEMENTS");
+  CopyRoot(r, BytesOf(contributions), members, slot.entry.output);
+  Finish(slot, Status::OK());
+  trace_.Close();
+  return Status::OK();
+}
+
+void Executor::RunAnnounced(const Response& r, const std::vector<const char*>& contributions, void* out) {
+  if (r.op_type == OpType::kBroadcast) {
+    CopyRoot(r, contributions, *members_view_.Get(r.process_set_id), out);  // the caller's set (CompleteAlone)
+  } else {
+    ReduceAll(r, contributions, static_cast<int>(contributions.size()), out);
+  }
+}
+
+void Executor::CopyRoot(const Response& r, const std::vector<const char*>& contributions,
+                        const std::vector<int32_t>& members, void* out) {
+  const size_t root = static_cast<size_t>(std::lower_bound(members.begin(), members.end(), r.root_rank) -
+                                          members.begin());  // a member: the coordinator checked it
+  const size_t bytes = static_cast<size_t>(r.NumElements()) * DataTypeSize(r.dtype);
+  if (bytes > 0) std::memcpy(out, contributions[root], bytes);
+  broadcast_from_announcements_.fetch_add(1, std::memory_order_relaxed);
 }
 
 const std::vector<const char*>& Executor::BytesOf(const std::vector<std::string>& contributions) {

@@ -66,7 +66,7 @@ class Runtime {
     *from_coordinator = coordinator_responses_.load();
     *rounds = agreed_rounds_.load();
   }
-  // Synchronous allreduces RunExpress ran alone, and those it handed over to the queue.
+  // Synchronous allreduces and broadcasts RunExpress ran alone, and those it handed over to the queue.
   void CountExpress(int64_t* runs, int64_t* handovers) const {
     *runs = express_runs_.load();
     *handovers = express_handovers_.load();
@@ -75,11 +75,11 @@ class Runtime {
 
   Status Enqueue(OpType op, const horo_tensor_t* tensors, int32_t count, const horo_op_options_t& options,
                  horo_handle_t* handles);
-  // A synchronous allreduce of one tensor (horo_run): runs it on the calling thread when it is a
-  // repeated small host allreduce and nothing else is pending on this rank, without a queued
-  // entry or a handle (runtime_express.cc). False when it did not take the call, which then goes
-  // through Enqueue and Wait; true when it ran it, *status telling how.
-  bool RunExpress(const horo_tensor_t& tensor, const horo_op_options_t& options, Status* status);
+  // A synchronous allreduce or broadcast (op) of one tensor (horo_run): runs it on the calling
+  // thread when it is a repeated small host collective and nothing else is pending on this rank,
+  // without a queued entry or a handle (runtime_express.cc). False when it did not take the call,
+  // which then goes through Enqueue and Wait; true when it ran it, *status telling how.
+  bool RunExpress(OpType op, const horo_tensor_t& tensor, const horo_op_options_t& options, Status* status);
   // Announces that this rank cannot take part in op on the named tensors (count > 1: one grouped
   // call), for reason; the coordinator fails them on every member (horo_refuse in horo.h).
   Status Refuse(OpType op, const char* const* names, int32_t count, int32_t set_id, const std::string& reason,
@@ -163,7 +163,7 @@ class Runtime {
   // RunExpress's parts (runtime_express.cc): whether the call may take that path; its wait for the
   // round (false: the call must continue as a queued one, with the messages from *first on not
   // taken yet); and that hand-over, which releases *lock and waits for the call to complete.
-  bool ExpressAllowed(const horo_tensor_t& tensor, const horo_op_options_t& options) const;
+  bool ExpressAllowed(OpType op, const horo_tensor_t& tensor, const horo_op_options_t& options) const;
   bool AwaitExpressRound(DriveState* drive, size_t* first);
   Status HandOverExpress(int64_t id, const horo_tensor_t& tensor, size_t first, const DriveState* drive,
                          std::unique_lock<std::mutex>* lock);

@@ -1,5 +1,5 @@
-// Runtime, part 5 of 5: a synchronous allreduce of one small repeated tensor, run by its caller
-// alone.
+// Runtime, part 5 of 5: a synchronous allreduce or broadcast of one small repeated tensor, run by
+// its caller alone.
 //
 // Such a call (a loss or a metric averaged every step, horo_run) travels with its data in one
 // round of peer agreement (coordinator/peer_agreement.h). Through Enqueue and Wait it also takes a
@@ -15,11 +15,11 @@
 // the caller announces it straight away, under progress_mutex_, and waits for the round as a
 // driving caller does. The messages on the wire are the ones the general path sends, so peers may
 // take either path. If every member announced the same tensor alone and nothing else arrived, the
-// caller reduces the contributions into its output. Anything else (another message, a lost peer,
-// a round with other news, a wait longer than the spin time) hands the call over: it becomes a
-// queued entry with a handle, announced already, and continues as any other call. The tensor's
-// name is reserved in the queue meanwhile, so that a concurrent call of the same name still fails
-// as in flight.
+// caller reduces the contributions into its output (a broadcast: copies the root's there).
+// Anything else (another message, a lost peer, a round with other news, a wait longer than the
+// spin time) hands the call over: it becomes a queued entry with a handle, announced already, and
+// continues as any other call. The tensor's name is reserved in the queue meanwhile, so that a
+// concurrent call of the same name still fails as in flight.
 #include <chrono>
 
 #include "common/coarse_clock.h"
@@ -27,14 +27,14 @@
 
 namespace horo {
 
-bool Runtime::ExpressAllowed(const horo_tensor_t& t, const horo_op_options_t& options) const {
+bool Runtime::ExpressAllowed(OpType op, const horo_tensor_t& t, const horo_op_options_t& options) const {
   return agreement_ != nullptr && callers_drive_ && t.device == HORO_DEVICE_HOST && t.output != nullptr &&
          started_ && !stopped_ && !shutdown_requested_ && !timeline_->active() && !queue_.HasRequests() &&
-         ValidateTensor(OpType::kAllreduce, t, options).ok();
+         ValidateTensor(op, t, options).ok();
 }
 
-bool Runtime::RunExpress(const horo_tensor_t& t, const horo_op_options_t& options, Status* status) {
-  if (!ExpressAllowed(t, options)) return false;
+bool Runtime::RunExpress(OpType op, const horo_tensor_t& t, const horo_op_options_t& options, Status* status) {
+  if (!ExpressAllowed(op, t, options)) return false;
   std::unique_lock<std::mutex> lock(progress_mutex_, std::try_to_lock);
   if (!lock.owns_lock() || loop_ended_ || cycle_time_ms_ > 0 || !held_lists_.empty() || !agreement_->Idle()) {
     return false;
@@ -52,7 +52,7 @@ bool Runtime::RunExpress(const horo_tensor_t& t, const horo_op_options_t& option
     if (!agreement_->Idle()) return false;
   }
   Request& r = express_request_;
-  DescribeRequest(OpType::kAllreduce, t, options, &r);
+  DescribeRequest(op, t, options, &r);
   const int64_t id = agreement_->FitsAlone(r);
   if (id < 0 || !queue_.Reserve(r.process_set_id, r.name)) return false;
 
@@ -63,7 +63,7 @@ bool Runtime::RunExpress(const horo_tensor_t& t, const horo_op_options_t& option
   if (!SendRound(round_payload_)) {
     loop_ended_ = true;
   } else if (AwaitExpressRound(&drive, &first) && agreement_->CompleteAlone(id, &express_contributions_)) {
-    executor_->ReduceAnnounced(*cache_.Get(id), express_contributions_, t.output);
+    executor_->RunAnnounced(*cache_.Get(id), express_contributions_, t.output);
     agreement_->EndAlone();
     queue_.EndReservation();
     agreed_rounds_.fetch_add(1, std::memory_order_relaxed);

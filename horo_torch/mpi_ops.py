@@ -25,15 +25,18 @@ from horo_core.errors import HorovodInternalError  # noqa: F401 (re-exported)
 from horo_core.process_sets import ProcessSet, add_process_set, remove_process_set  # noqa: F401 (re-exported)
 from horo_core.process_sets import global_process_set
 from horo_core.reduce_ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (re-exported)
+from horo_core.runtime import bound_run_failed
 from horo_torch import device
 from horo_torch._allreduce_ops import (HorovodAllreduce, HorovodGroupedAllreduce, allreduce,  # noqa: F401
                                        allreduce_, allreduce_async, allreduce_async_, grouped_allreduce,
                                        grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_,
                                        handle_average_backwards_compatibility)
 from horo_torch._calls import (_copy_back, _enqueue, _host_output, _is_host_contiguous, _is_host_dense, _now,
-                               _process_set_id, _records_graph, _refuse_unless_dense, _run_host)
+                               _process_set_id, _records_graph, _refuse_unless_dense, _remember, _run_host,
+                               _run_host_described)
 from horo_torch._compile import eager_under_compile
 from horo_torch._handles import _register, abandon, poll, synchronize  # noqa: F401 (abandon, poll re-exported)
+from horo_torch._reading import READABLE, facts_of, reader
 from horo_torch._sized_ops import (HorovodAllgather, HorovodAlltoall, HorovodGroupedAllgather,  # noqa: F401
                                    HorovodGroupedReducescatter, HorovodReducescatter, allgather, allgather_async,
                                    alltoall, alltoall_async, grouped_allgather, grouped_allgather_async,
@@ -118,13 +121,35 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     return _broadcast_now(tensor, root_rank, name, process_set)
 
 
+# The last in-place broadcast_ of each name on a host tensor, as allreduce_'s (_allreduce_ops): a
+# call with the same arguments goes to the core through the run bound to the core's reading of the
+# tensor, which checks the tensor itself. Entries: ((root_rank, None, 1.0, 1.0, process set), the
+# set's id, None, None, bound run), the fields _remember keeps.
+_last_broadcast = {}
+
+
 @eager_under_compile
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     """In-place broadcast; returns tensor."""
+    last = _last_broadcast.get(name)  # the memo's check written out, as in allreduce_
+    if (last is not None and last[0] == (root_rank, None, 1.0, 1.0, process_set)
+            and last[1] == process_set.process_set_id and type(tensor) in READABLE):
+        run = last[4]
+        impl = tensor._cdata
+        status = run(impl, impl)
+        if status == 0:  # HORO_OK
+            return tensor
+        bound_run_failed(run, status)  # returned: a changed tensor, or a runtime since destroyed
     _refuse_unless_dense(lib.HORO_BROADCAST, "broadcast", name, [tensor], process_set)
-    if _is_host_dense(tensor):
-        return _run_host(lib.HORO_BROADCAST, "broadcast", name, tensor, tensor, process_set, root_rank=root_rank)
-    return _now(broadcast_async_, tensor, root_rank, name, process_set)
+    if not _is_host_dense(tensor):
+        return _now(broadcast_async_, tensor, root_rank, name, process_set)
+    prepared = _run_host_described(lib.HORO_BROADCAST, "broadcast", name, tensor, tensor, process_set, None, 1.0, 1.0,
+                                   root_rank)
+    expected = None if prepared is None else facts_of(tensor)
+    if expected is not None:
+        _remember(_last_broadcast, name, None, root_rank, None, 1.0, 1.0, process_set,
+                  basics.runtime().bind_run(prepared, reader(), expected))
+    return tensor
 
 
 # Join and barrier --------------------------------------------------------------------------------

@@ -264,15 +264,21 @@ def check_repeated_reducescatters_and_alltoalls(hvd, c, env):
 def check_tensor_changed_in_place(hvd, c):
     """The same tensor object, changed between two calls of one name in ways that keep its data
     pointer, or that torch's version counter does not see (``.data =``): the core reads the tensor
-    on every call of a repeated allreduce (horo_torch/_reading.py) and must notice each change,
-    so that every call reduces the tensor as it is now."""
+    on every call of a repeated allreduce or in-place broadcast (horo_torch/_reading.py) and must
+    notice each change, so that every call reduces (or receives) the tensor as it is now."""
     from horo_core._binding import lib
-    from horo_torch import _allreduce_ops, _reading
+    from horo_torch import _allreduce_ops, _reading, mpi_ops
     r, n = hvd.rank(), hvd.size()
+    # Every rank's tensor holds r + 1; value is what every call must give: the Sum (total) for the
+    # allreduces, rank n - 1's n for the broadcast.
     total = n * (n + 1) // 2
-    for name, reduce in (("changed.in_place", lambda t: hvd.allreduce_(t, name="changed.in_place", op=hvd.Sum)),
-                         ("changed.copy", lambda t: hvd.allreduce(t, name="changed.copy", op=hvd.Sum))):
-        memo = _allreduce_ops._last_allreduce if name.endswith("in_place") else _allreduce_ops._last_allreduce_copy
+    for name, reduce, memo, value in (
+            ("changed.in_place", lambda t: hvd.allreduce_(t, name="changed.in_place", op=hvd.Sum),
+             _allreduce_ops._last_allreduce, total),
+            ("changed.copy", lambda t: hvd.allreduce(t, name="changed.copy", op=hvd.Sum),
+             _allreduce_ops._last_allreduce_copy, total),
+            ("changed.broadcast", lambda t: hvd.broadcast_(t, n - 1, name="changed.broadcast"),
+             mpi_ops._last_broadcast, n)):
 
         def run(what, tensor, want):
             got = reduce(tensor)
@@ -281,7 +287,7 @@ def check_tensor_changed_in_place(hvd, c):
 
         t = torch.full((8,), float(r + 1))
         for i in range(2):
-            run(f"call {i}", t, torch.full((8,), float(total)))
+            run(f"call {i}", t, torch.full((8,), float(value)))
             t.fill_(float(r + 1))
         bound = memo[name][-1]
         c.same(f"{name}: the repeated call runs through the core's reading of the tensor",
@@ -289,24 +295,24 @@ def check_tensor_changed_in_place(hvd, c):
         # The same memory seen as int32 through .data: the same address, another dtype.
         t.data = t.data.view(torch.int32)
         t.fill_(r + 1)
-        run("after .data = another dtype at the same address", t, torch.full((8,), total, dtype=torch.int32))
+        run("after .data = another dtype at the same address", t, torch.full((8,), value, dtype=torch.int32))
         # A shorter view of the same memory: the same address, fewer elements.
         t = torch.full((8,), float(r + 1))
         reduce(t)
         backing = t.data
         backing.fill_(float(r + 1))
         t.data = backing[:3]
-        run("after .data = a shorter view at the same address", t, torch.full((3,), float(total)))
+        run("after .data = a shorter view at the same address", t, torch.full((3,), float(value)))
         c.equal(f"{name}: ... the memory past the view untouched", backing[3:], torch.full((5,), float(r + 1)))
         t.fill_(float(r + 1))
         t.resize_(2, 2)
         t.fill_(float(r + 1))
-        run("after resize_ to another shape", t, torch.full((2, 2), float(total)))
+        run("after resize_ to another shape", t, torch.full((2, 2), float(value)))
         t = torch.full((4, 2), float(r + 1))
         reduce(t)
         t.fill_(float(r + 1))
         t.t_()
-        run("after t_(): the same shape's elements, transposed and not contiguous", t, torch.full((2, 4), float(total)))
+        run("after t_(): the same shape's elements, transposed and not contiguous", t, torch.full((2, 4), float(value)))
         p = torch.nn.Parameter(torch.full((2, 4), float(r + 1)), requires_grad=False)
-        run("a Parameter", p, torch.full((2, 4), float(total)))
-        run("the Parameter again", p.fill_(float(r + 1)), torch.full((2, 4), float(total)))
+        run("a Parameter", p, torch.full((2, 4), float(value)))
+        run("the Parameter again", p.fill_(float(r + 1)), torch.full((2, 4), float(value)))

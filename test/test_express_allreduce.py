@@ -24,6 +24,18 @@ def express_counts(rt):
     return st.express_runs, st.express_handovers
 
 
+def _exact_and_some_ran_alone(size, body):
+    """Runs body, which returns (the wrong values it found, express_counts), on size loopback ranks:
+    no rank may find a wrong value, and some call must have run alone. The first step of each name
+    is negotiated. Later, a rank with nothing pending runs its call alone; one whose background
+    thread already answered the round with an empty message (it came last) takes the general path."""
+    with World(size) as world:
+        results = world.run(body)
+    for wrong, _ in results:
+        assert wrong == []
+    assert sum(runs for _, (runs, _) in results) > 0
+
+
 @pytest.mark.parametrize("size", [2, 3])
 def test_repeated_synchronous_allreduces_are_exact_for_every_dtype_and_op(size):
     cases = list(reduce_cases())
@@ -39,14 +51,7 @@ def test_repeated_synchronous_allreduces_are_exact_for_every_dtype_and_op(size):
                     wrong.append((step, dtype, op_name, read(dtype, got).tolist(), want.tolist()))
         return wrong, express_counts(rt)
 
-    with World(size) as world:
-        results = world.run(body)
-    for wrong, _ in results:
-        assert wrong == []
-    # The first step of each name is negotiated. Later, a rank with nothing pending runs its call
-    # alone; one whose background thread already answered the round with an empty message (it came
-    # last) takes the general path.
-    assert sum(runs for _, (runs, _) in results) > 0
+    _exact_and_some_ran_alone(size, body)
 
 
 @pytest.mark.parametrize("size", [2, 3])
@@ -82,11 +87,7 @@ def test_repeated_synchronous_broadcasts_run_alone_and_copy_the_roots_tensor(siz
                 wrong.append((step, "4100 bytes"))
         return wrong, express_counts(rt)
 
-    with World(size) as world:
-        results = world.run(body)
-    for wrong, _ in results:
-        assert wrong == []
-    assert sum(runs for _, (runs, _) in results) > 0
+    _exact_and_some_ran_alone(size, body)
 
 
 def test_prescale_postscale_and_average_are_applied_by_the_caller():
